@@ -1,0 +1,90 @@
+#include "common/cuda_raii.h"
+
+#include <utility>
+
+#include "common/cuda_check.h"
+#include "common/log.h"
+
+namespace symtp::cuda {
+
+int VisibleDeviceCount(std::string* why_none) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why_none) *why_none = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  if (n == 0 && why_none) *why_none = "no CUDA device visible";
+  return n;
+}
+
+absl::StatusOr<Stream> Stream::Create(int priority) {
+  cudaStream_t s = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
+  return Stream(s);
+}
+Stream::~Stream() {
+  if (s_ && cudaStreamDestroy(s_) != cudaSuccess) {
+    SYMTP_LOG(WARN, "cuda") << "cudaStreamDestroy failed";
+  }
+}
+Stream& Stream::operator=(Stream&& o) noexcept {
+  if (this != &o) {
+    if (s_) cudaStreamDestroy(s_);
+    s_ = std::exchange(o.s_, nullptr);
+  }
+  return *this;
+}
+
+absl::StatusOr<Event> Event::Create(bool timing) {
+  cudaEvent_t e = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return Event(e);
+}
+Event::~Event() {
+  if (e_) cudaEventDestroy(e_);
+}
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (e_) cudaEventDestroy(e_);
+    e_ = std::exchange(o.e_, nullptr);
+  }
+  return *this;
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  return DeviceBuffer(p, bytes);
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<PinnedBuffer> PinnedBuffer::Create(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+  return PinnedBuffer(p, bytes);
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFreeHost(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+}  // namespace symtp::cuda

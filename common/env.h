@@ -1,0 +1,23 @@
+// Every environment variable symtp reads is read here, and only here.
+// docs/ENV.md lists them; keep the two in step.
+//
+//   SYMTP_LOG         log threshold spec, e.g. "info" or "warn,ipc=trace" (default "info")
+//   SYMTP_SHM_PREFIX  prefix of shared-memory segment names (default "symtp")
+//   CUDA_VISIBLE_DEVICES  read by the launcher only to report what it pins
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace symtp::env {
+
+// SYMTP_LOG, or "info".
+std::string LogSpec();
+
+// SYMTP_SHM_PREFIX, or "symtp". Only [A-Za-z0-9_-] are kept.
+std::string ShmPrefix();
+
+// CUDA_VISIBLE_DEVICES if set.
+std::optional<std::string> CudaVisibleDevices();
+
+}  // namespace symtp::env

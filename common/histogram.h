@@ -1,0 +1,41 @@
+// Latency statistics: count, mean, min, max and exact percentiles over the
+// recorded samples (bounded: past `max_samples` it keeps a uniform reservoir).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace symtp {
+
+struct LatencySummary {
+  int64_t count = 0;
+  double mean = 0, min = 0, max = 0;
+  double p50 = 0, p90 = 0, p99 = 0;
+};
+
+class LatencyHistogram {
+ public:
+  explicit LatencyHistogram(size_t max_samples = 1 << 20);
+
+  void Record(double value);
+  void Clear();
+  int64_t count() const { return count_; }
+
+  // Percentile in [0, 100] by nearest rank over the kept samples; 0 if empty.
+  double Percentile(double p) const;
+  LatencySummary Summarize() const;
+
+  // {"count":..,"mean":..,"p50":..,"p90":..,"p99":..,"max":..} with values
+  // divided by `scale` (e.g. 1e3 to print microseconds from nanoseconds).
+  std::string ToJson(double scale = 1.0) const;
+
+ private:
+  size_t max_samples_;
+  int64_t count_ = 0;
+  double sum_ = 0, min_ = 0, max_ = 0;
+  uint64_t rng_ = 0x9E3779B97F4A7C15ull;
+  std::vector<double> samples_;
+};
+
+}  // namespace symtp
