@@ -1,0 +1,46 @@
+// The device-side communication seam of a tensor-parallel group: one object
+// per rank, used by the model's row-parallel layers and the LM head.
+// Implementations: NcclComm (kernels/nccl/), the custom one-shot all-reduce
+// with NCCL fallback (kernels/allreduce/). Every call only enqueues work on
+// `stream` (asynchronous, capturable in a CUDA graph where the implementation
+// says so); errors in enqueueing come back as a Status, errors that surface
+// later (a dead peer) through Poll().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+
+namespace symtp::kernels {
+
+enum class DType { kF32, kBF16, kF16 };
+
+inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline const char* DTypeName(DType t) {
+  return t == DType::kF32 ? "float" : t == DType::kBF16 ? "bfloat16" : "half";
+}
+
+class DeviceComm {
+ public:
+  virtual ~DeviceComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In-place sum over all ranks of `count` elements at `data`.
+  virtual absl::Status AllReduceSum(void* data, size_t count, DType dtype,
+                                    cudaStream_t stream) = 0;
+  // recv[r * count + i] = rank r's send[i].
+  virtual absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                                 cudaStream_t stream) = 0;
+  virtual absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
+                                 cudaStream_t stream) = 0;
+  // Non-blocking health check: an asynchronous error (peer died, timeout) as a
+  // Status; OK while healthy.
+  virtual absl::Status Poll() = 0;
+  // Tears the communicator down so that no enqueued collective can hang.
+  virtual void Abort() = 0;
+};
+
+}  // namespace symtp::kernels
