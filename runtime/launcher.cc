@@ -1,0 +1,245 @@
+#include "runtime/launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "ipc/liveness.h"
+#include "ipc/ring.h"
+#include "ipc/shm_segment.h"
+#include "runtime/job.h"
+#include "runtime/layout.h"
+#include "runtime/shm_host_comm.h"
+
+namespace symtp::runtime {
+
+std::string ResultRegionName(int rank) { return absl::StrCat("result.", rank); }
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+
+struct Child {
+  int proc_index;
+  pid_t pid = -1;
+  bool exited = false;
+  int wait_status = 0;
+};
+
+std::string DescribeExit(int st) {
+  if (WIFEXITED(st)) return absl::StrCat("exited with code ", WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return absl::StrCat("was killed by signal ", WTERMSIG(st), " (", strsignal(WTERMSIG(st)), ")");
+  return "ended";
+}
+
+absl::StatusOr<pid_t> Spawn(const std::string& exe, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoToStatus(errno, "fork", __FILE__, __LINE__);
+  if (pid == 0) {
+    // Child: die with the launcher; own process group so terminal signals go
+    // to the launcher only, which then shuts the job down in order.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+int RunLauncher(JobOptions opts, const std::string& self_exe) {
+  // ---- Resolve and check everything we can before any process starts.
+  absl::StatusOr<JobLayout> layout = PlanJobLayout(opts);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "symtp: %s\n", std::string(layout.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = ResolveBackend(&opts); !s.ok()) {
+    std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  auto seg = ipc::ShmSegment::Create(ipc::ShmSegment::NewJobName(), layout->total_bytes);
+  if (!seg.ok()) {
+    std::fprintf(stderr, "symtp: creating the job segment: %s\n", seg.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<ControlBlock*> cb_or = FormatJobSegment(&*seg, *layout, opts);
+  if (!cb_or.ok()) {
+    std::fprintf(stderr, "symtp: formatting the job segment: %s\n", cb_or.status().ToString().c_str());
+    return 1;
+  }
+  ControlBlock* cb = *cb_or;
+
+  SYMTP_LOG(INFO, "launch") << "job " << seg->name() << ": mode " << opts.mode << ", backend "
+                            << opts.resolved_backend << ", tp " << opts.tp << ", model "
+                            << opts.model << (opts.model_overrides.empty() ? "" : " (")
+                            << opts.model_overrides << (opts.model_overrides.empty() ? "" : ")");
+
+  // ---- Spawn: scheduler (v1 only) then the workers.
+  std::vector<std::string> common = ToArgs(opts);
+  common.push_back(absl::StrCat("--job=", seg->name()));
+  std::vector<Child> children;
+  auto spawn = [&](int proc_index, std::vector<std::string> args) -> bool {
+    args.insert(args.end(), common.begin(), common.end());
+    absl::StatusOr<pid_t> pid = Spawn(self_exe, args);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "symtp: starting %s: %s\n", ProcName(proc_index).c_str(),
+                   pid.status().ToString().c_str());
+      return false;
+    }
+    cb->procs[proc_index].pid.store(*pid, std::memory_order_release);
+    cb->procs[proc_index].phase.store(static_cast<int32_t>(ProcPhase::kStarting),
+                                      std::memory_order_release);
+    cb->procs[proc_index].beat_ns.store(MonotonicNs(), std::memory_order_release);
+    children.push_back(Child{proc_index, *pid});
+    return true;
+  };
+  bool ok = true;
+  if (opts.mode == "v1") ok = spawn(0, {"scheduler"});
+  for (int r = 0; ok && r < opts.tp; ++r) {
+    std::vector<std::string> args = {"worker", absl::StrCat("--rank=", r)};
+    if (opts.resolved_backend == "cuda") {
+      args.push_back(absl::StrCat("--device=", r));
+      SYMTP_LOG(INFO, "launch") << "worker rank " << r << " -> GPU " << r
+                                << " (CUDA_VISIBLE_DEVICES="
+                                << env::CudaVisibleDevices().value_or("<unset>") << ")";
+    }
+    ok = spawn(1 + r, std::move(args));
+  }
+
+  // ---- Watch.
+  std::string failure;
+  int exit_code = 0;
+  if (!ok) {
+    failure = "could not start every process";
+    exit_code = 1;
+  }
+  const int64_t hang_ns = opts.hang_timeout_ms * 1'000'000;
+  int64_t all_done_deadline = 0;
+  while (failure.empty()) {
+    if (int sig = g_signal.load(); sig != 0) {
+      failure = absl::StrCat("interrupted by signal ", sig, " (", strsignal(sig), ")");
+      exit_code = 128 + sig;
+      break;
+    }
+    // Reap.
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+      for (Child& c : children) {
+        if (c.pid != pid) continue;
+        c.exited = true;
+        c.wait_status = st;
+        bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!clean && failure.empty()) {
+          const ProcSlot& slot = cb->procs[c.proc_index];
+          std::string err(slot.error, strnlen(slot.error, sizeof(slot.error)));
+          failure = absl::StrCat(ProcName(c.proc_index), " (pid ", pid, ") ", DescribeExit(st),
+                                 err.empty() ? "" : ": ", err);
+          exit_code = 1;
+        }
+      }
+    }
+    if (!failure.empty()) break;
+    bool all_exited = true;
+    for (const Child& c : children) all_exited &= c.exited;
+    if (all_exited) break;
+    // A process that reported failure or requested an abort.
+    if (absl::Status s = CheckAbort(cb); !s.ok()) {
+      failure = std::string(s.message());
+      exit_code = 1;
+      break;
+    }
+    // Heartbeats: a stopped or wedged process stops beating.
+    int64_t now = MonotonicNs();
+    for (const Child& c : children) {
+      if (c.exited) continue;
+      const ProcSlot& slot = cb->procs[c.proc_index];
+      int64_t age = now - slot.beat_ns.load(std::memory_order_acquire);
+      if (age > hang_ns) {
+        ipc::ProcState ps = ipc::ProbeProcess(c.pid);
+        failure = absl::StrFormat("%s (pid %d) stopped answering: no heartbeat for %.2f s (process %s)",
+                                  ProcName(c.proc_index), c.pid, age / 1e9, ipc::ProcStateName(ps));
+        exit_code = 1;
+        break;
+      }
+    }
+    if (!failure.empty()) break;
+    // The scheduler finished: the workers must follow promptly.
+    if (opts.mode == "v1" && children[0].exited && all_done_deadline == 0) {
+      all_done_deadline = now + std::max<int64_t>(hang_ns, 5'000'000'000);
+    }
+    if (all_done_deadline != 0 && now > all_done_deadline) {
+      failure = "workers did not exit after the scheduler finished";
+      exit_code = 1;
+      break;
+    }
+    usleep(5000);
+  }
+
+  // ---- Tear down: ask politely through the abort word, then kill.
+  if (!failure.empty()) {
+    RequestAbort(cb, exit_code, failure);
+    std::fprintf(stderr, "symtp: job failed: %s; stopping all processes\n", failure.c_str());
+    int64_t grace_end = MonotonicNs() + 300'000'000;
+    for (;;) {
+      bool all = true;
+      for (Child& c : children) {
+        if (c.exited) continue;
+        int st;
+        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+          c.exited = true;
+          c.wait_status = st;
+        } else {
+          all = false;
+        }
+      }
+      if (all || MonotonicNs() > grace_end) break;
+      usleep(5000);
+    }
+    for (Child& c : children) {
+      if (!c.exited) kill(c.pid, SIGKILL);  // also ends SIGSTOPped processes
+    }
+    for (Child& c : children) {
+      if (!c.exited) {
+        waitpid(c.pid, &c.wait_status, 0);
+        c.exited = true;
+      }
+    }
+  }
+  absl::Status rm = seg->Remove();
+  if (!rm.ok()) SYMTP_LOG(WARN, "launch") << "removing " << seg->name() << ": " << rm;
+  if (exit_code == 0) SYMTP_LOG(INFO, "launch") << "job finished";
+  return exit_code;
+}
+
+}  // namespace symtp::runtime

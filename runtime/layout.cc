@@ -1,0 +1,148 @@
+#include "runtime/layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "runtime/launcher.h"
+#include "runtime/shm_host_comm.h"
+#if defined(SYMTP_HAVE_CUDA)
+#include "common/cuda_raii.h"
+#endif
+
+namespace symtp::runtime {
+namespace {
+
+uint64_t NextPow2(uint64_t x) {
+  uint64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+size_t Align(size_t x) { return (x + 4095) & ~size_t{4095}; }
+
+int MaxLen(const LengthDist& d) {
+  if (d.kind == "fixed") return static_cast<int>(d.a);
+  if (d.kind == "uniform") return static_cast<int>(d.b);
+  return 1 << 16;  // unbounded distributions are clamped by the model's max_seq_len
+}
+
+}  // namespace
+
+absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
+  JobLayout l;
+  SYMTP_ASSIGN_OR_RETURN(l.model, model::PresetConfig(opts.model));
+  SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &l.model));
+  SYMTP_RETURN_IF_ERROR(model::ValidateForTp(l.model, opts.tp));
+  const int max_seq = l.model.max_seq_len;
+  const int max_prompt = std::min(
+      max_seq, std::max(MaxLen(opts.prompt_len), opts.steady_batch > 0 ? opts.steady_context : 0));
+  // The largest diff admits max_batch new requests with whole prompts.
+  uint64_t diff_bytes = static_cast<uint64_t>(opts.max_batch) * (static_cast<uint64_t>(max_prompt) * 4 +
+                                                                  static_cast<uint64_t>(max_seq / 16 + 16) * 4 + 128);
+  l.diff_ring_capacity = NextPow2(std::max<uint64_t>(4ull << 20, 4 * diff_bytes + (64 << 10)));
+  l.result_ring_capacity = NextPow2(std::max<uint64_t>(1ull << 20, 8ull * opts.max_batch * 16 + (64 << 10)));
+  const size_t hidden = l.model.hidden;
+  const size_t vocab_local = l.model.vocab / opts.tp;
+  l.hostcomm_floats = std::max({static_cast<size_t>(opts.max_batched_tokens) * hidden,
+                                static_cast<size_t>(opts.max_batch) * vocab_local, size_t{1} << 16});
+  l.control_bytes = Align(sizeof(ControlBlock));
+  l.total_bytes = 4096 /*segment header*/ + 4096 * 8 /*slack per region*/ + l.control_bytes +
+                  Align(ipc::SpmcRing::RequiredBytes({static_cast<uint32_t>(opts.tp), l.diff_ring_capacity})) +
+                  static_cast<size_t>(opts.tp) *
+                      Align(ipc::SpmcRing::RequiredBytes({1, l.result_ring_capacity})) +
+                  (opts.backend == "cuda" && opts.mode == "v1"
+                       ? Align(ShmHostComm::RequiredBytes(opts.tp, 1 << 16))
+                       : Align(ShmHostComm::RequiredBytes(opts.tp, l.hostcomm_floats)));
+  l.total_bytes += 4096 * 64;
+  return l;
+}
+
+absl::Status ResolveBackend(JobOptions* opts) {
+  int gpus = 0;
+  std::string why = "symtp was built without CUDA";
+#if defined(SYMTP_HAVE_CUDA)
+  gpus = cuda::VisibleDeviceCount(&why);
+#endif
+  if (opts->backend == "cpu" || (opts->backend == "auto" && gpus == 0)) {
+    opts->resolved_backend = "cpu";
+    return absl::OkStatus();
+  }
+  if (gpus < opts->tp) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tp ", opts->tp, " needs ", opts->tp, " GPUs but ", gpus, " visible",
+        gpus == 0 ? absl::StrCat(" (", why, ")") : std::string(), "; use --backend=cpu"));
+  }
+  opts->resolved_backend = "cuda";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLayout& layout,
+                                               const JobOptions& opts) {
+  SYMTP_ASSIGN_OR_RETURN(void* ctl, seg->Allocate(kRegionControl, layout.control_bytes));
+  auto* cb = new (ctl) ControlBlock();
+  cb->tp = opts.tp;
+  cb->version = kControlVersion;
+  cb->magic = kControlMagic;
+
+  ipc::RingConfig diff_cfg{static_cast<uint32_t>(opts.tp), layout.diff_ring_capacity};
+  size_t diff_bytes = ipc::SpmcRing::RequiredBytes(diff_cfg);
+  SYMTP_ASSIGN_OR_RETURN(void* diff, seg->Allocate(kRegionDiff, diff_bytes));
+  SYMTP_RETURN_IF_ERROR_CTX(ipc::SpmcRing::Format(diff, diff_bytes, diff_cfg).status(), "diff ring");
+  for (int r = 0; r < opts.tp; ++r) {
+    ipc::RingConfig rc{1, layout.result_ring_capacity};
+    size_t rb = ipc::SpmcRing::RequiredBytes(rc);
+    SYMTP_ASSIGN_OR_RETURN(void* mem, seg->Allocate(ResultRegionName(r), rb));
+    SYMTP_RETURN_IF_ERROR_CTX(ipc::SpmcRing::Format(mem, rb, rc).status(), ResultRegionName(r));
+  }
+  size_t floats = opts.resolved_backend == "cuda" && opts.mode == "v1" ? (1 << 16) : layout.hostcomm_floats;
+  size_t hb = ShmHostComm::RequiredBytes(opts.tp, floats);
+  SYMTP_ASSIGN_OR_RETURN(void* hc, seg->Allocate(kRegionHostComm, hb));
+  SYMTP_RETURN_IF_ERROR(ShmHostComm::Format(hc, hb, opts.tp, floats));
+  return cb;
+}
+
+void JobHandle::SetPhase(ProcPhase p) {
+  self->phase.store(static_cast<int32_t>(p), std::memory_order_release);
+}
+
+void JobHandle::Fail(const absl::Status& status) {
+  std::string msg(status.message());
+  size_t n = std::min(msg.size(), sizeof(self->error) - 1);
+  std::memcpy(self->error, msg.data(), n);
+  self->error[n] = '\0';
+  SetPhase(ProcPhase::kFailed);
+  RequestAbort(control, 1, absl::StrCat(ProcName(proc_index), ": ", msg));
+}
+
+absl::StatusOr<std::unique_ptr<JobHandle>> AttachJob(const std::string& name, int proc_index,
+                                                     int tp) {
+  auto h = std::make_unique<JobHandle>();
+  SYMTP_ASSIGN_OR_RETURN(ipc::ShmSegment seg, ipc::ShmSegment::Attach(name));
+  h->segment.emplace(std::move(seg));
+  SYMTP_ASSIGN_OR_RETURN(auto ctl, h->segment->Find(kRegionControl));
+  h->control = static_cast<ControlBlock*>(ctl.first);
+  if (ctl.second < sizeof(ControlBlock) || h->control->magic != kControlMagic ||
+      h->control->version != kControlVersion || h->control->tp != tp) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", name, ": control block does not match this build or --tp"));
+  }
+  SYMTP_ASSIGN_OR_RETURN(auto diff, h->segment->Find(kRegionDiff));
+  SYMTP_ASSIGN_OR_RETURN(ipc::SpmcRing dr, ipc::SpmcRing::Attach(diff.first, diff.second));
+  h->diff_ring.emplace(dr);
+  for (int r = 0; r < tp; ++r) {
+    SYMTP_ASSIGN_OR_RETURN(auto res, h->segment->Find(ResultRegionName(r)));
+    SYMTP_ASSIGN_OR_RETURN(ipc::SpmcRing ring, ipc::SpmcRing::Attach(res.first, res.second));
+    h->result_rings.push_back(ring);
+  }
+  SYMTP_ASSIGN_OR_RETURN(auto hc, h->segment->Find(kRegionHostComm));
+  h->hostcomm = hc.first;
+  h->hostcomm_bytes = hc.second;
+  h->proc_index = proc_index;
+  h->self = &h->control->procs[proc_index];
+  return h;
+}
+
+}  // namespace symtp::runtime

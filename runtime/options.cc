@@ -1,0 +1,251 @@
+#include "runtime/options.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+
+namespace symtp::runtime {
+
+std::string LengthDist::ToString() const {
+  if (kind == "fixed") return absl::StrCat(static_cast<int64_t>(a));
+  return absl::StrCat(kind, ":", a, ":", b);
+}
+
+absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  LengthDist d;
+  auto num = [&](const std::string& s, double* out) -> absl::Status {
+    if (!absl::SimpleAtod(s, out)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad number '", s, "' in length '", spec, "'"));
+    }
+    return absl::OkStatus();
+  };
+  if (parts.size() == 1) {
+    d.kind = "fixed";
+    SYMTP_RETURN_IF_ERROR(num(parts[0], &d.a));
+    if (d.a < 1) return absl::InvalidArgumentError(absl::StrCat("length must be >= 1: ", spec));
+    return d;
+  }
+  if (parts.size() != 3 || (parts[0] != "uniform" && parts[0] != "normal" && parts[0] != "lognormal")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "length '", spec, "': expected N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MU:SIGMA"));
+  }
+  d.kind = parts[0];
+  SYMTP_RETURN_IF_ERROR(num(parts[1], &d.a));
+  SYMTP_RETURN_IF_ERROR(num(parts[2], &d.b));
+  if (d.kind == "uniform" && (d.a < 1 || d.b < d.a)) {
+    return absl::InvalidArgumentError(absl::StrCat("uniform length needs 1 <= MIN <= MAX: ", spec));
+  }
+  if (d.kind != "uniform" && d.b < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative spread in length: ", spec));
+  }
+  return d;
+}
+
+namespace {
+
+using Setter = std::function<absl::Status(const std::string&, JobOptions*)>;
+using Getter = std::function<std::string(const JobOptions&)>;
+struct Flag {
+  Setter set;
+  Getter get;
+  const char* help;
+};
+
+Setter Int(int JobOptions::*f, int lo, int hi) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    int x;
+    if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+      return absl::InvalidArgumentError(absl::StrFormat("expected an integer in [%d, %d], got '%s'", lo, hi, v));
+    }
+    o->*f = x;
+    return absl::OkStatus();
+  };
+}
+Setter I64(int64_t JobOptions::*f, int64_t lo, int64_t hi) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    int64_t x;
+    if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+      return absl::InvalidArgumentError(absl::StrFormat("expected an integer in [%d, %d], got '%s'", lo, hi, v));
+    }
+    o->*f = x;
+    return absl::OkStatus();
+  };
+}
+Setter U64(uint64_t JobOptions::*f) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    uint64_t x;
+    if (!absl::SimpleAtoi(v, &x)) return absl::InvalidArgumentError(absl::StrCat("expected an unsigned integer, got '", v, "'"));
+    o->*f = x;
+    return absl::OkStatus();
+  };
+}
+template <typename T>
+Setter Real(T JobOptions::*f, double lo, double hi) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    double x;
+    if (!absl::SimpleAtod(v, &x) || x < lo || x > hi) {
+      return absl::InvalidArgumentError(absl::StrFormat("expected a number in [%g, %g], got '%s'", lo, hi, v));
+    }
+    o->*f = static_cast<T>(x);
+    return absl::OkStatus();
+  };
+}
+Setter Str(std::string JobOptions::*f, std::vector<std::string> allowed = {}) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected one of {", absl::StrJoin(allowed, ", "), "}, got '", v, "'"));
+    }
+    o->*f = v;
+    return absl::OkStatus();
+  };
+}
+Setter Bool(bool JobOptions::*f) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    if (v == "1" || v == "true" || v == "on" || v.empty()) o->*f = true;
+    else if (v == "0" || v == "false" || v == "off") o->*f = false;
+    else return absl::InvalidArgumentError(absl::StrCat("expected true/false, got '", v, "'"));
+    return absl::OkStatus();
+  };
+}
+Setter Dist(LengthDist JobOptions::*f) {
+  return [=](const std::string& v, JobOptions* o) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseLengthDist(v));
+    return absl::OkStatus();
+  };
+}
+template <typename T>
+Getter Get(T JobOptions::*f) {
+  return [=](const JobOptions& o) {
+    if constexpr (std::is_same_v<T, std::string>) return o.*f;
+    else if constexpr (std::is_same_v<T, bool>) return std::string(o.*f ? "true" : "false");
+    else if constexpr (std::is_same_v<T, LengthDist>) return (o.*f).ToString();
+    else return absl::StrCat(o.*f);
+  };
+}
+
+const std::map<std::string, Flag>& Flags() {
+  static const auto* flags = new std::map<std::string, Flag>{
+      {"tp", {Int(&JobOptions::tp, 1, 8), Get(&JobOptions::tp), "tensor-parallel degree: 1, 2, 4 or 8"}},
+      {"backend", {Str(&JobOptions::backend, {"auto", "cpu", "cuda"}), Get(&JobOptions::backend), "auto | cpu | cuda (auto: cuda when GPUs are visible)"}},
+      {"mode", {Str(&JobOptions::mode, {"v1", "v0"}), Get(&JobOptions::mode), "v1 (scheduler process, diffs) | v0 (rank 0 schedules inline, broadcasts)"}},
+      {"model", {Str(&JobOptions::model), Get(&JobOptions::model), "preset: tiny | small | llama-8b-shape | llama-70b-shape"}},
+      {"model-overrides", {Str(&JobOptions::model_overrides), Get(&JobOptions::model_overrides), "e.g. layers=4,seed=7"}},
+      {"dtype", {Str(&JobOptions::dtype, {"bf16", "fp32"}), Get(&JobOptions::dtype), "cuda backend activations: bf16 | fp32"}},
+      {"num-requests", {Int(&JobOptions::num_requests, 1, 10'000'000), Get(&JobOptions::num_requests), "requests in the workload"}},
+      {"prompt-len", {Dist(&JobOptions::prompt_len), Get(&JobOptions::prompt_len), "N | uniform:A:B | normal:M:S | lognormal:MU:SIGMA"}},
+      {"output-len", {Dist(&JobOptions::output_len), Get(&JobOptions::output_len), "same forms as --prompt-len"}},
+      {"arrival-rate", {Real(&JobOptions::arrival_rate, 0, 1e9), Get(&JobOptions::arrival_rate), "Poisson arrivals per second (0: closed loop)"}},
+      {"concurrency", {Int(&JobOptions::concurrency, 0, 1'000'000), Get(&JobOptions::concurrency), "closed loop: requests in flight (0: max-batch)"}},
+      {"steady-batch", {Int(&JobOptions::steady_batch, 0, 65536), Get(&JobOptions::steady_batch), "steady decode: hold exactly B running sequences"}},
+      {"steady-context", {Int(&JobOptions::steady_context, 1, 1 << 20), Get(&JobOptions::steady_context), "steady decode: context length"}},
+      {"steady-steps", {Int(&JobOptions::steady_steps, 1, 1 << 24), Get(&JobOptions::steady_steps), "steady decode: measured steps"}},
+      {"warmup-steps", {Int(&JobOptions::warmup_steps, 0, 1 << 20), Get(&JobOptions::warmup_steps), "steps excluded from statistics"}},
+      {"seed", {U64(&JobOptions::seed), Get(&JobOptions::seed), "workload and sampling seed"}},
+      {"temperature", {Real(&JobOptions::temperature, 0, 100), Get(&JobOptions::temperature), "0: greedy"}},
+      {"top-k", {Int(&JobOptions::top_k, 0, 1 << 24), Get(&JobOptions::top_k), "0: off"}},
+      {"top-p", {Real(&JobOptions::top_p, 1e-6, 1), Get(&JobOptions::top_p), "1: off"}},
+      {"eos-id", {Int(&JobOptions::eos_id, -1, 1 << 30), Get(&JobOptions::eos_id), "-1: no end-of-sequence stop"}},
+      {"max-batch", {Int(&JobOptions::max_batch, 1, 65536), Get(&JobOptions::max_batch), "max running sequences"}},
+      {"max-batched-tokens", {Int(&JobOptions::max_batched_tokens, 1, 1 << 24), Get(&JobOptions::max_batched_tokens), "max tokens per step"}},
+      {"prefill-chunk", {Int(&JobOptions::prefill_chunk, 1, 1 << 24), Get(&JobOptions::prefill_chunk), "chunked prefill size"}},
+      {"num-kv-blocks", {Int(&JobOptions::num_kv_blocks, 0, 1 << 28), Get(&JobOptions::num_kv_blocks), "KV blocks (0: derived)"}},
+      {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
+      {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
+      {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},
+      {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
+      {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
+      {"step-timeout-ms", {I64(&JobOptions::step_timeout_ms, 1, int64_t{1} << 40), Get(&JobOptions::step_timeout_ms), "deadline of any wait inside a step"}},
+      {"hang-timeout-ms", {I64(&JobOptions::hang_timeout_ms, 50, int64_t{1} << 40), Get(&JobOptions::hang_timeout_ms), "heartbeat staleness that ends the job"}},
+      {"out", {Str(&JobOptions::out_dir), Get(&JobOptions::out_dir), "output directory (summary.json, tokens.jsonl)"}},
+      {"trace", {Str(&JobOptions::trace_file), Get(&JobOptions::trace_file), "write a Chrome/Perfetto trace here"}},
+      {"progress", {Bool(&JobOptions::progress), Get(&JobOptions::progress), "live progress line on a terminal"}},
+      {"resolved-backend", {Str(&JobOptions::resolved_backend, {"", "cpu", "cuda"}), Get(&JobOptions::resolved_backend), "(internal)"}},
+  };
+  return *flags;
+}
+
+}  // namespace
+
+std::string Usage() {
+  std::string s = "flags (--name=value):\n";
+  for (const auto& [name, f] : Flags()) {
+    if (name == "resolved-backend") continue;
+    absl::StrAppend(&s, absl::StrFormat("  --%-20s %s\n", name, f.help));
+  }
+  return s;
+}
+
+absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, ProcArgs* proc) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") return absl::NotFoundError(Usage());
+    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto take_value = [&]() -> absl::Status {
+      if (has_value) return absl::OkStatus();
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      value = args[++i];
+      return absl::OkStatus();
+    };
+    if (name == "job" || name == "rank" || name == "device") {
+      SYMTP_RETURN_IF_ERROR(take_value());
+      if (name == "job") {
+        proc->job = value;
+      } else {
+        int x;
+        if (!absl::SimpleAtoi(value, &x) || x < 0 || x >= 64) {
+          return absl::InvalidArgumentError(absl::StrCat("--", name, ": bad value '", value, "'"));
+        }
+        (name == "rank" ? proc->rank : proc->device) = x;
+      }
+      continue;
+    }
+    auto it = Flags().find(name);
+    if (it == Flags().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    bool is_bool = name == "cuda-graphs" || name == "progress";
+    if (!has_value && !(is_bool && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0))) {
+      SYMTP_RETURN_IF_ERROR(take_value());
+    }
+    SYMTP_RETURN_IF_ERROR_CTX(it->second.set(value, opts), absl::StrCat("--", name));
+  }
+  return ValidateJobOptions(*opts);
+}
+
+std::vector<std::string> ToArgs(const JobOptions& o) {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : Flags()) out.push_back(absl::StrCat("--", name, "=", f.get(o)));
+  return out;
+}
+
+absl::Status ValidateJobOptions(const JobOptions& o) {
+  if (o.tp != 1 && o.tp != 2 && o.tp != 4 && o.tp != 8) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be 1, 2, 4 or 8, got ", o.tp));
+  }
+  if (o.steady_batch > 0 && o.steady_batch > o.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("--steady-batch ", o.steady_batch,
+                                                   " exceeds --max-batch ", o.max_batch));
+  }
+  if (o.prefill_chunk > o.max_batched_tokens) {
+    return absl::InvalidArgumentError("--prefill-chunk exceeds --max-batched-tokens");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::runtime

@@ -1,0 +1,94 @@
+// Everything a job is configured with. The launcher parses the command line
+// once, validates it, and hands the same flags to every process of the job, so
+// the scheduler and the workers agree by construction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace symtp::runtime {
+
+struct LengthDist {
+  // "128" (fixed), "uniform:64:256", "normal:mean:std", "lognormal:mu:sigma"
+  std::string kind = "fixed";
+  double a = 128, b = 0;
+  std::string ToString() const;
+};
+absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec);
+
+struct JobOptions {
+  int tp = 1;
+  std::string backend = "auto";  // auto | cpu | cuda
+  std::string mode = "v1";       // v1 | v0
+  std::string model = "tiny";
+  std::string model_overrides;   // "layers=4,seed=7"
+  std::string dtype = "bf16";    // cuda backend: bf16 | fp32
+
+  // Workload.
+  int num_requests = 32;
+  LengthDist prompt_len{"fixed", 128, 0};
+  LengthDist output_len{"fixed", 32, 0};
+  double arrival_rate = 0;       // requests/s (Poisson); 0 = closed loop
+  int concurrency = 0;           // closed loop: requests in flight (0 = max_batch)
+  int steady_batch = 0;          // >0: hold exactly B running at steady_context
+  int steady_context = 1024;
+  int steady_steps = 50;
+  int warmup_steps = 5;
+  uint64_t seed = 0;
+  float temperature = 0.f;
+  int top_k = 0;
+  float top_p = 1.f;
+  int eos_id = -1;               // -1: no EOS stop
+
+  // Scheduler limits.
+  int max_batch = 64;            // max running sequences
+  int max_batched_tokens = 2048; // per step
+  int prefill_chunk = 512;
+  int num_kv_blocks = 0;         // 0: derived from the workload
+  int max_inflight = 2;          // async depth (v1)
+
+  // CUDA backend.
+  int buckets = 1;
+  bool cuda_graphs = true;
+  std::string allreduce = "auto";  // auto | nccl | custom
+  int64_t crossover_bytes = 1 << 20;
+
+  // Robustness.
+  int64_t step_timeout_ms = 60000;  // any single wait in a step
+  int64_t hang_timeout_ms = 2000;   // heartbeat staleness that tears the job down
+
+  std::string out_dir;           // summary.json, tokens.jsonl
+  std::string trace_file;        // Chrome trace JSON
+  bool progress = true;          // live progress line on a TTY
+
+  // Resolved by the launcher.
+  std::string resolved_backend;  // cpu | cuda
+};
+
+// Checks ranges and combinations; InvalidArgument naming the flag otherwise.
+absl::Status ValidateJobOptions(const JobOptions& o);
+
+// Flags in the --name=value form that reproduce `o` (for the children).
+std::vector<std::string> ToArgs(const JobOptions& o);
+
+}  // namespace symtp::runtime
+
+namespace symtp::runtime {
+
+// Role-specific flags that are not part of JobOptions.
+struct ProcArgs {
+  std::string job;   // --job: shared-memory segment name
+  int rank = -1;     // --rank (workers)
+  int device = -1;   // --device (cuda workers)
+};
+
+// Parses --name=value / --name value flags into `opts` and `proc`. Unknown
+// flags and bad values are InvalidArgument with the flag named. `--help`
+// returns NotFound with the usage text as its message.
+absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, ProcArgs* proc);
+std::string Usage();
+
+}  // namespace symtp::runtime

@@ -1,0 +1,35 @@
+// A process-shared, generation-counted barrier placed in shared memory, and a
+// bounded wait primitive (spin -> yield -> futex sleep) used by the runtime's
+// collectives. Every wait has a deadline; each sleep slice re-checks the job's
+// abort word and the liveness of the participating processes, so a dead or
+// stopped peer turns into an error naming it instead of a hang.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "runtime/job.h"
+
+namespace symtp::runtime {
+
+struct alignas(64) BarrierWord {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> generation;
+};
+
+// Checks run while waiting: abort word, then every worker's pid/phase.
+// Returns the first problem found as a Status naming the process.
+absl::Status CheckPeers(const ControlBlock* cb, int tp);
+
+// Blocks until all `n` participants arrived or the deadline passes.
+absl::Status BarrierWait(BarrierWord* b, uint32_t n, const ControlBlock* cb, int tp,
+                         Deadline deadline, absl::string_view what);
+
+// Futex helpers on a 32-bit word in shared memory (shared, not private, futexes).
+void FutexWaitFor(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns);
+void FutexWakeAll(std::atomic<uint32_t>* word);
+
+}  // namespace symtp::runtime

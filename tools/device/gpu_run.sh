@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One command for a GPU run on the device machine (see docs/DEVICE.md):
+#   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
+#   and leaves everything under $OUT: gpu_run.log and results.tar.gz
+#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch report".
+# From the development machine, with the `device` tool:
+#   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
+#   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-$PWD/out}
+R=$OUT/results
+mkdir -p "$R"
+LOG=$OUT/gpu_run.log
+STEPS=${STEPS:-"build test ar ipc kernels launch report"}
+export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+B=build-gpu
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
+finish() {
+  (cd "$OUT" && tar czf results.tar.gz results && rm -rf results)
+  step "done"
+}
+trap finish EXIT
+
+{
+  step "device"
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+  nvidia-smi topo -m || true
+  nproc; free -g | head -2
+} >>"$LOG" 2>&1
+cp "$LOG" "$R/device_info.txt"
+
+if has build; then
+  step "build"
+  tools/device/build.sh >>"$LOG" 2>&1 || { step "BUILD FAILED"; tail -50 "$LOG"; exit 1; }
+fi
+if has test; then
+  step "gpu tests"
+  (cd $B && timeout 300 ctest -L gpu --output-on-failure --timeout 240) >"$R/gpu_tests.log" 2>&1
+  tail -15 "$R/gpu_tests.log" | tee -a "$LOG"
+fi
+if has ar && [[ -x $B/bench/allreduce/allreduce_bench ]]; then
+  step "allreduce bench"
+  timeout 180 $B/bench/allreduce/allreduce_bench --tp 2 --json "$R/allreduce_tp2.json" >"$R/allreduce_tp2.txt" 2>&1
+  tail -40 "$R/allreduce_tp2.txt" | tee -a "$LOG"
+fi
+if has ipc && [[ -x $B/bench/ipc/ipc_bench ]]; then
+  step "ipc bench"
+  timeout 180 $B/bench/ipc/ipc_bench --benchmark_format=json --benchmark_out="$R/ipc_bench_device.json" \
+    --benchmark_out_format=json >"$R/ipc_bench_device.txt" 2>&1
+  tail -30 "$R/ipc_bench_device.txt" | tee -a "$LOG"
+fi
+if has kernels && [[ -x $B/bench/kernels/kernels_bench ]]; then
+  step "kernels bench"
+  timeout 240 $B/bench/kernels/kernels_bench --json "$R/kernels.json" >"$R/kernels.txt" 2>&1
+  tail -40 "$R/kernels.txt" | tee -a "$LOG"
+fi
+if has launch; then
+  step "launch: cuda backend end to end"
+  for tp in 1 2; do
+    timeout 120 $B/tools/symtp launch --backend=cuda --tp=$tp --model=tiny --num-requests=32 \
+      --output-len=16 --out="$R/launch_tiny_tp$tp" >"$R/launch_tiny_tp$tp.log" 2>&1
+    echo "tp=$tp exit $?" | tee -a "$LOG"
+  done
+fi
+if has report && [[ -x tools/report.sh ]]; then
+  step "v0 vs v1 report"
+  SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "1 2" \
+    --model llama-70b-shape --overrides "${REPORT_OVERRIDES:-layers=4}" --out "$R/report" >"$R/report.log" 2>&1
+  tail -20 "$R/report.log" | tee -a "$LOG"
+fi
