@@ -15,7 +15,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "ipc/liveness.h"
 #include "ipc/ring.h"
 #include "ipc/shm_segment.h"
@@ -52,7 +54,7 @@ absl::StatusOr<pid_t> Spawn(const std::string& exe, const std::vector<std::strin
   argv.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return ErrnoToStatus(errno, "fork", __FILE__, __LINE__);
+  if (pid < 0) return ::symtp::ErrnoToStatus(errno, "fork", __FILE__, __LINE__);
   if (pid == 0) {
     // Child: die with the launcher; own process group so terminal signals go
     // to the launcher only, which then shuts the job down in order.

@@ -48,6 +48,13 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   const size_t vocab_local = l.model.vocab / opts.tp;
   l.hostcomm_floats = std::max({static_cast<size_t>(opts.max_batched_tokens) * hidden,
                                 static_cast<size_t>(opts.max_batch) * vocab_local, size_t{1} << 16});
+  if (opts.mode == "v0") {
+    // The padded batch: [B, S] token ids, positions and slot mapping,
+    // [B, S/16] block tables, [B] lengths and [B, 3] step metadata (int32).
+    const size_t b = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
+    l.hostcomm_floats = std::max(l.hostcomm_floats,
+                                 b * (3 * static_cast<size_t>(max_seq) + max_seq / 16 + 4) + 64);
+  }
   l.control_bytes = Align(sizeof(ControlBlock));
   l.total_bytes = 4096 /*segment header*/ + 4096 * 8 /*slack per region*/ + l.control_bytes +
                   Align(ipc::SpmcRing::RequiredBytes({static_cast<uint32_t>(opts.tp), l.diff_ring_capacity})) +

@@ -89,4 +89,18 @@ absl::Status ShmHostComm::AllGather(const float* send, size_t n, float* recv) {
                      "host all-gather (exit)");
 }
 
+absl::Status ShmHostComm::Broadcast(void* data, size_t bytes, int root) {
+  if (tp_ == 1) return absl::OkStatus();
+  if (bytes > capacity_bytes()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "broadcast of %d bytes exceeds the %d-byte scratch", bytes, capacity_bytes()));
+  }
+  if (rank_ == root) std::memcpy(slot(root), data, bytes);
+  SYMTP_RETURN_IF_ERROR(BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
+                                    "host broadcast (enter)"));
+  if (rank_ != root) std::memcpy(data, slot(root), bytes);
+  return BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
+                     "host broadcast (exit)");
+}
+
 }  // namespace symtp::runtime

@@ -26,6 +26,9 @@ class ShmHostComm : public model::HostComm {
   int size() const override { return tp_; }
   absl::Status AllReduceSum(float* data, size_t n) override;
   absl::Status AllGather(const float* send, size_t n, float* recv) override;
+  // Copies `bytes` at root's `data` to every other rank's `data`.
+  absl::Status Broadcast(void* data, size_t bytes, int root);
+  size_t capacity_bytes() const { return max_floats_ * sizeof(float); }
 
  private:
   struct Header;

@@ -1,0 +1,407 @@
+// allreduce_bench --tp N [--dtype bf16|fp16|fp32] [--json out.json]
+//
+// Custom one-shot all-reduce (kernels/allreduce) against NCCL, nccl-tests
+// style: size, count, type, redop, time (us), algbw, busbw (= algbw * 2(n-1)/n)
+// and #wrong elements, for eager launches and for CUDA-graph replays. Forks
+// its own N processes (one GPU each) before any CUDA call.
+//
+// Method: for each size, results are checked first (inputs are multiples of
+// 1/4 in [-2, 2], so every summation order is exact and #wrong counts bitwise
+// differences from the exact sum); then `warmup` calls; then `reps` timed
+// repetitions of `iters` back-to-back calls (eager) or of one graph holding
+// `iters` calls (graph), timed with CUDA events; a rank's time is the median
+// over repetitions divided by `iters`; the table shows the slowest rank.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "common/cuda_raii.h"
+#include "common/status_macros.h"
+#include "kernels/allreduce/custom_allreduce.h"
+#include "kernels/allreduce/dispatcher.h"
+#include "kernels/allreduce/testing/multi_process.h"
+#include "kernels/allreduce/testing/nccl_bootstrap.h"
+#include "kernels/allreduce/testing/reference.h"
+#include "kernels/nccl/nccl_comm.h"
+
+ABSL_FLAG(int, tp, 2, "ranks (processes, one GPU each)");
+ABSL_FLAG(std::string, dtype, "bf16", "bf16, fp16 or fp32");
+ABSL_FLAG(int64_t, min_bytes, 1024, "smallest message");
+ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest message");
+ABSL_FLAG(int, step_factor, 2, "size multiplier between rows (2 or 4)");
+ABSL_FLAG(int64_t, custom_max_bytes, 4 << 20, "custom path measured up to this size");
+ABSL_FLAG(int64_t, ll_max_bytes, -1, "LL protocol up to this size (-1: library default)");
+ABSL_FLAG(int, staged_blocks, -1, "staged protocol grid (-1: library default)");
+ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
+ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
+ABSL_FLAG(int, iters, 0, "calls per timed repetition (0: 100 up to 1 MiB, 20 above)");
+ABSL_FLAG(int, reps, 20, "timed repetitions (median)");
+ABSL_FLAG(std::string, json, "allreduce_bench.json", "JSON output file ('' for none)");
+ABSL_FLAG(bool, calibrate, true, "also run the dispatcher's start-up calibration and print it");
+ABSL_FLAG(bool, tune, false, "also sweep grid sizes and protocols of the custom path");
+ABSL_FLAG(int64_t, timeout_s, 600, "kill the ranks after this long");
+
+namespace symtp::kernels {
+namespace {
+
+namespace kt = ::symtp::kernels::testing;
+using Protocol = CustomAllReduce::Protocol;
+
+struct Config {
+  int tp;
+  DType dtype;
+  std::vector<size_t> sizes;
+  size_t custom_max;
+  CustomAllReduce::Options custom;
+  int warmup, iters, reps;
+  bool calibrate, tune;
+  std::string json;
+};
+
+struct Timing {
+  double eager_us = 0, graph_us = 0;
+  uint64_t wrong = 0;
+};
+
+struct Row {
+  size_t bytes, count;
+  std::string impl, proto;
+  Timing t;
+  double nccl_graph_us = 0;
+};
+
+// Exact-sum inputs: multiples of 1/4 in [-2, 2] \ {0}.
+float InputValue(int rank, size_t i) {
+  const uint64_t h = kt::Mix64((static_cast<uint64_t>(rank) << 48) ^ i);
+  int k = static_cast<int>(h % 16) - 8;
+  if (k == 0) k = 8;
+  return static_cast<float>(k) / 4.0f;
+}
+
+absl::Status Sync(cudaStream_t s, Deadline d) {
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
+    if (d.Expired()) return absl::DeadlineExceededError("stream did not drain");
+    usleep(20);
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <typename Run>
+absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t stream,
+                               void* buf, size_t count, int iters, const kt::HostArray& input,
+                               const kt::HostArray& expect, Run run) {
+  Timing t;
+  const Deadline deadline = Deadline::AfterMs(120'000);
+  // 1. Check.
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(buf, input.data(), input.bytes(), cudaMemcpyHostToDevice, stream));
+  SYMTP_RETURN_IF_ERROR(run(buf, count, stream));
+  kt::HostArray got(cfg.dtype, count);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(got.data(), buf, got.bytes(), cudaMemcpyDeviceToHost, stream));
+  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+  t.wrong = kt::CountWrong(got, expect, 0.0);
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event start, cuda::Event::Create(true));
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event stop, cuda::Event::Create(true));
+  // 2. Eager.
+  for (int i = 0; i < cfg.warmup; ++i) SYMTP_RETURN_IF_ERROR(run(buf, count, stream));
+  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
+  std::vector<double> samples;
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
+    for (int i = 0; i < iters; ++i) SYMTP_RETURN_IF_ERROR(run(buf, count, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
+    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    samples.push_back(ms * 1000.0 / iters);
+  }
+  t.eager_us = Median(samples);
+  // 3. Graph of `iters` calls.
+  cudaGraph_t graph = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  absl::Status cap;
+  for (int i = 0; i < iters && cap.ok(); ++i) cap = run(buf, count, stream);
+  cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  SYMTP_RETURN_IF_ERROR_CTX(cap, "capturing");
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
+  samples.clear();
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
+    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    samples.push_back(ms * 1000.0 / iters);
+  }
+  t.graph_us = Median(samples);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // Slowest rank's times, everyone's wrong elements.
+  double mine[3] = {t.eager_us, t.graph_us, static_cast<double>(t.wrong)};
+  std::vector<double> all(3 * cfg.tp);
+  SYMTP_RETURN_IF_ERROR(ex.AllGather(mine, sizeof(mine), all.data(), deadline));
+  Timing out;
+  for (int r = 0; r < cfg.tp; ++r) {
+    out.eager_us = std::max(out.eager_us, all[3 * r]);
+    out.graph_us = std::max(out.graph_us, all[3 * r + 1]);
+    out.wrong += static_cast<uint64_t>(all[3 * r + 2]);
+  }
+  return out;
+}
+
+double BusFactor(int n) { return 2.0 * (n - 1) / n; }
+
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
+  }
+  return out;
+}
+
+std::string FormatRow(const Row& r, int tp, DType t) {
+  auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };  // GB/s
+  std::string ratio =
+      r.impl == "custom" && r.nccl_graph_us > 0 ? absl::StrFormat("%6.2fx", r.t.graph_us / r.nccl_graph_us) : "     -";
+  return absl::StrFormat("%12zu %11zu %9s %6s %7s %7s | %9.2f %8.2f %8.2f | %9.2f %8.2f %8.2f | %6llu | %s",
+                         r.bytes, r.count, DTypeName(t), "sum", r.impl, r.proto, r.t.eager_us,
+                         bw(r.t.eager_us), bw(r.t.eager_us) * BusFactor(tp), r.t.graph_us,
+                         bw(r.t.graph_us), bw(r.t.graph_us) * BusFactor(tp),
+                         static_cast<unsigned long long>(r.t.wrong), ratio);
+}
+
+absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(rank));
+  const Deadline setup = Deadline::AfterMs(120'000);
+  SYMTP_ASSIGN_OR_RETURN(auto nccl, kt::NcclOverExchange(rank, size, rank, ex, setup));
+  SYMTP_ASSIGN_OR_RETURN(auto custom, CustomAllReduce::Create(rank, size, rank, cfg.custom_max,
+                                                              &ex, setup, cfg.custom));
+  SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+  const size_t max_bytes = cfg.sizes.back();
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(max_bytes));
+  const size_t es = DTypeSize(cfg.dtype);
+
+  if (rank == 0) {
+    cudaDeviceProp prop{};
+    CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+    int nccl_version = 0;
+    ncclGetVersion(&nccl_version);
+    printf("# symtp allreduce_bench: TP %d, %s, redop sum, %s x%d (%d SMs), NCCL %d\n", size,
+           DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
+    printf("# custom one-shot: LL <= %zu B, staged <= %zu B, grids %d (staged) / %d (LL), scratch "
+           "%.2f MiB per rank\n",
+           custom->ll_max_bytes(), custom->max_bytes(), cfg.custom.staged_blocks,
+           cfg.custom.ll_blocks, custom->scratch_bytes() / 1048576.0);
+    printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "
+           "launches, graph = one CUDA graph of iters calls; busbw = algbw * 2(n-1)/n\n",
+           cfg.reps, cfg.iters ? std::to_string(cfg.iters).c_str() : "100 <= 1 MiB, 20 above");
+    printf("#\n# %10s %11s %9s %6s %7s %7s | %9s %8s %8s | %9s %8s %8s | %6s | %s\n", "size", "count",
+           "type", "redop", "impl", "proto", "eager us", "algbw", "busbw", "graph us", "algbw",
+           "busbw", "#wrong", "graph vs nccl");
+    fflush(stdout);
+  }
+  std::vector<Row> rows;
+  for (size_t bytes : cfg.sizes) {
+    const size_t count = bytes / es;
+    const int iters = cfg.iters > 0 ? cfg.iters : (bytes <= (1u << 20) ? 100 : 20);
+    kt::HostArray input(cfg.dtype, count), expect(cfg.dtype, count);
+    for (size_t i = 0; i < count; ++i) {
+      float sum = 0;
+      for (int r = 0; r < size; ++r) sum += InputValue(r, i);
+      input.set_bits(i, kt::FromF32(cfg.dtype, InputValue(rank, i)));
+      expect.set_bits(i, kt::FromF32(cfg.dtype, sum));
+    }
+    Row nrow{bytes, count, "nccl", "-", {}, 0};
+    SYMTP_ASSIGN_OR_RETURN(nrow.t, Measure(cfg, ex, stream.get(), buf.get(), count, iters, input,
+                                           expect, [&](void* p, size_t n, cudaStream_t s) {
+                                             return nccl->AllReduceSum(p, n, cfg.dtype, s);
+                                           }));
+    if (bytes <= custom->max_bytes()) {
+      Row crow{bytes, count, "custom", bytes <= custom->ll_max_bytes() ? "LL" : "staged", {}, 0};
+      SYMTP_ASSIGN_OR_RETURN(crow.t, Measure(cfg, ex, stream.get(), buf.get(), count, iters, input,
+                                             expect, [&](void* p, size_t n, cudaStream_t s) {
+                                               return custom->AllReduceSum(p, n, cfg.dtype, s);
+                                             }));
+      crow.nccl_graph_us = nrow.t.graph_us;
+      rows.push_back(crow);
+      if (rank == 0) printf("  %s\n", FormatRow(crow, size, cfg.dtype).c_str());
+    }
+    rows.push_back(nrow);
+    if (rank == 0) {
+      printf("  %s\n", FormatRow(nrow, size, cfg.dtype).c_str());
+      fflush(stdout);
+    }
+  }
+  SYMTP_RETURN_IF_ERROR(custom->Poll());
+  SYMTP_RETURN_IF_ERROR(nccl->Poll());
+
+  // Grid / protocol sweep of the custom path (graph timing only matters, both shown).
+  std::vector<std::string> tune_lines;
+  if (cfg.tune) {
+    for (int blocks : {16, 32, 64, 128}) {
+      CustomAllReduce::Options o = cfg.custom;
+      o.staged_blocks = blocks;
+      o.ll_blocks = blocks;
+      o.ll_max_bytes = 1 << 20;
+      SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                              setup, o));
+      for (size_t bytes : {size_t{4} << 10, size_t{16} << 10, size_t{64} << 10, size_t{256} << 10,
+                           size_t{1} << 20}) {
+        const size_t count = bytes / es;
+        kt::HostArray input(cfg.dtype, count), expect(cfg.dtype, count);
+        for (size_t i = 0; i < count; ++i) {
+          float sum = 0;
+          for (int r = 0; r < size; ++r) sum += InputValue(r, i);
+          input.set_bits(i, kt::FromF32(cfg.dtype, InputValue(rank, i)));
+          expect.set_bits(i, kt::FromF32(cfg.dtype, sum));
+        }
+        for (Protocol p : {Protocol::kLL, Protocol::kStaged}) {
+          SYMTP_ASSIGN_OR_RETURN(Timing t, Measure(cfg, ex, stream.get(), buf.get(), count, 100,
+                                                   input, expect,
+                                                   [&](void* d, size_t n, cudaStream_t s) {
+                                                     return ar->AllReduceSumWith(p, d, n, cfg.dtype, s);
+                                                   }));
+          tune_lines.push_back(absl::StrFormat(
+              "tune %-6s blocks %3d %8zu B: eager %7.2f us, graph %7.2f us, wrong %llu",
+              p == Protocol::kLL ? "LL" : "staged", blocks, bytes, t.eager_us, t.graph_us,
+              static_cast<unsigned long long>(t.wrong)));
+          if (rank == 0) {
+            printf("# %s\n", tune_lines.back().c_str());
+            fflush(stdout);
+          }
+        }
+      }
+      SYMTP_RETURN_IF_ERROR(ar->Poll());
+    }
+  }
+
+  std::string describe;
+  if (cfg.calibrate) {
+    SYMTP_ASSIGN_OR_RETURN(auto nccl2, kt::NcclOverExchange(rank, size, rank, ex, setup));
+    AllReduceDispatcher::Options o;
+    o.custom = cfg.custom;
+    SYMTP_ASSIGN_OR_RETURN(auto disp, AllReduceDispatcher::Create(rank, size, rank,
+                                                                  std::move(nccl2), &ex, setup, o));
+    describe = disp->Describe();
+    if (rank == 0) printf("# %s\n", describe.c_str());
+  }
+
+  if (rank == 0 && !cfg.json.empty()) {
+    std::ofstream out(cfg.json);
+    out << "{\n  \"tp\": " << size << ",\n  \"dtype\": \"" << DTypeName(cfg.dtype)
+        << "\",\n  \"redop\": \"sum\",\n  \"ll_max_bytes\": " << custom->ll_max_bytes()
+        << ",\n  \"custom_max_bytes\": " << custom->max_bytes()
+        << ",\n  \"scratch_bytes_per_rank\": " << custom->scratch_bytes()
+        << ",\n  \"dispatcher\": \"" << JsonEscape(describe) << "\",\n  \"rows\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };
+      out << absl::StrFormat(
+          "    {\"size\": %zu, \"count\": %zu, \"impl\": \"%s\", \"protocol\": \"%s\", "
+          "\"eager_us\": %.3f, \"eager_algbw\": %.3f, \"eager_busbw\": %.3f, \"graph_us\": %.3f, "
+          "\"graph_algbw\": %.3f, \"graph_busbw\": %.3f, \"wrong\": %llu}%s\n",
+          r.bytes, r.count, r.impl, r.proto, r.t.eager_us, bw(r.t.eager_us),
+          bw(r.t.eager_us) * BusFactor(size), r.t.graph_us, bw(r.t.graph_us),
+          bw(r.t.graph_us) * BusFactor(size), static_cast<unsigned long long>(r.t.wrong),
+          i + 1 < rows.size() ? "," : "");
+    }
+    out << "  ],\n  \"tune\": [";
+    for (size_t i = 0; i < tune_lines.size(); ++i) {
+      out << (i ? ", " : "") << "\"" << tune_lines[i] << "\"";
+    }
+    out << "]\n}\n";
+    printf("# JSON written to %s\n", cfg.json.c_str());
+  }
+  uint64_t wrong = 0;
+  for (const Row& r : rows) wrong += r.t.wrong;
+  if (wrong != 0) return absl::DataLossError(absl::StrCat(wrong, " wrong elements in total"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace symtp::kernels
+
+int main(int argc, char** argv) {
+  using namespace symtp::kernels;
+  absl::ParseCommandLine(argc, argv);
+  Config cfg;
+  cfg.tp = absl::GetFlag(FLAGS_tp);
+  const std::string dt = absl::GetFlag(FLAGS_dtype);
+  if (dt == "bf16" || dt == "bfloat16") {
+    cfg.dtype = DType::kBF16;
+  } else if (dt == "fp16" || dt == "half") {
+    cfg.dtype = DType::kF16;
+  } else if (dt == "fp32" || dt == "float") {
+    cfg.dtype = DType::kF32;
+  } else {
+    fprintf(stderr, "--dtype must be bf16, fp16 or fp32\n");
+    return 2;
+  }
+  const int factor = absl::GetFlag(FLAGS_step_factor);
+  const size_t es = DTypeSize(cfg.dtype);
+  for (size_t b = std::max<int64_t>(absl::GetFlag(FLAGS_min_bytes), es);
+       b <= static_cast<size_t>(absl::GetFlag(FLAGS_max_bytes)); b *= std::max(factor, 2)) {
+    cfg.sizes.push_back(b / es * es);
+  }
+  if (cfg.sizes.empty() || cfg.tp < 2 || cfg.tp > symtp::kernels::testing::kMaxRanks) {
+    fprintf(stderr, "need --tp in [2, 16] and min_bytes <= max_bytes\n");
+    return 2;
+  }
+  cfg.custom_max = absl::GetFlag(FLAGS_custom_max_bytes);
+  if (absl::GetFlag(FLAGS_ll_max_bytes) >= 0) cfg.custom.ll_max_bytes = absl::GetFlag(FLAGS_ll_max_bytes);
+  if (absl::GetFlag(FLAGS_staged_blocks) > 0) cfg.custom.staged_blocks = absl::GetFlag(FLAGS_staged_blocks);
+  if (absl::GetFlag(FLAGS_ll_blocks) > 0) cfg.custom.ll_blocks = absl::GetFlag(FLAGS_ll_blocks);
+  cfg.warmup = absl::GetFlag(FLAGS_warmup);
+  cfg.iters = absl::GetFlag(FLAGS_iters);
+  cfg.reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  cfg.calibrate = absl::GetFlag(FLAGS_calibrate);
+  cfg.tune = absl::GetFlag(FLAGS_tune);
+  cfg.json = absl::GetFlag(FLAGS_json);
+
+  std::string why;
+  const int gpus = symtp::kernels::testing::CountGpusInChild(&why);
+  if (gpus < cfg.tp) {
+    fprintf(stderr, "allreduce_bench: --tp %d needs %d GPUs, %d visible%s%s\n", cfg.tp, cfg.tp,
+            gpus, why.empty() ? "" : ": ", why.c_str());
+    return 1;
+  }
+  symtp::kernels::testing::RunOptions opt;
+  opt.size = cfg.tp;
+  opt.timeout_ms = absl::GetFlag(FLAGS_timeout_s) * 1000;
+  auto res = symtp::kernels::testing::RunRanks(
+      opt, [&](int rank, int size, PeerExchange& ex) { return BenchRank(cfg, rank, size, ex); });
+  if (!res.ok()) {
+    fprintf(stderr, "allreduce_bench: %s\n", res.status().ToString().c_str());
+    return 1;
+  }
+  if (!res->ok()) {
+    fprintf(stderr, "allreduce_bench failed:\n%s", res->Summary().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,408 @@
+// ipc_bench: the SPMC ring between processes.
+//
+// BM_Latency/consumers:N/bytes:S
+//   One record in flight. The producer takes t0 = CLOCK_MONOTONIC, writes it
+//   into the payload and publishes (Reserve + fill + Commit); each of N
+//   consumer *processes* busy-polls (BusyPollPolicy), reads the record (a copy
+//   out of the ring) and stores its completion time in its own cache line of a
+//   shared "done" array. latency = max over consumers of completion - t0. The
+//   next record is published when every consumer is done. Reported: p50, p99,
+//   mean and max in microseconds (the benchmark's own time is the mean).
+//
+// BM_Stream/consumers:N/bytes:S
+//   The producer publishes M records back to back (backpressure from the
+//   ring, 1 MiB); consumers read with the default wait policy (spin -> yield
+//   -> futex). Time runs from the first publish until the last consumer has
+//   read the last record. Reported: records/s and payload MiB/s.
+//
+// Flags (besides Google Benchmark's own, e.g. --benchmark_format=json,
+// --benchmark_out=FILE --benchmark_out_format=json, --benchmark_filter=RE):
+//   --ipc_quick                 a few records per case (CI smoke)
+//   --ipc_latency_records=N     records per latency case (default: by N)
+//   --ipc_stream_records=N      records per stream case (default: by size)
+//
+// On a 2-core machine the cases with more consumer processes than cores
+// measure the OS scheduler, not the ring: busy-polling consumers time-share.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common/clock.h"
+#include "common/histogram.h"
+#include "ipc/ring.h"
+#include "ipc/shm_segment.h"
+
+namespace symtp::ipc {
+namespace {
+
+struct Options {
+  bool quick = false;
+  int64_t latency_records = 0;  // 0: default by consumer count
+  int64_t stream_records = 0;   // 0: default by record size
+};
+Options g_options;
+
+constexpr uint64_t kRingCapacity = 1 << 20;
+
+// One per consumer, in shared memory.
+struct alignas(64) DoneSlot {
+  std::atomic<uint64_t> seq;      // last seq fully consumed
+  std::atomic<int64_t> done_ns;   // MonotonicNs() when it was consumed
+  std::atomic<uint32_t> ready;    // attached and polling
+  std::atomic<uint32_t> failed;   // the child hit an error (details on stderr)
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Forked consumer processes; killed and reaped on every exit path.
+class Children {
+ public:
+  ~Children() { KillAll(); }
+  bool Spawn(const std::function<int()>& body) {
+    const pid_t parent = ::getpid();
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(97);
+      ::_exit(body());
+    }
+    pids_.push_back(pid);
+    return true;
+  }
+  // Waits for every child to exit; false if one failed or the deadline passed.
+  bool WaitAll(Deadline deadline) {
+    bool ok = true;
+    for (pid_t& pid : pids_) {
+      while (pid > 0) {
+        int st = 0;
+        pid_t r = ::waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+          ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+          pid = -1;
+        } else if (deadline.Expired()) {
+          return false;
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+    }
+    return ok;
+  }
+  void KillAll() {
+    for (pid_t& pid : pids_) {
+      if (pid <= 0) continue;
+      ::kill(pid, SIGKILL);
+      int st;
+      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      pid = -1;
+    }
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+// A job segment with a ring and the done slots.
+struct BenchJob {
+  ShmSegment seg;
+  SpmcRing ring;
+  DoneSlot* done;
+};
+
+absl::StatusOr<BenchJob> MakeJob(uint32_t consumers) {
+  RingConfig cfg{consumers, kRingCapacity};
+  const size_t ring_bytes = SpmcRing::RequiredBytes(cfg);
+  const size_t done_bytes = sizeof(DoneSlot) * kMaxRingConsumers;
+  absl::StatusOr<ShmSegment> seg = ShmSegment::Create(
+      ShmSegment::NewJobName(),
+      ShmSegment::RegionFootprint(ring_bytes) + ShmSegment::RegionFootprint(done_bytes));
+  if (!seg.ok()) return seg.status();
+  absl::StatusOr<void*> ring_mem = seg->Allocate("ring", ring_bytes);
+  if (!ring_mem.ok()) return ring_mem.status();
+  absl::StatusOr<void*> done_mem = seg->Allocate("done", done_bytes);
+  if (!done_mem.ok()) return done_mem.status();
+  absl::StatusOr<SpmcRing> ring = SpmcRing::Format(*ring_mem, ring_bytes, cfg);
+  if (!ring.ok()) return ring.status();
+  auto* done = static_cast<DoneSlot*>(*done_mem);
+  for (uint32_t i = 0; i < kMaxRingConsumers; ++i) new (&done[i]) DoneSlot();
+  return BenchJob{std::move(*seg), *ring, done};
+}
+
+// Consumer process body: read until the ring is closed. `last_seq` > 0 marks
+// the stream's last record (its completion time is what the stream case needs).
+int ConsumerMain(SpmcRing ring, uint32_t index, DoneSlot* slot, WaitPolicy policy,
+                 uint64_t last_seq) {
+  auto c = RingConsumer::Attach(ring, index, "bench consumer " + std::to_string(index), policy);
+  if (!c.ok()) {
+    std::fprintf(stderr, "consumer %u: %s\n", index, c.status().ToString().c_str());
+    slot->failed.store(1);
+    return 1;
+  }
+  std::vector<uint8_t> buf;
+  buf.reserve(1 << 17);
+  slot->ready.store(1, std::memory_order_release);
+  while (true) {
+    absl::StatusOr<uint64_t> seq = c->Read(&buf, Deadline::AfterMs(120'000));
+    if (seq.status().code() == absl::StatusCode::kOutOfRange) return 0;
+    if (!seq.ok()) {
+      std::fprintf(stderr, "consumer %u: %s\n", index, seq.status().ToString().c_str());
+      slot->failed.store(1);
+      return 1;
+    }
+    if (last_seq == 0 || *seq == last_seq) {
+      slot->done_ns.store(MonotonicNs(), std::memory_order_relaxed);
+      slot->seq.store(*seq, std::memory_order_release);
+    }
+  }
+}
+
+// Spins (then yields: on small machines the consumers need the core) until
+// every consumer reports `seq`. Returns the latest completion time, or -1 on
+// failure/timeout.
+int64_t WaitAllDone(const DoneSlot* done, uint32_t n, uint64_t seq, Deadline deadline) {
+  int64_t latest = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    int spins = 0;
+    while (done[i].seq.load(std::memory_order_acquire) < seq) {
+      if (done[i].failed.load(std::memory_order_relaxed)) return -1;
+      if (++spins < 2000) {
+        CpuRelax();
+      } else {
+        ::sched_yield();
+        if ((spins & 255) == 0 && deadline.Expired()) return -1;
+      }
+    }
+    latest = std::max(latest, done[i].done_ns.load(std::memory_order_relaxed));
+  }
+  return latest;
+}
+
+bool WaitAllReady(const DoneSlot* done, uint32_t n, Deadline deadline) {
+  for (uint32_t i = 0; i < n; ++i) {
+    while (done[i].ready.load(std::memory_order_acquire) == 0) {
+      if (done[i].failed.load() || deadline.Expired()) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  return true;
+}
+
+int64_t LatencyRecords(uint32_t consumers) {
+  if (g_options.latency_records > 0) return g_options.latency_records;
+  if (g_options.quick) return 100;
+  switch (consumers) {
+    case 1: return 20'000;
+    case 2: return 5'000;
+    case 4: return 2'000;
+    default: return 1'000;
+  }
+}
+
+int64_t StreamRecords(size_t bytes) {
+  if (g_options.stream_records > 0) return g_options.stream_records;
+  int64_t n = bytes <= 64 ? 200'000 : bytes <= 4096 ? 50'000 : 4'000;
+  return g_options.quick ? n / 50 : n;
+}
+
+void BM_Latency(benchmark::State& state, uint32_t consumers, size_t bytes) {
+  absl::StatusOr<BenchJob> job = MakeJob(consumers);
+  if (!job.ok()) {
+    state.SkipWithError(job.status().ToString().c_str());
+    return;
+  }
+  Children children;
+  for (uint32_t i = 0; i < consumers; ++i) {
+    SpmcRing ring = job->ring;
+    DoneSlot* slot = &job->done[i];
+    if (!children.Spawn([=] { return ConsumerMain(ring, i, slot, BusyPollPolicy(), 0); })) {
+      state.SkipWithError("fork failed");
+      return;
+    }
+  }
+  absl::StatusOr<RingProducer> p = RingProducer::Create(job->ring, "bench producer");
+  if (!p.ok() || !WaitAllReady(job->done, consumers, Deadline::AfterMs(30'000))) {
+    state.SkipWithError(p.ok() ? "consumers did not start" : p.status().ToString().c_str());
+    return;
+  }
+  std::vector<uint8_t> payload(bytes, 0x5A);
+  LatencyHistogram hist;
+  auto one = [&](bool record) -> bool {
+    const int64_t t0 = MonotonicNs();
+    absl::StatusOr<absl::Span<uint8_t>> buf = p->Reserve(bytes, Deadline::AfterMs(30'000));
+    if (!buf.ok()) {
+      state.SkipWithError(buf.status().ToString().c_str());
+      return false;
+    }
+    std::memcpy(buf->data(), payload.data(), bytes);
+    std::memcpy(buf->data(), &t0, sizeof(t0));
+    const uint64_t seq = p->next_seq();
+    if (absl::Status c = p->Commit(); !c.ok()) {
+      state.SkipWithError(c.ToString().c_str());
+      return false;
+    }
+    const int64_t done = WaitAllDone(job->done, consumers, seq, Deadline::AfterMs(30'000));
+    if (done < 0) {
+      state.SkipWithError("a consumer failed or timed out");
+      return false;
+    }
+    const int64_t latency = done - t0;
+    if (record) {
+      hist.Record(static_cast<double>(latency));
+      state.SetIterationTime(static_cast<double>(latency) / 1e9);
+    }
+    return true;
+  };
+  for (int i = 0; i < 200; ++i) {  // warm-up: page faults, caches, branch predictors
+    if (!one(false)) return;
+  }
+  for (auto _ : state) {
+    if (!one(true)) break;
+  }
+  p->Close();
+  if (!children.WaitAll(Deadline::AfterMs(30'000))) {
+    state.SkipWithError("consumers did not exit cleanly");
+    return;
+  }
+  LatencySummary s = hist.Summarize();
+  state.counters["p50_us"] = s.p50 / 1e3;
+  state.counters["p99_us"] = s.p99 / 1e3;
+  state.counters["mean_us"] = s.mean / 1e3;
+  state.counters["max_us"] = s.max / 1e3;
+  state.counters["consumers"] = consumers;
+  state.counters["bytes"] = static_cast<double>(bytes);
+}
+
+void BM_Stream(benchmark::State& state, uint32_t consumers, size_t bytes) {
+  const int64_t records = StreamRecords(bytes);
+  for (auto _ : state) {
+    absl::StatusOr<BenchJob> job = MakeJob(consumers);
+    if (!job.ok()) {
+      state.SkipWithError(job.status().ToString().c_str());
+      return;
+    }
+    Children children;
+    for (uint32_t i = 0; i < consumers; ++i) {
+      SpmcRing ring = job->ring;
+      DoneSlot* slot = &job->done[i];
+      uint64_t last = static_cast<uint64_t>(records);
+      if (!children.Spawn([=] { return ConsumerMain(ring, i, slot, WaitPolicy{}, last); })) {
+        state.SkipWithError("fork failed");
+        return;
+      }
+    }
+    absl::StatusOr<RingProducer> p = RingProducer::Create(job->ring, "bench producer");
+    if (!p.ok() || !WaitAllReady(job->done, consumers, Deadline::AfterMs(30'000))) {
+      state.SkipWithError(p.ok() ? "consumers did not start" : p.status().ToString().c_str());
+      return;
+    }
+    std::vector<uint8_t> payload(bytes, 0xA5);
+    const int64_t t0 = MonotonicNs();
+    for (int64_t i = 0; i < records; ++i) {
+      absl::Status s = p->Publish(payload, Deadline::AfterMs(30'000));
+      if (!s.ok()) {
+        state.SkipWithError(s.ToString().c_str());
+        return;
+      }
+    }
+    p->Close();
+    const int64_t done = WaitAllDone(job->done, consumers, records, Deadline::AfterMs(60'000));
+    if (done < 0 || !children.WaitAll(Deadline::AfterMs(30'000))) {
+      state.SkipWithError("a consumer failed or timed out");
+      return;
+    }
+    const double secs = static_cast<double>(done - t0) / 1e9;
+    state.SetIterationTime(secs);
+    state.counters["records_per_s"] = static_cast<double>(records) / secs;
+    state.counters["MiB_per_s"] =
+        static_cast<double>(records) * static_cast<double>(bytes) / secs / (1 << 20);
+    state.counters["ns_per_record"] = secs * 1e9 / static_cast<double>(records);
+    state.counters["records"] = static_cast<double>(records);
+    state.counters["consumers"] = consumers;
+    state.counters["bytes"] = static_cast<double>(bytes);
+  }
+}
+
+void RegisterAll() {
+  for (uint32_t n : {1u, 2u, 4u, 8u}) {
+    for (size_t bytes : {size_t{64}, size_t{4096}, size_t{65536}}) {
+      std::string name = "BM_Latency/consumers:" + std::to_string(n) +
+                         "/bytes:" + std::to_string(bytes);
+      benchmark::RegisterBenchmark(name.c_str(), [n, bytes](benchmark::State& st) {
+        BM_Latency(st, n, bytes);
+      })
+          ->UseManualTime()
+          ->Iterations(LatencyRecords(n))
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (uint32_t n : {1u, 2u, 4u, 8u}) {
+    for (size_t bytes : {size_t{64}, size_t{4096}, size_t{65536}}) {
+      std::string name =
+          "BM_Stream/consumers:" + std::to_string(n) + "/bytes:" + std::to_string(bytes);
+      benchmark::RegisterBenchmark(name.c_str(), [n, bytes](benchmark::State& st) {
+        BM_Stream(st, n, bytes);
+      })
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+// Removes our flags from argv (Google Benchmark rejects unknown ones).
+bool ParseOwnFlags(int* argc, char** argv) {
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag, int64_t* v) {
+      std::string f = std::string(flag) + "=";
+      if (a.rfind(f, 0) != 0) return false;
+      *v = std::atoll(a.c_str() + f.size());
+      return true;
+    };
+    if (a == "--ipc_quick") {
+      g_options.quick = true;
+    } else if (value("--ipc_latency_records", &g_options.latency_records) ||
+               value("--ipc_stream_records", &g_options.stream_records)) {
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  return true;
+}
+
+}  // namespace
+}  // namespace symtp::ipc
+
+int main(int argc, char** argv) {
+  symtp::ipc::ParseOwnFlags(&argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  symtp::ipc::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

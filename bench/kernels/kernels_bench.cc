@@ -1,0 +1,510 @@
+// kernels_bench: device ceilings and the decode-time cost of the model's
+// kernels, measured in one run on one GPU.
+//
+//   ceilings        bf16 GEMM rate of a large cuBLASLt product (random data),
+//                   device-to-device copy bandwidth (bytes read + written)
+//   decode_gemm     cuBLASLt at M = 32/128/256/512 tokens for the linear
+//                   layers of llama-8b / llama-70b shards at TP = 1 and 2
+//                   (weights rotated through a buffer larger than L2)
+//   decode_attn     paged decode attention, context 1024, batch 32..512,
+//                   GB/s of K+V read
+//   model_decode    GpuModel (TP = 1) decode step of llama-8b-shape with
+//                   --layers layers (default 4), context 1024, batch 32..512,
+//                   CUDA graphs on and off, time per kernel class (eager)
+//
+// Every kernel's result is spot-checked against a CPU computation before
+// it is timed; times are medians of event-timed repetitions after warm-up.
+// Usage: kernels_bench [--json FILE] [--layers N] [--skip-model]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "common/clock.h"
+#include "common/cuda_raii.h"
+#include "common/status_macros.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/gemm.h"
+#include "kernels/ops/weight_init.h"
+#include "models/batch.h"
+#include "models/config.h"
+#include "models/cuda/gpu_model.h"
+
+namespace symtp::bench {
+namespace {
+
+using kernels::DType;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Times `fn` (enqueue on `s`) `reps` times after `warm` warm-ups, one event
+// pair per repetition; median microseconds.
+absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
+                              const std::function<absl::Status(int)>& fn) {
+  for (int i = 0; i < warm; ++i) SYMTP_RETURN_IF_ERROR(fn(i));
+  std::vector<cuda::Event> ev;
+  for (int i = 0; i < 2 * reps; ++i) {
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create(true));
+    ev.push_back(std::move(e));
+  }
+  for (int i = 0; i < reps; ++i) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i].get(), s));
+    SYMTP_RETURN_IF_ERROR(fn(warm + i));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1].get(), s));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev[2 * i].get(), ev[2 * i + 1].get()));
+    us.push_back(1000.0 * ms);
+  }
+  return Median(us);
+}
+
+float Bf16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Fills a bf16 buffer with synthetic uniform values in [-scale, scale).
+absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaStream_t s) {
+  kernels::SyntheticBlock b;
+  b.key = seed * 0x9E3779B97F4A7C15ull + 1;
+  b.kind = kernels::SyntheticKind::kLinear;
+  b.scale = scale;
+  b.global_cols = static_cast<int64_t>(elems);
+  b.rows = 1;
+  b.cols = static_cast<int64_t>(elems);
+  return kernels::InitSyntheticWeight(p, DType::kBF16, b, s);
+}
+
+struct Json {
+  std::vector<std::string> gemm, attn, model;
+  std::string ceilings, device;
+};
+
+struct Ceilings {
+  double gemm_tflops = 0, copy_gbps = 0;
+};
+
+absl::StatusOr<Ceilings> MeasureCeilings(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                                         Json* js) {
+  Ceilings c;
+  const int64_t n = 8192;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer a, cuda::DeviceBuffer::Create(n * n * 2));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer w, cuda::DeviceBuffer::Create(n * n * 2));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer o, cuda::DeviceBuffer::Create(n * n * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(a.get(), n * n, 1, 1.f, s));
+  SYMTP_RETURN_IF_ERROR(FillRandom(w.get(), n * n, 2, 1.f, s));
+  auto gemm = [&](int) {
+    return kernels::Gemm(h, a.get(), w.get(), o.get(), n, n, n, DType::kBF16, ws,
+                         kernels::kGemmWorkspaceBytes, s);
+  };
+  SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 3, 10, gemm));
+  c.gemm_tflops = 2.0 * n * n * n / (us * 1e-6) / 1e12;
+  // Copy: 2 GiB, bytes read + written.
+  const size_t bytes = size_t{2} << 30;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer src, cuda::DeviceBuffer::Create(bytes));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer dst, cuda::DeviceBuffer::Create(bytes));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(src.get(), 0x3c, bytes, s));
+  auto copy = [&](int) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s));
+    return absl::OkStatus();
+  };
+  SYMTP_ASSIGN_OR_RETURN(double cus, TimeUs(s, 2, 10, copy));
+  c.copy_gbps = 2.0 * bytes / (cus * 1e-6) / 1e9;
+  // Spot check the copy (a few bytes) so a failed copy cannot pass as fast.
+  unsigned char probe[4] = {0, 0, 0, 0};
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(probe, static_cast<char*>(dst.get()) + bytes / 2, 4,
+                                       cudaMemcpyDeviceToHost, s));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  if (probe[0] != 0x3c || probe[3] != 0x3c) return absl::InternalError("D2D copy check failed");
+  std::printf("ceilings: bf16 GEMM 8192^3 %.0f TFLOP/s (%.1f us), D2D copy %.0f GB/s\n",
+              c.gemm_tflops, us, c.copy_gbps);
+  js->ceilings = absl::StrFormat(
+      "{\"bf16_gemm_tflops\": %.1f, \"bf16_gemm_shape\": [8192, 8192, 8192], "
+      "\"d2d_copy_gbps\": %.1f, \"d2d_copy_bytes\": %d}",
+      c.gemm_tflops, c.copy_gbps, bytes);
+  return c;
+}
+
+struct GemmShape {
+  const char* model;
+  int tp;
+  const char* layer;
+  int64_t n, k;
+};
+
+std::vector<GemmShape> DecodeGemmShapes() {
+  std::vector<GemmShape> v;
+  // (hidden, heads, kv heads, ffn, vocab) of the two shapes, per TP.
+  struct M {
+    const char* name;
+    int64_t H, NH, NKV, F, V;
+  } models[] = {{"llama-8b-shape", 4096, 32, 8, 14336, 128256},
+                {"llama-70b-shape", 8192, 64, 8, 28672, 128256}};
+  for (const M& m : models) {
+    for (int tp : {1, 2}) {
+      const int64_t D = m.H / m.NH, q = m.NH / tp * D, kv = std::max<int64_t>(1, m.NKV / tp) * D;
+      v.push_back({m.name, tp, "qkv", q + 2 * kv, m.H});
+      v.push_back({m.name, tp, "wo", m.H, q});
+      v.push_back({m.name, tp, "gate_up", 2 * m.F / tp, m.H});
+      v.push_back({m.name, tp, "down", m.H, m.F / tp});
+      v.push_back({m.name, tp, "lm_head", m.V / tp, m.H});
+    }
+  }
+  return v;
+}
+
+absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                              const Ceilings& c, Json* js) {
+  const auto shapes = DecodeGemmShapes();
+  size_t max_w = 0;
+  for (const auto& g : shapes) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
+  // Rotate weights through 4 GiB (L2 is ~50 MB) so each timed GEMM reads HBM.
+  const size_t arena = std::max<size_t>(size_t{4} << 30, 3 * max_w);
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
+  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
+  const int64_t max_m = 512, max_k = 28672, max_n = 128256;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(max_m * max_k * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 4, 1.f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+  std::printf("\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T\n");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s\n", "model", "tp", "layer", "N", "K",
+              "M", "us", "TFLOP/s", "%peak", "W GB/s");
+  for (const auto& g : shapes) {
+    const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
+    const size_t slots = arena / wbytes;
+    for (int64_t m : {32, 128, 256, 512}) {
+      auto run = [&](int i) {
+        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+        return kernels::Gemm(h, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
+                             kernels::kGemmWorkspaceBytes, s);
+      };
+      // Verify two output elements against a CPU dot product first.
+      SYMTP_RETURN_IF_ERROR(run(0));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      for (int64_t probe : {int64_t{0}, (m - 1) * g.n + g.n - 1}) {
+        const int64_t row = probe / g.n, col = probe % g.n;
+        std::vector<uint16_t> ar(g.k), wr(g.k);
+        uint16_t cv = 0;
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(ar.data(), static_cast<char*>(abuf.get()) + row * g.k * 2,
+                                        g.k * 2, cudaMemcpyDeviceToHost));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(), static_cast<char*>(wbuf.get()) + col * g.k * 2,
+                                        g.k * 2, cudaMemcpyDeviceToHost));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2,
+                                        cudaMemcpyDeviceToHost));
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < g.k; ++k) {
+          ref += static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]);
+          mag += std::fabs(static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]));
+        }
+        if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
+          return absl::InternalError(absl::StrFormat(
+              "GEMM check failed for %s %s M=%d: %g vs %g", g.model, g.layer, m,
+              Bf16ToFloat(cv), ref));
+        }
+      }
+      SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+      const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
+      const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
+      std::printf("%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f\n", g.model, g.tp,
+                  g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+                  static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps);
+      js->gemm.push_back(absl::StrFormat(
+          "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
+          "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
+          "%.1f}",
+          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
+  struct Cfg {
+    const char* name;
+    int nq, nkv, d;
+  } cfgs[] = {{"llama-8b-shape tp1", 32, 8, 128}, {"llama-70b-shape tp2", 32, 4, 128}};
+  const int ctx = 1024, B = 16, chunk = 256;
+  std::printf("\ndecode attention (bf16 cache, context %d, split-K chunk %d)\n", ctx, chunk);
+  std::printf("%-20s %5s %9s %9s %7s\n", "shape", "batch", "us", "GB/s", "%copy");
+  for (const Cfg& cf : cfgs) {
+    for (int batch : {32, 64, 128, 256, 512}) {
+      const int blocks_per_seq = ctx / B;
+      const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
+      const int64_t cache_elems = blocks * B * cf.nkv * cf.d;
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer kc, cuda::DeviceBuffer::Create(cache_elems * 2));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer vc, cuda::DeviceBuffer::Create(cache_elems * 2));
+      SYMTP_RETURN_IF_ERROR(FillRandom(kc.get(), cache_elems, 5, 1.f, s));
+      SYMTP_RETURN_IF_ERROR(FillRandom(vc.get(), cache_elems, 6, 1.f, s));
+      const int64_t qstride = static_cast<int64_t>(cf.nq + 2 * cf.nkv) * cf.d;
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer q, cuda::DeviceBuffer::Create(batch * qstride * 2));
+      SYMTP_RETURN_IF_ERROR(FillRandom(q.get(), batch * qstride, 7, 1.f, s));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
+                             cuda::DeviceBuffer::Create(static_cast<size_t>(batch) * cf.nq * cf.d * 2));
+      // Scattered block tables: a random permutation of the blocks.
+      std::vector<int32_t> perm(blocks);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937(batch));
+      std::vector<int32_t> pos(batch, ctx - 1);
+      std::vector<kernels::AttentionItem> items(batch);
+      for (int i = 0; i < batch; ++i) items[i] = {i, i, 1, 0};
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, cuda::DeviceBuffer::Create(perm.size() * 4));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, cuda::DeviceBuffer::Create(pos.size() * 4));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
+                             cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tab.get(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos.get(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(), items.size() * sizeof(items[0]),
+                                      cudaMemcpyHostToDevice));
+      const int splits = (ctx + chunk - 1) / chunk;
+      const size_t ws_bytes = kernels::PagedAttentionWorkspaceBytes(batch, cf.nq, cf.d, splits);
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wsb, cuda::DeviceBuffer::Create(ws_bytes));
+      kernels::PagedAttentionArgs a;
+      a.q = q.get();
+      a.q_row_stride = qstride;
+      a.k_cache = kc.get();
+      a.v_cache = vc.get();
+      a.out = out.get();
+      a.positions = d_pos.as<int32_t>();
+      a.block_tables = d_tab.as<int32_t>();
+      a.block_table_stride = blocks_per_seq;
+      a.block_size = B;
+      a.items = d_items.as<kernels::AttentionItem>();
+      a.num_items = batch;
+      a.max_item_tokens = 1;
+      a.num_tokens = batch;
+      a.num_q_heads = cf.nq;
+      a.num_kv_heads = cf.nkv;
+      a.head_dim = cf.d;
+      a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+      a.num_splits = splits;
+      a.split_chunk = chunk;
+      a.workspace = wsb.get();
+      a.workspace_bytes = ws_bytes;
+      auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
+      SYMTP_RETURN_IF_ERROR(run(0));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      {  // Verify sequence `batch-1`, q head 1, against a CPU softmax.
+        const int seq = batch - 1, h = 1, kvh = h / (cf.nq / cf.nkv);
+        std::vector<uint16_t> qh(cf.d), o(cf.d), kr(cf.d), vr(cf.d);
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(qh.data(),
+                                        static_cast<char*>(q.get()) + (seq * qstride + h * cf.d) * 2,
+                                        cf.d * 2, cudaMemcpyDeviceToHost));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(o.data(),
+                                        static_cast<char*>(out.get()) + ((int64_t)seq * cf.nq + h) * cf.d * 2,
+                                        cf.d * 2, cudaMemcpyDeviceToHost));
+        std::vector<double> sc(ctx), acc(cf.d, 0.0);
+        std::vector<std::vector<uint16_t>> vs(ctx);
+        double mx = -1e300;
+        for (int j = 0; j < ctx; ++j) {
+          const int64_t slot = static_cast<int64_t>(perm[seq * blocks_per_seq + j / B]) * B + j % B;
+          const size_t off = ((slot * cf.nkv + kvh) * cf.d) * 2;
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(kr.data(), static_cast<char*>(kc.get()) + off, cf.d * 2,
+                                          cudaMemcpyDeviceToHost));
+          vs[j].resize(cf.d);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(vs[j].data(), static_cast<char*>(vc.get()) + off,
+                                          cf.d * 2, cudaMemcpyDeviceToHost));
+          double dot = 0;
+          for (int d = 0; d < cf.d; ++d) dot += static_cast<double>(Bf16ToFloat(qh[d])) * Bf16ToFloat(kr[d]);
+          sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (int j = 0; j < ctx; ++j) {
+          for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vs[j][d]);
+        }
+        double err = 0, ref = 0;
+        for (int d = 0; d < cf.d; ++d) {
+          err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
+          ref = std::max(ref, std::fabs(acc[d]));
+        }
+        if (err > 2e-2 * ref + 1e-3) {
+          return absl::InternalError(absl::StrFormat(
+              "attention check failed (batch %d): max error %g, max |ref| %g", batch, err, ref));
+        }
+      }
+      SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+      const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      std::printf("%-20s %5d %9.1f %9.0f %6.1f%%\n", cf.name, batch, us, gbps,
+                  100.0 * gbps / c.copy_gbps);
+      js->attn.push_back(absl::StrFormat(
+          "{\"shape\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"batch\": %d, "
+          "\"context\": %d, \"split_chunk\": %d, \"us\": %.2f, \"kv_gbps\": %.1f, "
+          "\"frac_of_copy_bw\": %.4f}",
+          cf.name, cf.nq, cf.nkv, cf.d, batch, ctx, chunk, us, gbps, gbps / c.copy_gbps));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
+  SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
+                         model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
+  const int ctx = 1024, B = cfg.block_size, bps = ctx / B;
+  const std::vector<int> batches = {32, 64, 128, 256, 512};
+  std::printf("\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
+              "cache zero-filled (timing does not depend on its values)\n",
+              cfg.name.c_str(), layers, ctx);
+  std::printf("%6s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "batch", "gpu us", "wall us",
+              "gemm", "attn", "rowpar", "other");
+  for (bool graphs : {true, false}) {
+    model::GpuModelOptions o;
+    o.dtype = DType::kBF16;
+    o.max_seqs = 512;
+    o.max_batch_tokens = 512;
+    o.num_kv_blocks = 512 * bps + 16;
+    o.cuda_graphs = graphs;
+    o.host_logits = false;
+    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
+    for (int batch : batches) {
+      model::BatchInput in;
+      in.max_blocks_per_seq = bps;
+      in.seq_start.push_back(0);
+      for (int i = 0; i < batch; ++i) {
+        in.tokens.push_back((i * 7919) % cfg.vocab);
+        in.positions.push_back(ctx - 1);
+        in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
+        in.seq_start.push_back(i + 1);
+        in.context_len.push_back(ctx);
+        for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
+        in.sample_index.push_back(i);
+      }
+      model::StepOptions so;
+      so.sampling.assign(batch, model::SamplingParams{});
+      so.copy_logits = false;
+      SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(true));
+      SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(true));
+      std::vector<double> gpu_us, wall_us;
+      for (int it = 0; it < 14; ++it) {
+        const int64_t t0 = MonotonicNs();
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), s));
+        SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), s));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        const int64_t t1 = MonotonicNs();
+        CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
+        if (it == 0) {  // check the outputs once
+          for (int32_t t : m.host_tokens()) {
+            if (t < 0 || t >= cfg.vocab) return absl::InternalError("sampled token out of range");
+          }
+        }
+        if (it < 4) continue;  // warm-up (graph capture happens on the 2nd step)
+        float ms = 0;
+        CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+        gpu_us.push_back(1000.0 * ms);
+        wall_us.push_back((t1 - t0) / 1e3);
+      }
+      model::StepProfile prof;
+      if (!graphs) {
+        m.set_profiling(true);
+        SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        SYMTP_ASSIGN_OR_RETURN(prof, m.LastStepProfile());
+        m.set_profiling(false);
+      }
+      const double g = Median(gpu_us), w = Median(wall_us);
+      std::printf("%6s %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n", graphs ? "on" : "off", batch,
+                  g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms);
+      const auto st = m.graph_stats();
+      js->model.push_back(absl::StrFormat(
+          "{\"model\": \"%s\", \"layers\": %d, \"dtype\": \"bfloat16\", \"tp\": 1, \"batch\": %d, "
+          "\"context\": %d, \"cuda_graphs\": %s, \"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
+          "\"graph_replays\": %d, \"profile_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
+          "\"row_parallel_gemm\": %.4f, \"other\": %.4f, \"total\": %.4f}}",
+          cfg.name, layers, batch, ctx, graphs ? "true" : "false", g, w, st.replays, prof.gemm_ms,
+          prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string JoinArr(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ",\n    " : "\n    ") + v[i];
+  return s + "\n  ]";
+}
+
+absl::Status Run(int argc, char** argv) {
+  std::string json_path;
+  int layers = 4;
+  bool skip_model = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (a == "--layers" && i + 1 < argc) {
+      layers = std::atoi(argv[++i]);
+    } else if (a == "--skip-model") {
+      skip_model = true;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown argument '", a, "'; usage: kernels_bench [--json FILE] "
+                       "[--layers N] [--skip-model]"));
+    }
+  }
+  std::string why;
+  if (cuda::VisibleDeviceCount(&why) == 0) return absl::UnavailableError("no GPU: " + why);
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  Json js;
+  js.device = absl::StrFormat("{\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %d}", prop.name,
+                              prop.multiProcessorCount, prop.l2CacheSize);
+  SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle h, kernels::CublasLtHandle::Create());
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
+                         cuda::DeviceBuffer::Create(kernels::kGemmWorkspaceBytes));
+  SYMTP_ASSIGN_OR_RETURN(Ceilings c, MeasureCeilings(h, ws.get(), stream.get(), &js));
+  SYMTP_RETURN_IF_ERROR(BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
+  SYMTP_RETURN_IF_ERROR(BenchDecodeAttention(stream.get(), c, &js));
+  if (!skip_model) SYMTP_RETURN_IF_ERROR(BenchModelDecode(layers, stream.get(), &js));
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) return absl::UnavailableError("cannot write " + json_path);
+    std::fprintf(f,
+                 "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
+                 "  \"decode_attention\": %s,\n  \"model_decode\": %s\n}\n",
+                 js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
+                 JoinArr(js.attn).c_str(), JoinArr(js.model).c_str());
+    std::fclose(f);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace symtp::bench
+
+int main(int argc, char** argv) {
+  const absl::Status st = symtp::bench::Run(argc, argv);
+  if (!st.ok()) {
+    std::fprintf(stderr, "kernels_bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

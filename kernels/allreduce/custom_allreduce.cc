@@ -1,0 +1,377 @@
+#include "kernels/allreduce/custom_allreduce.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "common/cuda_raii.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace symtp::kernels {
+namespace {
+
+using allreduce_internal::DeviceArgs;
+using allreduce_internal::kMaxBlocks;
+using allreduce_internal::kMaxRanks;
+
+constexpr size_t kMinMaxBytes = 64 * 1024;
+constexpr uint32_t kProbeWords = 2048;  // 8 KiB per (writer, reader) pair
+
+size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// Host-mapped words the kernels write (error mirror) and read (abort).
+struct HostWords {
+  unsigned long long error;
+  int abort;
+};
+
+// One rank's verdict on a set-up phase; exchanged so that all ranks agree.
+struct Verdict {
+  int32_t ok;
+  int32_t code;
+  char message[248];
+};
+
+Verdict MakeVerdict(const absl::Status& st) {
+  Verdict v{};
+  v.ok = st.ok() ? 1 : 0;
+  v.code = static_cast<int32_t>(st.code());
+  std::string msg(st.message());
+  strncpy(v.message, msg.c_str(), sizeof(v.message) - 1);
+  return v;
+}
+
+// Every rank's status for `phase`; the first failing rank's error on all.
+absl::Status Agree(PeerExchange* ex, int size, const absl::Status& local, const char* phase,
+                   Deadline deadline) {
+  Verdict mine = MakeVerdict(local);
+  std::vector<Verdict> all(size);
+  SYMTP_RETURN_IF_ERROR_CTX(ex->AllGather(&mine, sizeof(mine), all.data(), deadline),
+                            absl::StrCat("custom all-reduce ", phase, ": exchanging verdicts"));
+  for (int r = 0; r < size; ++r) {
+    if (!all[r].ok) {
+      all[r].message[sizeof(all[r].message) - 1] = '\0';
+      return absl::Status(static_cast<absl::StatusCode>(all[r].code),
+                          absl::StrCat("custom all-reduce ", phase, ": rank ", r, ": ",
+                                       all[r].message));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What each rank publishes at start-up.
+struct Hello {
+  Verdict verdict;
+  cudaIpcMemHandle_t handle;
+  char bus_id[32];
+  uint64_t total_bytes;
+  uint64_t max_bytes;
+  uint64_t ll_max_bytes;
+  int64_t timeout_ms;
+  int32_t staged_blocks;
+  int32_t ll_blocks;
+  uint32_t initial_epoch;
+  uint32_t nonce;
+};
+
+const char* ProtocolName(uint32_t tag) {
+  return tag == allreduce_internal::kTagLL ? "LL" : tag == allreduce_internal::kTagStaged ? "staged" : "?";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
+    int rank, int size, int device, size_t max_bytes, PeerExchange* exchange, Deadline deadline) {
+  return Create(rank, size, device, max_bytes, exchange, deadline, Options());
+}
+
+absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
+    int rank, int size, int device, size_t max_bytes, PeerExchange* exchange, Deadline deadline,
+    const Options& options) {
+  if (exchange == nullptr) return absl::InvalidArgumentError("CustomAllReduce: no PeerExchange");
+  if (rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("CustomAllReduce: rank ", rank, " of ", size));
+  }
+  if (size != 2 && size != 4 && size != 8) {
+    // Same answer on every rank without an exchange.
+    return absl::UnimplementedError(
+        absl::StrCat("custom all-reduce supports TP 2, 4, 8; not ", size));
+  }
+  std::unique_ptr<CustomAllReduce> ar(new CustomAllReduce());
+  SYMTP_RETURN_IF_ERROR(ar->Init(rank, size, device, max_bytes, exchange, deadline, options));
+  return ar;
+}
+
+absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_bytes,
+                                   PeerExchange* exchange, Deadline deadline,
+                                   const Options& options) {
+  rank_ = rank;
+  size_ = size;
+  device_ = device;
+  timeout_ms_ = options.timeout_ms;
+  max_bytes_ = RoundUp(std::max(max_bytes, kMinMaxBytes), 256);
+  const size_t ll_wanted = options.ll_max_bytes == Options::kAutoLLMaxBytes
+                               ? (256 * 1024) / static_cast<size_t>(size)
+                               : options.ll_max_bytes;
+  ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
+  const size_t ll_lines = ll_max_bytes_ / 8;
+  const size_t ll_offset = allreduce_internal::kSignalBytes;
+  const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
+  const size_t stage_offset = RoundUp(ll_offset + ll_bytes, 4096);
+  total_bytes_ = stage_offset + 2 * max_bytes_;
+
+  // Phase 1 (local): allocate, initialise, export.
+  Hello hello{};
+  auto local = [&]() -> absl::Status {
+    if (options.staged_blocks < 1 || options.staged_blocks > kMaxBlocks || options.ll_blocks < 1 ||
+        options.ll_blocks > kMaxBlocks || options.timeout_ms <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ",
+                       options.ll_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
+                       options.timeout_ms));
+    }
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer_, total_bytes_));
+    // Signals and LL lines start at the initial epoch: flags and lines then
+    // read "older than the first call" however close to 2^32 it is.
+    std::vector<uint32_t> image(stage_offset / 4, 0);
+    const uint32_t e0 = options.initial_epoch;
+    for (size_t i = 0; i < kMaxBlocks * kMaxRanks; ++i) {
+      image[allreduce_internal::kFlagsOffset / 4 + i] = e0;
+    }
+    for (size_t i = 0; i < kMaxBlocks; ++i) {
+      image[allreduce_internal::kEpochStagedOffset / 4 + i] = e0;
+      image[allreduce_internal::kEpochLLOffset / 4 + i] = e0;
+    }
+    for (size_t w = ll_offset / 4; w < (ll_offset + ll_bytes) / 4; w += 4) {
+      image[w + 1] = e0;
+      image[w + 3] = e0;
+    }
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(buffer_, image.data(), image.size() * 4, cudaMemcpyHostToDevice));
+    void* host = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(HostWords), cudaHostAllocMapped));
+    memset(host, 0, sizeof(HostWords));
+    error_host_ = &static_cast<HostWords*>(host)->error;
+    abort_host_ = &static_cast<HostWords*>(host)->abort;
+    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&hello.handle, buffer_));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(hello.bus_id, sizeof(hello.bus_id), device));
+    return absl::OkStatus();
+  }();
+  hello.verdict = MakeVerdict(local);
+  hello.total_bytes = total_bytes_;
+  hello.max_bytes = max_bytes_;
+  hello.ll_max_bytes = ll_max_bytes_;
+  hello.timeout_ms = options.timeout_ms;
+  hello.staged_blocks = options.staged_blocks;
+  hello.ll_blocks = options.ll_blocks;
+  hello.initial_epoch = options.initial_epoch;
+  hello.nonce = static_cast<uint32_t>(MonotonicNs() ^ (static_cast<int64_t>(getpid()) << 20));
+
+  std::vector<Hello> hellos(size);
+  SYMTP_RETURN_IF_ERROR_CTX(exchange->AllGather(&hello, sizeof(hello), hellos.data(), deadline),
+                            "custom all-reduce: exchanging IPC handles");
+  for (int r = 0; r < size; ++r) {
+    const Hello& h = hellos[r];
+    if (!h.verdict.ok) {
+      return absl::Status(static_cast<absl::StatusCode>(h.verdict.code),
+                          absl::StrCat("custom all-reduce set-up: rank ", r, ": ",
+                                       std::string(h.verdict.message,
+                                                   strnlen(h.verdict.message,
+                                                           sizeof(h.verdict.message)))));
+    }
+    if (h.total_bytes != hellos[0].total_bytes || h.max_bytes != hellos[0].max_bytes ||
+        h.ll_max_bytes != hellos[0].ll_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
+        h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
+        h.initial_epoch != hellos[0].initial_epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "custom all-reduce set-up: rank ", r, " was created with other sizes/options than rank 0 "
+          "(max_bytes ", h.max_bytes, " vs ", hellos[0].max_bytes, ", ll_max_bytes ",
+          h.ll_max_bytes, " vs ", hellos[0].ll_max_bytes, ")"));
+    }
+  }
+
+  // Phase 2 (local): check peer access, open the peers' buffers.
+  local = [&]() -> absl::Status {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      int peer_dev = -1;
+      if (cudaDeviceGetByPCIBusId(&peer_dev, hellos[r].bus_id) != cudaSuccess) {
+        cudaGetLastError();  // not visible here: the IPC open + probe decide
+        peer_dev = -1;
+      }
+      if (peer_dev >= 0 && peer_dev != device) {
+        int can = 0;
+        CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device, peer_dev));
+        if (!can) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "cudaDeviceCanAccessPeer: device ", device, " cannot access rank ", r,
+              "'s device ", peer_dev, " (", hellos[r].bus_id, ")"));
+        }
+      }
+      void* p = nullptr;
+      CUDA_RETURN_IF_ERROR(
+          cudaIpcOpenMemHandle(&p, hellos[r].handle, cudaIpcMemLazyEnablePeerAccess));
+      peers_[r] = static_cast<char*>(p);
+    }
+    return absl::OkStatus();
+  }();
+  SYMTP_RETURN_IF_ERROR(Agree(exchange, size, local, "opening peer buffers", deadline));
+
+  args_ = DeviceArgs{};
+  for (int r = 0; r < size; ++r) args_.base[r] = r == rank ? buffer_ : peers_[r];
+  void* dev_ptr = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&dev_ptr, error_host_, 0));
+  args_.error_host = static_cast<unsigned long long*>(dev_ptr);
+  CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&dev_ptr, abort_host_, 0));
+  args_.abort_word = static_cast<const volatile int*>(dev_ptr);
+  args_.timeout_ns = static_cast<uint64_t>(options.timeout_ms) * 1'000'000;
+  args_.ll_offset = ll_offset;
+  args_.ll_lines = ll_lines;
+  args_.stage_offset = stage_offset;
+  args_.stage_bytes = max_bytes_;
+  args_.rank = rank;
+  args_.size = size;
+  args_.staged_blocks = options.staged_blocks;
+  args_.ll_blocks = options.ll_blocks;
+
+  // Phase 3: write-and-verify probe through the mappings.
+  SYMTP_RETURN_IF_ERROR(Probe(exchange, deadline, hellos[0].nonce));
+  SYMTP_LOG(DEBUG, "allreduce") << "custom all-reduce ready: rank " << rank << "/" << size
+                                << " device " << device << ", max " << max_bytes_ << " B, LL up to "
+                                << ll_max_bytes_ << " B, scratch " << total_bytes_ << " B";
+  return absl::OkStatus();
+}
+
+absl::Status CustomAllReduce::Probe(PeerExchange* exchange, Deadline deadline, uint32_t nonce) {
+  cuda::Stream stream;
+  cuda::DeviceBuffer counts;
+  absl::Status local = [&]() -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(stream, cuda::Stream::Create());
+    SYMTP_ASSIGN_OR_RETURN(counts, cuda::DeviceBuffer::Create(2 * kMaxRanks * sizeof(int)));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counts.get(), 0, counts.bytes(), stream.get()));
+    CUDA_RETURN_IF_ERROR(
+        allreduce_internal::LaunchProbeWrite(args_, kProbeWords, nonce, stream.get()));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.get()));
+    return absl::OkStatus();
+  }();
+  SYMTP_RETURN_IF_ERROR(Agree(exchange, size_, local, "P2P probe (write)", deadline));
+  local = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchProbeVerify(args_, kProbeWords, nonce,
+                                                               counts.as<int>(), stream.get()));
+    int host[2 * kMaxRanks] = {};
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host, counts.get(), sizeof(host), cudaMemcpyDeviceToHost, stream.get()));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.get()));
+    for (int s = 0; s < size_; ++s) {
+      if (host[s] != 0 || host[kMaxRanks + s] != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "P2P probe with rank ", s, ": ", host[s], " of ", kProbeWords,
+            " words written by rank ", s, " arrived wrong here, ", host[kMaxRanks + s],
+            " words written here read back wrong through the mapping"));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  return Agree(exchange, size_, local, "P2P probe (verify)", deadline);
+}
+
+CustomAllReduce::~CustomAllReduce() {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_);
+  for (int r = 0; r < kMaxRanks; ++r) {
+    if (peers_[r] != nullptr && cudaIpcCloseMemHandle(peers_[r]) != cudaSuccess) {
+      SYMTP_LOG(WARN, "allreduce") << "cudaIpcCloseMemHandle(rank " << r << ") failed";
+    }
+  }
+  if (buffer_ != nullptr) cudaFree(buffer_);
+  if (error_host_ != nullptr) cudaFreeHost(error_host_);  // HostWords starts with `error`
+  cudaGetLastError();
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+absl::Status CustomAllReduce::Poll() {
+  const unsigned long long word =
+      error_host_ == nullptr ? 0 : __atomic_load_n(error_host_, __ATOMIC_ACQUIRE);
+  if (word != 0) {
+    const uint32_t code = static_cast<uint32_t>(word >> 56);
+    const uint32_t peer = static_cast<uint32_t>(word >> 48) & 0xff;
+    const uint32_t proto = static_cast<uint32_t>(word >> 40) & 0xff;
+    const uint32_t block = static_cast<uint32_t>(word >> 32) & 0xff;
+    const uint32_t epoch = static_cast<uint32_t>(word);
+    if (code == allreduce_internal::kErrTimeout) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "custom all-reduce on rank %d/%d (device %d): rank %u never arrived: waited %d ms in "
+          "the %s protocol (block %u, call epoch %u); the peer is dead, hung, or not issuing the "
+          "same sequence of all-reduces",
+          rank_, size_, device_, peer, timeout_ms_, ProtocolName(proto), block, epoch));
+    }
+    return absl::AbortedError(absl::StrFormat(
+        "custom all-reduce on rank %d/%d: aborted while waiting for rank %u (%s protocol, block "
+        "%u, call epoch %u)",
+        rank_, size_, peer, ProtocolName(proto), block, epoch));
+  }
+  if (aborted_.load(std::memory_order_acquire)) {
+    return absl::AbortedError(absl::StrCat("custom all-reduce on rank ", rank_, "/", size_,
+                                           ": aborted"));
+  }
+  return absl::OkStatus();
+}
+
+void CustomAllReduce::Abort() {
+  if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
+  if (abort_host_ != nullptr) __atomic_store_n(abort_host_, 1, __ATOMIC_RELEASE);
+  SYMTP_LOG(INFO, "allreduce") << "custom all-reduce aborted on rank " << rank_;
+}
+
+absl::Status CustomAllReduce::Sticky() { return Poll(); }
+
+absl::Status CustomAllReduce::AllReduceSum(void* data, size_t count, DType dtype,
+                                           cudaStream_t stream) {
+  const size_t bytes = count * DTypeSize(dtype);
+  return AllReduceSumWith(bytes <= ll_max_bytes_ ? Protocol::kLL : Protocol::kStaged, data, count,
+                          dtype, stream);
+}
+
+absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, size_t count,
+                                               DType dtype, cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR(Sticky());
+  if (count == 0) return absl::OkStatus();
+  const size_t esize = DTypeSize(dtype);
+  const size_t bytes = count * esize;
+  if (data == nullptr || reinterpret_cast<uintptr_t>(data) % esize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("custom all-reduce: data pointer ", reinterpret_cast<uintptr_t>(data),
+                     " is null or not aligned to its ", esize, "-byte elements"));
+  }
+  if (bytes > max_bytes_ || (protocol == Protocol::kLL && bytes > ll_max_bytes_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "custom all-reduce: ", bytes, " bytes exceed the ",
+        protocol == Protocol::kLL ? "LL limit of " : "limit of ",
+        protocol == Protocol::kLL ? ll_max_bytes_ : max_bytes_, " bytes"));
+  }
+  CUDA_RETURN_IF_ERROR(
+      allreduce_internal::LaunchOneShot(protocol, args_, data, count, dtype, stream));
+  return absl::OkStatus();
+}
+
+namespace allreduce_internal {
+
+cudaError_t LaunchOneShot(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                          DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kF32: return LaunchOneShotF32(protocol, a, data, count, stream);
+    case DType::kBF16: return LaunchOneShotBF16(protocol, a, data, count, stream);
+    case DType::kF16: return LaunchOneShotF16(protocol, a, data, count, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace allreduce_internal
+}  // namespace symtp::kernels

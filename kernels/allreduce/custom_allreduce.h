@@ -1,0 +1,151 @@
+// CustomAllReduce: one-shot all-reduce over CUDA IPC + NVLink for small
+// messages of a tensor-parallel group of 2, 4 or 8 ranks (one process and one
+// GPU each). The dispatcher (dispatcher.h) puts it in front of NCCL.
+//
+//   SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, device,
+//                                        /*max_bytes=*/1 << 20, &exchange, deadline));
+//   SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(ptr, count, DType::kBF16, stream));
+//   ...
+//   SYMTP_RETURN_IF_ERROR(ar->Poll());   // a peer that never arrived -> error
+//
+// Each rank cudaMalloc's one buffer (signals, LL receive lines, staging),
+// exports it with cudaIpcGetMemHandle and opens every peer's with
+// cudaIpcOpenMemHandle (lazy peer access). Create() then runs a P2P probe
+// (cudaDeviceCanAccessPeer + each rank writes a pattern into every peer's
+// buffer, the peer verifies it and the writer reads it back through the
+// mapping). Every step's verdict is exchanged, so either all ranks get an
+// instance or all get the same error (and can fall back together).
+//
+// Protocols (custom_allreduce_kernels.cuh has the details and the buffer-reuse
+// argument): LL for messages up to Options::ll_max_bytes (data and epoch in the
+// same 16-byte store; one one-way latency), STAGED above, up to max_bytes
+// (local staging copy, release/acquire flags, reads of every peer's staging).
+// Both accumulate in fp32 in rank order 0..N-1: every rank's result is bitwise
+// identical. Any element count and any element-aligned pointer work.
+//
+// Ordering contract: one instance = one ordered sequence of calls. Every rank
+// makes the same calls (count, dtype) in the same order, and a rank's calls on
+// one instance must execute in order on the GPU (same stream, or streams
+// ordered by events). Several all-reduces in flight at once on different
+// streams need one instance each (each has its own buffer and counters);
+// concurrent instances must fit on the GPU together (their blocks spin while
+// waiting for peers).
+//
+// CUDA graphs: AllReduceSum is capturable and replays correctly with new
+// inputs: the per-call epoch lives in device memory and is advanced by the
+// kernels, nothing of the host's is baked in besides pointers and sizes.
+//
+// Failure: every spin is bounded by Options::timeout_ms (%globaltimer). A
+// kernel that gives up records {peer, protocol, block, epoch} and exits; Poll()
+// returns DeadlineExceeded naming the peer that never arrived. Abort() makes
+// spinning kernels exit promptly. After either, the instance is unusable
+// (AllReduceSum returns the sticky error).
+//
+// Teardown: destroy only when no all-reduce of this instance is in flight on
+// any rank (synchronize, then a barrier across ranks), as peers read this
+// rank's buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "kernels/allreduce/custom_allreduce_device.h"
+#include "kernels/allreduce/custom_allreduce_launch.h"
+#include "kernels/allreduce/peer_exchange.h"
+#include "kernels/comm.h"
+
+namespace symtp::kernels {
+
+class CustomAllReduce {
+ public:
+  struct Options {
+    // Bound of every spin inside the kernels.
+    int64_t timeout_ms = 5'000;
+    // Messages up to this size use the LL protocol (0: never). Its receive
+    // region costs 2 (parity) x size x 2 (LL lines carry half data) x this;
+    // kAutoLLMaxBytes picks 256 KiB / size (128 KiB at TP 2, 32 KiB at TP 8),
+    // a 1 MiB region at every TP.
+    static constexpr size_t kAutoLLMaxBytes = ~size_t{0};
+    size_t ll_max_bytes = kAutoLLMaxBytes;
+    // Fixed grid of each protocol (<= 256; same on every rank). Every block
+    // of a call must be able to run at once with the blocks of any other
+    // all-reduce in flight (they spin waiting for peers).
+    int staged_blocks = 64;
+    int ll_blocks = 64;
+    // Initial value of every epoch counter (tests start near 2^32 to wrap).
+    uint32_t initial_epoch = 0;
+  };
+  using Protocol = allreduce_internal::Protocol;
+
+  // Collective over `exchange` (every rank calls it with the same size,
+  // max_bytes and options). `device` is made current. size must be 2, 4 or 8.
+  // Errors: Unimplemented (size), FailedPrecondition (no P2P, probe failed,
+  // options differ across ranks; the message names the rank and why),
+  // DeadlineExceeded (a peer did not show up), CUDA errors.
+  static absl::StatusOr<std::unique_ptr<CustomAllReduce>> Create(int rank, int size, int device,
+                                                                  size_t max_bytes,
+                                                                  PeerExchange* exchange,
+                                                                  Deadline deadline);
+  static absl::StatusOr<std::unique_ptr<CustomAllReduce>> Create(int rank, int size, int device,
+                                                                  size_t max_bytes,
+                                                                  PeerExchange* exchange,
+                                                                  Deadline deadline,
+                                                                  const Options& options);
+  ~CustomAllReduce();
+  CustomAllReduce(const CustomAllReduce&) = delete;
+  CustomAllReduce& operator=(const CustomAllReduce&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  size_t max_bytes() const { return max_bytes_; }
+  size_t ll_max_bytes() const { return ll_max_bytes_; }
+  // Device memory this rank allocated (signals + LL lines + staging).
+  size_t scratch_bytes() const { return total_bytes_; }
+
+  // In-place sum of `count` elements at `data` (device memory of `device`),
+  // enqueued on `stream`; count * DTypeSize(dtype) <= max_bytes. The protocol
+  // is chosen by size (LL up to ll_max_bytes).
+  absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream);
+  // Same with the protocol forced (benchmarks, tests). kLL needs
+  // bytes <= ll_max_bytes.
+  absl::Status AllReduceSumWith(Protocol protocol, void* data, size_t count, DType dtype,
+                                cudaStream_t stream);
+
+  // OK while healthy; DeadlineExceeded naming the peer after a kernel timed
+  // out; Aborted after Abort(). Cheap (reads host-mapped memory).
+  absl::Status Poll();
+  // Makes spinning kernels give up; idempotent.
+  void Abort();
+
+ private:
+  CustomAllReduce() = default;
+  absl::Status Init(int rank, int size, int device, size_t max_bytes, PeerExchange* exchange,
+                    Deadline deadline, const Options& options);
+  absl::Status Probe(PeerExchange* exchange, Deadline deadline, uint32_t nonce);
+  absl::Status Sticky();
+
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = 0;
+  size_t max_bytes_ = 0;
+  size_t ll_max_bytes_ = 0;
+  size_t total_bytes_ = 0;
+  int64_t timeout_ms_ = 0;
+  char* buffer_ = nullptr;                   // own cudaMalloc
+  char* peers_[allreduce_internal::kMaxRanks] = {};  // opened IPC mappings (nullptr for self)
+  unsigned long long* error_host_ = nullptr;  // cudaHostAlloc, mapped
+  int* abort_host_ = nullptr;                 // cudaHostAlloc, mapped
+  allreduce_internal::DeviceArgs args_{};
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace symtp::kernels

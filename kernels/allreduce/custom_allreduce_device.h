@@ -1,0 +1,75 @@
+// Plain-data handle that the custom all-reduce kernels receive by value (the
+// host object is CustomAllReduce, custom_allreduce.h). Host-compilable: no
+// CUDA device code here.
+//
+// Per-rank buffer (one cudaMalloc, exported with cudaIpcGetMemHandle, opened by
+// every peer), offsets in bytes from its base:
+//
+//   [0, kSignalBytes)             signals
+//     flags[kMaxBlocks][kMaxRanks]  u32  staged protocol: flags[b][src] is
+//                                        written by rank `src` (remote store),
+//                                        polled by the owner (local load)
+//     epoch_staged[kMaxBlocks]      u32  owner-only per-block call counters
+//     epoch_ll[kMaxBlocks]          u32
+//     error                         u64  first error of a kernel (atomicCAS)
+//   [ll_offset, +ll_bytes)        LL receive lines, [parity 2][src N][lines]
+//                                  x 16 B, written by the peers, polled by the
+//                                  owner ({data lo, epoch, data hi, epoch})
+//   [stage_offset, +2*stage_bytes) staged protocol staging, [parity 2][bytes],
+//                                  written by the owner, read by the peers
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define SYMTP_AR_HD __host__ __device__
+#else
+#define SYMTP_AR_HD
+#endif
+
+namespace symtp::kernels::allreduce_internal {
+
+inline constexpr int kMaxRanks = 8;
+inline constexpr int kMaxBlocks = 256;
+inline constexpr size_t kFlagsOffset = 0;
+inline constexpr size_t kEpochStagedOffset = kFlagsOffset + kMaxBlocks * kMaxRanks * 4;
+inline constexpr size_t kEpochLLOffset = kEpochStagedOffset + kMaxBlocks * 4;
+inline constexpr size_t kErrorOffset = kEpochLLOffset + kMaxBlocks * 4;  // u64, device copy
+inline constexpr size_t kSignalBytes = 16 * 1024;
+static_assert(kErrorOffset + 8 <= kSignalBytes);
+inline constexpr size_t kLLLineBytes = 16;  // carries 8 data bytes
+inline constexpr int kStagedThreads = 512;
+inline constexpr int kLLThreads = 256;
+
+// Error word (64 bit, first error wins): claimed with atomicCAS on the device
+// copy in the owner's signal region (kErrorOffset), then mirrored by the
+// winning thread into a host-mapped word that Poll() reads:
+//   [63:56] code  [55:48] peer rank  [47:40] protocol  [39:32] block
+//   [31:0]  epoch of the call
+enum ErrorCode : uint32_t { kErrNone = 0, kErrTimeout = 1, kErrAborted = 2 };
+enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2 };
+
+SYMTP_AR_HD inline uint64_t PackError(uint32_t code, uint32_t peer, uint32_t protocol,
+                                      uint32_t block, uint32_t epoch) {
+  return (static_cast<uint64_t>(code & 0xff) << 56) | (static_cast<uint64_t>(peer & 0xff) << 48) |
+         (static_cast<uint64_t>(protocol & 0xff) << 40) |
+         (static_cast<uint64_t>(block & 0xff) << 32) | epoch;
+}
+
+struct DeviceArgs {
+  char* base[kMaxRanks];             // every rank's buffer, mapped here (own at [rank])
+  unsigned long long* error_host;    // host-mapped mirror, device pointer
+  const volatile int* abort_word;    // host-mapped, device pointer; nonzero = abort
+  uint64_t timeout_ns;               // bound of every spin (%globaltimer)
+  size_t ll_offset;
+  size_t ll_lines;                   // capacity in lines per (parity, src)
+  size_t stage_offset;
+  size_t stage_bytes;                // capacity per parity
+  int rank;
+  int size;
+  int staged_blocks;
+  int ll_blocks;
+};
+
+}  // namespace symtp::kernels::allreduce_internal

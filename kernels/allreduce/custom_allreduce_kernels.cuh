@@ -1,0 +1,492 @@
+// Kernels of the custom one-shot all-reduce. Included by one .cu per dtype.
+//
+// Two protocols, both one-shot (every rank ends with the full sum), both with
+// fp32 accumulation in rank order 0..N-1 starting from rank 0's value, so that
+// every rank (and both protocols) produce bitwise identical results:
+//
+// STAGED (mid sizes): block b copies its slice of `data` into the owner's
+//   staging buffer [parity], then (one thread per peer) st.release.sys's the
+//   call's epoch into flags[b][rank] of every peer, ld.acquire.sys-polls its
+//   own flags[b][peer] until every peer has published epoch >= e, and then
+//   reads slice b of every rank's staging buffer (peers' through NVLink, with
+//   ld.global.cg so no stale L1 line is used) and writes the sum into `data`.
+//   Release/acquire at system scope plus __syncthreads on both sides make the
+//   peer's staging writes visible before its flag (cumulativity of the
+//   release over the CTA barrier).
+//
+// LL (small sizes, low latency): no fences and no separate flags. Each
+//   16-byte line written to a peer carries 8 data bytes and the epoch twice,
+//   {lo, e, hi, e}, as one st.volatile.v4; 8-byte halves land atomically, so a
+//   reader that sees both epochs in a line (ld.volatile.v4 polling its own,
+//   local memory) has that line's data. Lines are written straight into each
+//   peer's receive slots [parity][src][line]; one one-way NVLink latency per
+//   call.
+//
+// Epochs and reuse. Each block b keeps its call counter in the owner's device
+// memory (epoch_staged[b], epoch_ll[b]), read at kernel start and written back
+// at the end, so CUDA-graph replays advance it with no host state. Every call
+// launches the same number of blocks for its protocol (fixed grid), so all
+// blocks of all ranks agree on e = counter + 1 for the k-th call. Buffers are
+// double-buffered by epoch parity; the argument that call k + 2 (which reuses
+// call k's parity) cannot overwrite data a peer still reads in call k:
+//   rank r starts call k + 2 only after its call k + 1 finished (calls on one
+//   instance are stream-ordered, see CustomAllReduce); call k + 1 has at least
+//   one thread that waited for peer p's call-(k + 1) signal (flag >= e_{k+1},
+//   or an LL line carrying e_{k+1}); p emits that signal only in its kernel
+//   k + 1, which starts after p's kernel k (all its reads of call k) finished.
+// Flags compare wrap-aware ((int32)(flag - e) >= 0), LL lines compare equal,
+// parity is e & 1 (2^32 is even), so the counters may wrap.
+//
+// Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns) and a
+// host-mapped abort word; on either the thread records {code, peer, protocol,
+// block, epoch} (atomicCAS on the device copy, mirrored to host-mapped memory)
+// and the block skips its reduction, leaving `data` partially reduced.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/allreduce/custom_allreduce_device.h"
+#include "kernels/allreduce/custom_allreduce_launch.h"
+
+namespace symtp::kernels::allreduce_internal {
+
+// ---------------------------------------------------------------------------
+// Memory-model and timer primitives
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t LdAcquireSys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void StReleaseSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void StVolatileV4(void* p, uint32_t a, uint32_t b, uint32_t c,
+                                             uint32_t d) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 LdVolatileV4(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Loads that skip L1 (peers' staging through the IPC mapping).
+__device__ __forceinline__ uint4 LdCg16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t LdCg4(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint16_t LdCg2(const void* p) {
+  uint16_t v;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ bool AbortRequested(const DeviceArgs& a) {
+  return a.abort_word != nullptr && *a.abort_word != 0;
+}
+
+// Bounds one spin-wait: Check() after every unsuccessful poll returns
+// kErrTimeout once DeviceArgs::timeout_ns have passed since construction, or
+// kErrAborted once the host set the abort word. The timer (a register read)
+// is looked at every 32 polls, the abort word (a PCIe read of host memory,
+// ~1 us) every 1024, so a healthy wait is barely slowed.
+struct SpinBound {
+  uint64_t start;
+  uint32_t spins = 0;
+  __device__ __forceinline__ SpinBound() : start(GlobalTimerNs()) {}
+  __device__ __forceinline__ uint32_t Check(const DeviceArgs& a) {
+    ++spins;
+    if ((spins & 31) != 0) return kErrNone;
+    if (GlobalTimerNs() - start > a.timeout_ns) return kErrTimeout;
+    if ((spins & 1023) == 0 && AbortRequested(a)) return kErrAborted;
+    return kErrNone;
+  }
+};
+
+// a.base[idx] for a run-time idx < N without indexing the parameter array
+// dynamically (which would copy DeviceArgs to the local stack).
+template <int N>
+__device__ __forceinline__ char* BaseOf(const DeviceArgs& a, int idx) {
+  char* p = a.base[0];
+#pragma unroll
+  for (int r = 1; r < N; ++r) p = idx == r ? a.base[r] : p;
+  return p;
+}
+
+static __device__ __noinline__ void RecordErrorWord(unsigned long long* dev, unsigned long long* host,
+                                             unsigned long long word) {
+  if (atomicCAS(dev, 0ull, word) == 0ull && host != nullptr) {
+    *reinterpret_cast<volatile unsigned long long*>(host) = word;
+    __threadfence_system();
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void RecordError(const DeviceArgs& a, uint32_t code, uint32_t peer,
+                                            uint32_t protocol, uint32_t block, uint32_t epoch) {
+  RecordErrorWord(reinterpret_cast<unsigned long long*>(BaseOf<N>(a, a.rank) + kErrorOffset),
+                  a.error_host, PackError(code, peer, protocol, block, epoch));
+}
+
+// ---------------------------------------------------------------------------
+// Element conversions (fp32 accumulation)
+// ---------------------------------------------------------------------------
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using Bits = uint32_t;
+  static __device__ __forceinline__ float ToF(Bits b) { return __uint_as_float(b); }
+  static __device__ __forceinline__ Bits FromF(float f) { return __float_as_uint(f); }
+};
+template <>
+struct Elem<__nv_bfloat16> {
+  using Bits = uint16_t;
+  static __device__ __forceinline__ float ToF(Bits b) { return __uint_as_float(uint32_t(b) << 16); }
+  static __device__ __forceinline__ Bits FromF(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+};
+template <>
+struct Elem<__half> {
+  using Bits = uint16_t;
+  static __device__ __forceinline__ float ToF(Bits b) { return __half2float(__ushort_as_half(b)); }
+  static __device__ __forceinline__ Bits FromF(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+};
+
+// Sum of N packed words of elements (kWords 32-bit words each), rank order.
+template <typename T, int N, int kWords>
+__device__ __forceinline__ void ReducePacked(const uint32_t (&in)[N][kWords],
+                                             uint32_t (&out)[kWords]) {
+  using E = Elem<T>;
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      float acc = E::ToF(in[0][w]);
+#pragma unroll
+      for (int r = 1; r < N; ++r) acc += E::ToF(in[r][w]);
+      out[w] = E::FromF(acc);
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      float lo = E::ToF(static_cast<uint16_t>(in[0][w] & 0xffff));
+      float hi = E::ToF(static_cast<uint16_t>(in[0][w] >> 16));
+#pragma unroll
+      for (int r = 1; r < N; ++r) {
+        lo += E::ToF(static_cast<uint16_t>(in[r][w] & 0xffff));
+        hi += E::ToF(static_cast<uint16_t>(in[r][w] >> 16));
+      }
+      out[w] = uint32_t(E::FromF(lo)) | (uint32_t(E::FromF(hi)) << 16);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ typename Elem<T>::Bits LoadBits(const void* p) {
+  if constexpr (sizeof(T) == 4) {
+    return *static_cast<const uint32_t*>(p);
+  } else {
+    return *static_cast<const uint16_t*>(p);
+  }
+}
+template <typename T>
+__device__ __forceinline__ typename Elem<T>::Bits LoadBitsCg(const void* p) {
+  if constexpr (sizeof(T) == 4) {
+    return LdCg4(p);
+  } else {
+    return LdCg2(p);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void StoreBits(void* p, typename Elem<T>::Bits b) {
+  if constexpr (sizeof(T) == 4) {
+    *static_cast<uint32_t*>(p) = b;
+  } else {
+    *static_cast<uint16_t*>(p) = b;
+  }
+}
+
+// Every thread reads the block's call counter itself (one broadcast load per
+// warp, issued together with the first data loads); thread 0 writes it back
+// after the block's final __syncthreads, when every thread has read it.
+
+// ---------------------------------------------------------------------------
+// STAGED protocol
+// ---------------------------------------------------------------------------
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, void* data_v,
+                                                                size_t count) {
+  constexpr size_t kE = 16 / sizeof(T);  // elements per 16-byte unit
+  char* const data = static_cast<char*>(data_v);
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int me = a.rank;
+  char* const my_base = BaseOf<N>(a, me);
+  uint32_t* const counter = reinterpret_cast<uint32_t*>(my_base + kEpochStagedOffset) + b;
+  __shared__ int s_fail;
+  if (tid == 0) s_fail = 0;  // ordered before any use by the copy phase's barrier
+  const uint32_t e = *counter + 1;
+  const size_t parity_off = a.stage_offset + (e & 1) * a.stage_bytes;
+
+  // This block's slice [e0, e1), starting on a 16-byte unit.
+  const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
+  size_t per_block = (count + gridDim.x - 1) / gridDim.x;
+  per_block = (per_block + kE - 1) / kE * kE;
+  const size_t e0 = min(count, static_cast<size_t>(b) * per_block);
+  const size_t e1 = min(count, e0 + per_block);
+
+  if (e0 < e1) {
+    const size_t nvec = vec ? (e1 - e0) / kE : 0;  // full 16-byte units
+    const size_t u0 = e0 / kE;
+    const size_t s0 = e0 + nvec * kE;  // scalar remainder [s0, e1)
+    char* const my_stage = my_base + parity_off;
+
+    // 1. Publish the slice into the own staging buffer (local writes).
+    for (size_t i = tid; i < nvec; i += blockDim.x) {
+      reinterpret_cast<uint4*>(my_stage)[u0 + i] = reinterpret_cast<const uint4*>(data)[u0 + i];
+    }
+    for (size_t k = s0 + tid; k < e1; k += blockDim.x) {
+      StoreBits<T>(my_stage + k * sizeof(T), LoadBits<T>(data + k * sizeof(T)));
+    }
+    __syncthreads();
+
+    // 2. Signal every peer, 3. wait for every peer (one thread per peer).
+    if (tid < N && tid != me) {
+      uint32_t* remote = reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) +
+                         b * kMaxRanks + me;
+      StReleaseSys(remote, e);
+      const uint32_t* local = reinterpret_cast<const uint32_t*>(my_base + kFlagsOffset) +
+                              b * kMaxRanks + tid;
+      SpinBound bound;
+      while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
+        if (const uint32_t err = bound.Check(a)) {
+          RecordError<N>(a, err, tid, kTagStaged, b, e);
+          s_fail = 1;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+
+    // 4. Reduce slice b of every rank's staging, rank order, into `data`.
+    if (!s_fail) {
+      const char* stage[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) stage[r] = a.base[r] + parity_off;
+      const size_t step = blockDim.x;
+      for (size_t i = tid; i < nvec; i += 2 * step) {
+        const bool two = i + step < nvec;
+        uint32_t va[N][4], vb[N][4];
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          const uint4 x = LdCg16(stage[r] + (u0 + i) * 16);
+          va[r][0] = x.x, va[r][1] = x.y, va[r][2] = x.z, va[r][3] = x.w;
+        }
+        if (two) {
+#pragma unroll
+          for (int r = 0; r < N; ++r) {
+            const uint4 x = LdCg16(stage[r] + (u0 + i + step) * 16);
+            vb[r][0] = x.x, vb[r][1] = x.y, vb[r][2] = x.z, vb[r][3] = x.w;
+          }
+        }
+        uint32_t oa[4];
+        ReducePacked<T, N, 4>(va, oa);
+        reinterpret_cast<uint4*>(data)[u0 + i] = make_uint4(oa[0], oa[1], oa[2], oa[3]);
+        if (two) {
+          uint32_t ob[4];
+          ReducePacked<T, N, 4>(vb, ob);
+          reinterpret_cast<uint4*>(data)[u0 + i + step] = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+        }
+      }
+      using E = Elem<T>;
+      for (size_t k = s0 + tid; k < e1; k += step) {
+        float acc = E::ToF(LoadBitsCg<T>(stage[0] + k * sizeof(T)));
+#pragma unroll
+        for (int r = 1; r < N; ++r) acc += E::ToF(LoadBitsCg<T>(stage[r] + k * sizeof(T)));
+        StoreBits<T>(data + k * sizeof(T), E::FromF(acc));
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) *counter = e;
+}
+
+// ---------------------------------------------------------------------------
+// LL protocol
+// ---------------------------------------------------------------------------
+
+// 8 data bytes of line `l` of `data` (count elements of T); zero padded past
+// the end; element-wise when `data` is not 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint2 LoadLine(const char* data, size_t l, size_t count, bool aligned8) {
+  constexpr size_t kEL = 8 / sizeof(T);
+  const size_t first = l * kEL;
+  if (aligned8 && first + kEL <= count) return *reinterpret_cast<const uint2*>(data + l * 8);
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (size_t j = 0; j < kEL; ++j) {
+    if (first + j < count) {
+      const uint32_t bits = LoadBits<T>(data + (first + j) * sizeof(T));
+      const size_t bit = j * sizeof(T) * 8;
+      w[bit / 32] |= bits << (bit % 32);
+    }
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreLine(char* data, size_t l, size_t count, bool aligned8,
+                                          uint2 v) {
+  constexpr size_t kEL = 8 / sizeof(T);
+  const size_t first = l * kEL;
+  if (aligned8 && first + kEL <= count) {
+    *reinterpret_cast<uint2*>(data + l * 8) = v;
+    return;
+  }
+  const uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+  for (size_t j = 0; j < kEL; ++j) {
+    if (first + j < count) {
+      const size_t bit = j * sizeof(T) * 8;
+      const uint32_t bits = w[bit / 32] >> (bit % 32);
+      StoreBits<T>(data + (first + j) * sizeof(T),
+                   static_cast<typename Elem<T>::Bits>(sizeof(T) == 4 ? bits : bits & 0xffff));
+    }
+  }
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_v, size_t count) {
+  char* const data = static_cast<char*>(data_v);
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int me = a.rank;
+  char* const my_base = BaseOf<N>(a, me);
+  const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLLOffset)[b] + 1;
+  const size_t parity = e & 1;
+
+  const size_t lines = (count * sizeof(T) + 7) / 8;
+  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
+  const size_t l0 = min(lines, static_cast<size_t>(b) * per_block);
+  const size_t l1 = min(lines, l0 + per_block);
+  const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
+  // Slot of line l from `src` in the receive region whose base is `dst_base`.
+  auto slot = [&](const char* dst_base, int src, size_t l) -> const char* {
+    return dst_base + a.ll_offset +
+           ((parity * N + static_cast<size_t>(src)) * a.ll_lines + l) * kLLLineBytes;
+  };
+
+  // 1. Send every line of this thread to every peer (posted remote stores).
+  for (size_t l = l0 + tid; l < l1; l += blockDim.x) {
+    const uint2 d = LoadLine<T>(data, l, count, aligned8);
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+      if (p != me) StVolatileV4(const_cast<char*>(slot(a.base[p], me, l)), d.x, e, d.y, e);
+    }
+  }
+
+  // 2. Receive (poll own memory) and reduce in rank order.
+  bool failed = false;
+  for (size_t l = l0 + tid; l < l1 && !failed; l += blockDim.x) {
+    uint32_t in[N][2];
+    bool ready[N];
+#pragma unroll
+    for (int r = 0; r < N; ++r) ready[r] = (r == me);
+    const uint2 mine = LoadLine<T>(data, l, count, aligned8);
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      if (r == me) in[r][0] = mine.x, in[r][1] = mine.y;
+    }
+    SpinBound bound;
+    for (;;) {
+      bool all = true;
+      int missing = -1;
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        if (!ready[r]) {
+          const uint4 v = LdVolatileV4(slot(my_base, r, l));
+          if (v.y == e && v.w == e) {
+            in[r][0] = v.x, in[r][1] = v.z;
+            ready[r] = true;
+          } else {
+            all = false;
+            if (missing < 0) missing = r;
+          }
+        }
+      }
+      if (all) break;
+      if (const uint32_t err = bound.Check(a)) {
+        RecordError<N>(a, err, missing, kTagLL, b, e);
+        failed = true;
+        break;
+      }
+    }
+    if (failed) break;
+    uint32_t out[2];
+    ReducePacked<T, N, 2>(in, out);
+    StoreLine<T>(data, l, count, aligned8, make_uint2(out[0], out[1]));
+  }
+  __syncthreads();
+  if (tid == 0) reinterpret_cast<uint32_t*>(BaseOf<N>(a, me) + kEpochLLOffset)[b] = e;
+}
+
+// ---------------------------------------------------------------------------
+// Launcher
+// ---------------------------------------------------------------------------
+
+template <typename T, int N>
+cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                        cudaStream_t stream) {
+  if (protocol == Protocol::kStaged) {
+    StagedKernel<T, N><<<a.staged_blocks, kStagedThreads, 0, stream>>>(a, data, count);
+  } else {
+    LLKernel<T, N><<<a.ll_blocks, kLLThreads, 0, stream>>>(a, data, count);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchForSize(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                          cudaStream_t stream) {
+  switch (a.size) {
+    case 2: return LaunchTyped<T, 2>(protocol, a, data, count, stream);
+    case 4: return LaunchTyped<T, 4>(protocol, a, data, count, stream);
+    case 8: return LaunchTyped<T, 8>(protocol, a, data, count, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace symtp::kernels::allreduce_internal

@@ -1,0 +1,11 @@
+// Custom one-shot all-reduce kernels for float (see custom_allreduce_kernels.cuh).
+#include "kernels/allreduce/custom_allreduce_kernels.cuh"
+
+namespace symtp::kernels::allreduce_internal {
+
+cudaError_t LaunchOneShotF32(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                           cudaStream_t stream) {
+  return LaunchForSize<float>(protocol, a, data, count, stream);
+}
+
+}  // namespace symtp::kernels::allreduce_internal

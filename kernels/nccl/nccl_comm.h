@@ -1,0 +1,123 @@
+// NcclComm: one NCCL communicator (one rank of it) as a DeviceComm.
+//
+//   SYMTP_ASSIGN_OR_RETURN(ncclUniqueId id, NcclComm::NewUniqueId());   // on one rank
+//   ... ship `id` to every rank (PeerExchange, shared memory) ...
+//   SYMTP_ASSIGN_OR_RETURN(auto comm, NcclComm::Create(id, rank, size, device,
+//                                                       Deadline::AfterMs(60'000)));
+//   SYMTP_RETURN_IF_ERROR(comm->AllReduceSum(ptr, count, DType::kBF16, stream));
+//   ... a watchdog calls comm->Poll() and comm->Abort() on error ...
+//
+// The communicator is created non-blocking (ncclConfig_t::blocking = 0) and
+// polled (ncclCommGetAsyncError) until ready or the deadline, so a peer that
+// never joins cannot hang Create(). Collectives then run on a blocking child
+// made by ncclCommSplit (itself run in the parent's non-blocking mode and
+// polled under the same deadline): NCCL runs every collective of a
+// non-blocking communicator through a new helper thread (~50 us of host time
+// per eager call), a blocking one enqueues directly. Collectives only enqueue
+// work, so "blocking" costs nothing on the GPU side; should the split fail, the
+// non-blocking parent is kept and each collective's ncclInProgress is polled.
+// An asynchronous NCCL error (a peer died) surfaces through Poll(); Abort()
+// (ncclCommAbort) then releases every enqueued collective. The destructor
+// finalizes a healthy communicator, which waits for its outstanding work: when
+// a peer may be dead or hung, Abort() first (the watchdog does).
+//
+// Threading: one owning thread issues collectives (NCCL requires every rank to
+// issue them in the same order). Poll() and Abort() may be called from another
+// thread (a watchdog) at any time; Abort() is idempotent. A mutex held around
+// each single NCCL call (never across a wait) keeps Abort() from freeing the
+// communicator under a concurrent call.
+//
+// CUDA graphs: collectives are capturable. NCCL connects lazily on the first
+// use of an algorithm/protocol, so run each collective kind once eagerly (on
+// the sizes you will capture) before beginning a capture.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "kernels/comm.h"
+
+namespace symtp::kernels {
+
+class NcclComm : public DeviceComm {
+ public:
+  // How long a collective's enqueue may stay ncclInProgress (lazy connection
+  // setup on first use) before the communicator is aborted.
+  static constexpr int64_t kEnqueueTimeoutMs = 60'000;
+  // How long the destructor waits for ncclCommFinalize before aborting.
+  static constexpr int64_t kFinalizeTimeoutMs = 10'000;
+
+  // A fresh id for one communicator; call on one rank and distribute it.
+  // Does not initialise CUDA.
+  static absl::StatusOr<ncclUniqueId> NewUniqueId();
+
+  // Non-blocking init (ncclCommInitRankConfig with blocking = 0) on `device`
+  // (made current on the calling thread), polled until ready or `deadline`;
+  // on timeout the half-built communicator is aborted and DeadlineExceeded
+  // returned (a peer that never joined, a wrong id).
+  static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const ncclUniqueId& id, int rank,
+                                                           int size, int device,
+                                                           Deadline deadline);
+
+  // Finalize + destroy when healthy; abort otherwise (or when a non-blocking
+  // finalize overruns kFinalizeTimeoutMs).
+  ~NcclComm() override;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const { return device_; }
+  // Whether collectives run on the blocking child (the normal case) rather
+  // than on the non-blocking parent (when the split failed).
+  bool blocking() const { return blocking_; }
+
+  // DeviceComm. Enqueue on `stream` (fp32/bf16/fp16). After Abort() they
+  // return FailedPrecondition.
+  absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream) override;
+  absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                         cudaStream_t stream) override;
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
+                         cudaStream_t stream) override;
+  // ncclCommGetAsyncError: OK while healthy (or while an operation is still
+  // being set up), the error otherwise; FailedPrecondition after Abort().
+  absl::Status Poll() override;
+  // ncclCommAbort, at most once.
+  void Abort() override;
+
+  // The raw communicator (for group calls and other collectives); nullptr
+  // after Abort().
+  ncclComm_t get() const;
+
+  static ncclDataType_t ToNccl(DType t);
+
+ private:
+  NcclComm(ncclComm_t comm, int rank, int size, int device, bool blocking)
+      : comm_(comm), rank_(rank), size_(size), device_(device), blocking_(blocking) {}
+
+  // After a call that returned ncclInProgress: poll until the communicator
+  // settles. Aborts and returns DeadlineExceeded past `deadline`.
+  absl::Status WaitSettled(const char* what, Deadline deadline);
+  absl::Status CheckUsable(const char* what) const;
+  // ncclCommGetAsyncError under mu_ (ncclInvalidUsage once aborted).
+  ncclResult_t State();
+
+  // Guards every NCCL call on comm_ against a concurrent Abort() (which frees
+  // it). Held per call, never across a wait.
+  mutable std::mutex mu_;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = 0;
+  bool blocking_ = false;  // collectives on a blocking (split) communicator
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace symtp::kernels

@@ -1,0 +1,99 @@
+// Paged grouped-query attention over the KV cache of docs/MODEL.md, one
+// kernel for decode (one query token per sequence, split-K over long
+// contexts, flash-decoding style) and for prefill / chunked prefill (several
+// query tokens of a sequence per block, causal by position).
+//
+// Every query token t at position p = positions[t] attends over the keys at
+// positions 0..p of its sequence, read from the paged cache through the
+// sequence's block table (slot(j) = table[j / B] * B + j % B), so the cache
+// must already hold this step's keys (WriteKvCache runs first). The work is
+// described by "items": one item = up to max_item_tokens consecutive query
+// tokens of one sequence; a block handles one (item, kv head, split) and all
+// the q heads of that kv head (GQA: q head h uses kv head h / (NH/NKV)), so
+// each key is read once per group. A token with a negative position gets a
+// zero output (padding rows of a CUDA-graph batch).
+//
+// Host-side planning (BuildAttentionItems, the split choice) is separate from
+// the launch so that a launch with fixed grid sizes can be captured in a CUDA
+// graph and replayed with new item contents.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/comm.h"
+
+namespace symtp::kernels {
+
+struct AttentionItem {
+  int32_t seq = 0;          // row of block_tables
+  int32_t token_begin = 0;  // first query token (index into positions / q / out)
+  int32_t num_tokens = 0;   // consecutive query tokens, 0 <= num_tokens <= max_item_tokens
+  int32_t reserved = 0;
+};
+
+struct PagedAttentionArgs {
+  // q head h of token t: q + t * q_row_stride + h * head_dim (elements).
+  const void* q = nullptr;
+  int64_t q_row_stride = 0;
+  // One layer's cache, [num_blocks * block_size, num_kv_heads, head_dim].
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  // [num_tokens, num_q_heads * head_dim].
+  void* out = nullptr;
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int32_t* block_tables = nullptr;  // [num_seqs, block_table_stride]
+  int block_table_stride = 0;
+  int block_size = 16;
+  const AttentionItem* items = nullptr;  // device array [num_items]
+  int num_items = 0;
+  // Upper bound on any item's num_tokens (host-known: it picks the kernel);
+  // at most MaxAttentionItemTokens(num_q_heads, num_kv_heads).
+  int max_item_tokens = 1;
+  int num_tokens = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // 32, 64 or 128
+  float scale = 0.f;  // softmax scale, 1 / sqrt(head_dim)
+  // Split-K: the keys of a sequence are cut into chunks of split_chunk
+  // positions ([s*chunk, (s+1)*chunk)); split s of every item runs in its own
+  // block and a second kernel merges the partial softmaxes. The partition
+  // depends only on split_chunk, never on num_splits (which only has to
+  // cover the longest context: ceil(max_context / split_chunk)), so a CUDA
+  // graph captured with a larger num_splits computes the same bits.
+  // num_splits = 1: no split, no workspace.
+  int num_splits = 1;
+  int split_chunk = 256;
+  void* workspace = nullptr;  // PagedAttentionWorkspaceBytes(...) bytes when num_splits > 1
+  size_t workspace_bytes = 0;
+};
+
+// Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).
+int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
+
+// Workspace of a split-K launch (fp32 partial outputs and softmax stats).
+size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim,
+                                    int num_splits);
+
+// Cuts every sequence s (tokens [seq_start[s], seq_start[s+1])) into items of
+// at most max_tokens_per_item tokens, appending to `items` (cleared first).
+void BuildAttentionItems(absl::Span<const int32_t> seq_start, int max_tokens_per_item,
+                         std::vector<AttentionItem>* items);
+
+// Enqueues the attention (and, for num_splits > 1, the merge) on `stream`.
+// InvalidArgument on unsupported head_dim / group size / dtype or a missing
+// workspace.
+absl::Status PagedAttention(const PagedAttentionArgs& args, DType dtype, cudaStream_t stream);
+
+namespace internal {
+// Per-dtype launchers (attention_f32.cu, attention_bf16.cu).
+absl::Status LaunchPagedAttentionF32(const PagedAttentionArgs& a, cudaStream_t stream);
+absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+}  // namespace internal
+
+}  // namespace symtp::kernels

@@ -1,0 +1,86 @@
+// The GEMM of every linear layer, through cuBLASLt:
+//
+//   C[M, N] = A[M, K] · W[N, K]ᵀ      (all row-major; y = x · Wᵀ of MODEL.md)
+//
+// A holds activations (M = tokens), W a weight in its [out_features,
+// in_features] layout. bf16 inputs accumulate in fp32 (CUBLAS_COMPUTE_32F)
+// and write bf16 or fp32; fp32 inputs use true fp32 (no TF32). The workspace
+// is caller-owned; the call is capturable in a CUDA graph.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/comm.h"
+
+namespace symtp::kernels {
+
+// Move-only owner of a cublasLtHandle_t and of the matmul plans (descriptors
+// plus the heuristic's algorithm) it has built, cached per shape. Not
+// thread-safe: one handle per thread (per model).
+class CublasLtHandle {
+ public:
+  static absl::StatusOr<CublasLtHandle> Create();
+  CublasLtHandle();
+  ~CublasLtHandle();
+  CublasLtHandle(CublasLtHandle&&) noexcept;
+  CublasLtHandle& operator=(CublasLtHandle&&) noexcept;
+  CublasLtHandle(const CublasLtHandle&) = delete;
+  CublasLtHandle& operator=(const CublasLtHandle&) = delete;
+
+  cublasLtHandle_t get() const;
+  // Number of distinct shapes planned so far.
+  size_t cached_plans() const;
+
+  struct State;  // implementation detail (gemm.cc)
+  State* state() const { return state_.get(); }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+struct GemmArgs {
+  const void* a = nullptr;  // [M, K], row stride lda (elements)
+  int64_t lda = 0;          // 0: K
+  const void* w = nullptr;  // [N, K], row stride ldw
+  int64_t ldw = 0;          // 0: K
+  void* c = nullptr;        // [M, N], row stride ldc
+  int64_t ldc = 0;          // 0: N
+  int64_t m = 0, n = 0, k = 0;
+  DType in_dtype = DType::kBF16;   // A and W: kF32 or kBF16
+  DType out_dtype = DType::kBF16;  // C: in_dtype, or kF32 with bf16 inputs
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a
+// bad shape or dtype combination; cuBLAS errors with their status.
+absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& args, cudaStream_t stream);
+
+// Convenience for contiguous operands.
+inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, void* c,
+                         int64_t m, int64_t n, int64_t k, DType dtype, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+  GemmArgs g;
+  g.a = a;
+  g.w = w;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.in_dtype = g.out_dtype = dtype;
+  g.workspace = workspace;
+  g.workspace_bytes = workspace_bytes;
+  return Gemm(handle, g, stream);
+}
+
+// A workspace size that lets cuBLASLt pick its fast (split-K) kernels.
+inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+}  // namespace symtp::kernels

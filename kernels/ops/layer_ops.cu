@@ -1,0 +1,222 @@
+// Embedding, fused add+RMSNorm, SiLU-and-multiply, row gather, vocab-shard
+// assembly and sampled-token forwarding (kernels/ops/layer_ops.h).
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "kernels/ops/internal/device_utils.cuh"
+#include "kernels/ops/layer_ops.h"
+
+namespace symtp::kernels {
+namespace {
+
+using internal::bf16;
+using internal::FromFloat;
+using internal::ToFloat;
+
+// ---------------------------------------------------------------- kernels
+
+template <typename T>
+__global__ void EmbeddingKernel(const int32_t* __restrict__ tokens, const T* __restrict__ table,
+                                T* __restrict__ out, int hidden, int vocab, bool vec16) {
+  const int64_t r = blockIdx.x;
+  const int32_t tok = tokens[r];
+  T* dst = out + r * hidden;
+  if (tok < 0 || tok >= vocab) {
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = FromFloat<T>(0.f);
+    return;
+  }
+  const T* src = table + static_cast<int64_t>(tok) * hidden;
+  if (vec16) {
+    const int n = hidden * static_cast<int>(sizeof(T)) / 16;
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d4[i] = __ldg(s4 + i);
+  } else {
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+template <typename T>
+__global__ void AddRmsNormKernel(T* __restrict__ residual, const T* __restrict__ delta,
+                                 const T* __restrict__ weight, T* __restrict__ out, int hidden,
+                                 float eps) {
+  extern __shared__ float smem[];  // [hidden] row values, then 32 scratch
+  float* row = smem;
+  float* scratch = smem + hidden;
+  const int64_t r = blockIdx.x;
+  T* res = residual + r * hidden;
+  const T* del = delta ? delta + r * hidden : nullptr;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float x = ToFloat<T>(res[i]);
+    if (del) {
+      const T xr = FromFloat<T>(x + ToFloat<T>(del[i]));
+      res[i] = xr;
+      x = ToFloat<T>(xr);
+    }
+    row[i] = x;
+    ss += x * x;
+  }
+  ss = internal::BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(hidden) + eps);
+  T* o = out + r * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    o[i] = FromFloat<T>(row[i] * inv * ToFloat<T>(weight[i]));
+  }
+}
+
+template <typename T>
+__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
+                              int ffn) {
+  const int64_t total = rows * ffn;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / ffn, c = i - r * ffn;
+    const T* row = gate_up + r * 2 * ffn;
+    const float g = ToFloat<T>(row[c]);
+    const float u = ToFloat<T>(row[ffn + c]);
+    const float s = g / (1.0f + expf(-g));
+    out[i] = FromFloat<T>(s * u);
+  }
+}
+
+template <typename T>
+__global__ void GatherRowsKernel(const T* __restrict__ src, int64_t src_ld,
+                                 const int32_t* __restrict__ index, T* __restrict__ dst,
+                                 int64_t dst_ld, int64_t cols) {
+  const int64_t r = blockIdx.x;
+  const T* s = src + static_cast<int64_t>(index[r]) * src_ld;
+  T* d = dst + r * dst_ld;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+__global__ void AssembleVocabKernel(const float* __restrict__ gathered, float* __restrict__ out,
+                                    int64_t rows, int vl, int tp) {
+  const int64_t total = rows * tp * static_cast<int64_t>(vl);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t v = static_cast<int64_t>(tp) * vl;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t row = i / v, col = i - row * v;
+    const int64_t rank = col / vl, c = col - rank * vl;
+    out[i] = gathered[(rank * rows + row) * vl + c];
+  }
+}
+
+__global__ void ForwardTokensKernel(int32_t* __restrict__ tokens,
+                                    const int32_t* __restrict__ prev_tokens,
+                                    const int32_t* __restrict__ prev_row, int64_t rows) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows) {
+    const int32_t p = prev_row[i];
+    if (p >= 0) tokens[i] = prev_tokens[p];
+  }
+}
+
+unsigned GridFor(int64_t total, int threads) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 132 * 32)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+absl::Status EmbeddingLookup(const int32_t* tokens, const void* table, void* out, int64_t rows,
+                             int hidden, int vocab, DType dtype, cudaStream_t stream) {
+  if (rows < 0 || hidden <= 0 || vocab <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "EmbeddingLookup: bad shape rows=%d hidden=%d vocab=%d", rows, hidden, vocab));
+  }
+  if (rows == 0) return absl::OkStatus();
+  return internal::DispatchDType(dtype, "EmbeddingLookup", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    const bool vec16 = (hidden * sizeof(T)) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    EmbeddingKernel<T><<<static_cast<unsigned>(rows), 128, 0, stream>>>(
+        tokens, static_cast<const T*>(table), static_cast<T*>(out), hidden, vocab, vec16);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status AddRmsNorm(void* residual, const void* delta, const void* weight, void* out,
+                        int64_t rows, int hidden, float eps, DType dtype, cudaStream_t stream) {
+  if (rows < 0 || hidden <= 0 || hidden > 12288) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("AddRmsNorm: bad shape rows=%d hidden=%d (hidden <= 12288)", rows, hidden));
+  }
+  if (rows == 0) return absl::OkStatus();
+  return internal::DispatchDType(dtype, "AddRmsNorm", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    const int threads = hidden >= 4096 ? 512 : hidden >= 1024 ? 256 : 128;
+    const size_t smem = (static_cast<size_t>(hidden) + 32) * sizeof(float);
+    AddRmsNormKernel<T><<<static_cast<unsigned>(rows), threads, smem, stream>>>(
+        static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
+        static_cast<T*>(out), hidden, eps);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DType dtype,
+                     cudaStream_t stream) {
+  if (rows < 0 || ffn <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SiluMul: bad shape rows=%d ffn=%d", rows, ffn));
+  }
+  if (rows == 0) return absl::OkStatus();
+  return internal::DispatchDType(dtype, "SiluMul", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(
+        static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, void* dst,
+                        int64_t dst_ld, int64_t rows, int64_t cols, DType dtype,
+                        cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || src_ld < cols || dst_ld < cols) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GatherRows: bad shape rows=%d cols=%d src_ld=%d dst_ld=%d", rows, cols,
+                        src_ld, dst_ld));
+  }
+  if (rows == 0) return absl::OkStatus();
+  return internal::DispatchDType(dtype, "GatherRows", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    GatherRowsKernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+        static_cast<const T*>(src), src_ld, index, static_cast<T*>(dst), dst_ld, cols);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows,
+                                 int vocab_local, int tp, cudaStream_t stream) {
+  if (rows < 0 || vocab_local <= 0 || tp <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AssembleVocabShards: bad shape rows=%d vocab_local=%d tp=%d", rows, vocab_local, tp));
+  }
+  if (rows == 0) return absl::OkStatus();
+  AssembleVocabKernel<<<GridFor(rows * tp * static_cast<int64_t>(vocab_local), 256), 256, 0,
+                        stream>>>(gathered, out, rows, vocab_local, tp);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status ForwardSampledTokens(int32_t* tokens, const int32_t* prev_tokens,
+                                  const int32_t* prev_row, int64_t rows, cudaStream_t stream) {
+  if (rows < 0) return absl::InvalidArgumentError("ForwardSampledTokens: rows < 0");
+  if (rows == 0) return absl::OkStatus();
+  ForwardTokensKernel<<<internal::CeilDiv(rows, 256), 256, 0, stream>>>(tokens, prev_tokens,
+                                                                        prev_row, rows);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels

@@ -1,0 +1,333 @@
+// Device sampling (kernels/ops/sampling.h). One 1024-thread block per row.
+#include "kernels/ops/sampling.h"
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+
+namespace symtp::kernels {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kCap = kSampleExactCap;
+
+// Sort key: higher key = earlier in the reference's order (logit descending,
+// ties by lower id). NaN is ordered as -inf and -0.0 as +0.0, as the CPU's
+// float comparisons do. Every real key is > 0.
+__device__ __forceinline__ uint64_t SortKey(float l, int i) {
+  float x = isnan(l) ? -INFINITY : l;
+  if (x == 0.f) x = 0.f;
+  const uint32_t b = __float_as_uint(x);
+  const uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(o) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ int KeyId(uint64_t k) {
+  return static_cast<int>(~static_cast<uint32_t>(k & 0xffffffffu));
+}
+__device__ __forceinline__ double KeyLogit(float l) {
+  return isnan(l) ? -static_cast<double>(INFINITY) : static_cast<double>(l);
+}
+// w = exp((l - lmax) / T) in double; NaN (e.g. -inf - -inf) -> 1 for the top
+// token, 0 otherwise, as model::SampleToken does.
+__device__ __forceinline__ double Weight(float l, double lmax, double temp, bool is_top) {
+  double w = exp((KeyLogit(l) - lmax) / temp);
+  if (isnan(w)) w = is_top ? 1.0 : 0.0;
+  return w;
+}
+
+__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__device__ __forceinline__ float SampleUniform(uint64_t seed, uint64_t position) {
+  const uint64_t h = Mix64(seed * 0x9E3779B97F4A7C15ull + position);
+  return __fmul_rn(static_cast<float>(static_cast<uint32_t>(h >> 40)), 0x1p-24f);
+}
+
+struct SampleSmem {
+  uint64_t cand[kCap];
+  double cum[kCap];
+  uint32_t cnt[256];
+  double mass[256];
+  uint64_t red_u64[32];
+  double red_f64[32];
+  uint64_t bcast_key;
+  double bcast_f64;
+  uint32_t bcast_u32;
+  int bcast_flag;
+};
+
+__device__ uint64_t BlockMaxU64(uint64_t v, SampleSmem& sm) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = x > v ? x : v;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm.red_u64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = sm.red_u64[threadIdx.x & 31];
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = x > v ? x : v;
+  }
+  return v;
+}
+
+__device__ uint64_t BlockMinU64(uint64_t v, SampleSmem& sm) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = x < v ? x : v;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm.red_u64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = sm.red_u64[threadIdx.x & 31];
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = x < v ? x : v;
+  }
+  return v;
+}
+
+__device__ double BlockSumF64(double v, SampleSmem& sm) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm.red_f64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = sm.red_f64[threadIdx.x & 31];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The k-th largest key of the row (1 <= k <= vocab), by an 8-pass radix
+// select on counts.
+__device__ uint64_t SelectKthLargest(const float* __restrict__ L, int vocab, uint32_t k,
+                                     SampleSmem& sm) {
+  uint64_t prefix = 0, mask = 0;
+  uint32_t remaining = k;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) sm.cnt[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      const uint64_t key = SortKey(L[i], i);
+      if ((key & mask) == prefix) atomicAdd(&sm.cnt[(key >> shift) & 255], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t cum = 0;
+      int d = 255;
+      for (; d > 0; --d) {
+        if (cum + sm.cnt[d] >= remaining) break;
+        cum += sm.cnt[d];
+      }
+      sm.bcast_key = prefix | (static_cast<uint64_t>(d) << shift);
+      sm.bcast_u32 = remaining - cum;
+    }
+    __syncthreads();
+    prefix = sm.bcast_key;
+    remaining = sm.bcast_u32;
+    mask |= 0xffull << shift;
+  }
+  return prefix;
+}
+
+// The largest key K >= lo such that the weight of the keys in [K, inf) ∩
+// [lo, inf) reaches `target` (>= target, or > target if strict). False if no
+// key does (rounding at the very end of the distribution).
+__device__ bool SelectByMass(const float* __restrict__ L, int vocab, uint64_t lo, double target,
+                             bool strict, double lmax, double temp, int top_id, SampleSmem& sm,
+                             uint64_t* out) {
+  uint64_t prefix = 0, mask = 0;
+  double above = 0.0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) {
+      sm.cnt[i] = 0;
+      sm.mass[i] = 0.0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+      const float l = L[i];
+      const uint64_t key = SortKey(l, i);
+      if (key >= lo && (key & mask) == prefix) {
+        const int dgt = static_cast<int>((key >> shift) & 255);
+        atomicAdd(&sm.cnt[dgt], 1u);
+        atomicAdd(&sm.mass[dgt], Weight(l, lmax, temp, i == top_id));
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double cum = above;
+      int chosen = -1;
+      for (int d = 255; d >= 0; --d) {
+        if (sm.cnt[d] == 0) continue;
+        const double c2 = cum + sm.mass[d];
+        if (strict ? c2 > target : c2 >= target) {
+          chosen = d;
+          break;
+        }
+        cum = c2;
+      }
+      sm.bcast_flag = chosen >= 0;
+      if (chosen >= 0) {
+        sm.bcast_key = prefix | (static_cast<uint64_t>(chosen) << shift);
+        sm.bcast_f64 = cum;
+      }
+    }
+    __syncthreads();
+    if (!sm.bcast_flag) return false;
+    prefix = sm.bcast_key;
+    above = sm.bcast_f64;
+    mask |= 0xffull << shift;
+    __syncthreads();
+  }
+  *out = prefix;
+  return true;
+}
+
+__device__ double KeptMass(const float* __restrict__ L, int vocab, uint64_t lo, double lmax,
+                           double temp, int top_id, SampleSmem& sm) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    const float l = L[i];
+    if (SortKey(l, i) >= lo) s += Weight(l, lmax, temp, i == top_id);
+  }
+  return BlockSumF64(s, sm);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* __restrict__ logits, int vocab,
+                 const DeviceSamplingParams* __restrict__ params, int32_t* __restrict__ tokens) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
+  const int64_t row = blockIdx.x;
+  const float* L = logits + row * vocab;
+  const DeviceSamplingParams p = params[row];
+  const int tid = threadIdx.x;
+
+  uint64_t best = 0;
+  for (int i = tid; i < vocab; i += kThreads) {
+    const uint64_t k = SortKey(L[i], i);
+    best = k > best ? k : best;
+  }
+  best = BlockMaxU64(best, sm);
+  const int top_id = KeyId(best);
+  if (!(p.temperature > 0.f)) {
+    if (tid == 0) tokens[row] = top_id;
+    return;
+  }
+  const double lmax = KeyLogit(L[top_id]);
+  const double temp = static_cast<double>(p.temperature);
+  const double u = static_cast<double>(SampleUniform(p.seed, p.position));
+  const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
+  const int k_eff = use_top_k ? p.top_k : vocab;
+  const uint64_t lo = use_top_k ? SelectKthLargest(L, vocab, static_cast<uint32_t>(k_eff), sm) : 0;
+
+  if (k_eff <= kCap) {
+    // Exact path: gather the kept ids, sort them, run the reference loop.
+    if (tid == 0) sm.bcast_u32 = 0;
+    __syncthreads();
+    for (int i = tid; i < vocab; i += kThreads) {
+      const uint64_t key = SortKey(L[i], i);
+      if (key >= lo) {
+        const uint32_t slot = atomicAdd(&sm.bcast_u32, 1u);
+        if (slot < static_cast<uint32_t>(kCap)) sm.cand[slot] = key;
+      }
+    }
+    __syncthreads();
+    const int n = min(static_cast<int>(sm.bcast_u32), kCap);
+    int pw = 1;
+    while (pw < n) pw <<= 1;
+    for (int i = n + tid; i < pw; i += kThreads) sm.cand[i] = 0;
+    __syncthreads();
+    for (int k = 2; k <= pw; k <<= 1) {
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < pw; i += kThreads) {
+          const int ixj = i ^ j;
+          if (ixj > i) {
+            const uint64_t a = sm.cand[i], b = sm.cand[ixj];
+            const bool desc = (i & k) == 0;
+            if (desc ? a < b : a > b) {
+              sm.cand[i] = b;
+              sm.cand[ixj] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = tid; i < n; i += kThreads) {
+      const int id = KeyId(sm.cand[i]);
+      sm.cum[i] = Weight(L[id], lmax, temp, i == 0);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      double total = 0.0;
+      for (int i = 0; i < n; ++i) {
+        total += sm.cum[i];
+        sm.cum[i] = total;
+      }
+      int kept = n;
+      if (p.top_p < 1.f) {
+        const double target = static_cast<double>(p.top_p) * total;
+        int m = 1;
+        while (m < kept && sm.cum[m - 1] < target) ++m;
+        kept = m;
+        total = sm.cum[kept - 1];
+      }
+      const double t = u * total;
+      int tok = KeyId(sm.cand[kept - 1]);
+      for (int i = 0; i < kept; ++i) {
+        if (sm.cum[i] > t) {
+          tok = KeyId(sm.cand[i]);
+          break;
+        }
+      }
+      tokens[row] = tok;
+    }
+    return;
+  }
+
+  // General path: selections by cumulative weight over the whole row.
+  double total = KeptMass(L, vocab, lo, lmax, temp, top_id, sm);
+  uint64_t klo = lo;
+  if (p.top_p < 1.f) {
+    uint64_t kp = 0;
+    if (SelectByMass(L, vocab, lo, static_cast<double>(p.top_p) * total, false, lmax, temp, top_id,
+                     sm, &kp)) {
+      klo = kp;
+      total = KeptMass(L, vocab, klo, lmax, temp, top_id, sm);
+    }
+  }
+  const double t = u * total;
+  uint64_t kd = 0;
+  if (!SelectByMass(L, vocab, klo, t, true, lmax, temp, top_id, sm, &kd)) {
+    uint64_t mn = ~0ull;
+    for (int i = tid; i < vocab; i += kThreads) {
+      const uint64_t k = SortKey(L[i], i);
+      if (k >= klo && k < mn) mn = k;
+    }
+    kd = BlockMinU64(mn, sm);
+  }
+  if (tid == 0) tokens[row] = KeyId(kd);
+}
+
+}  // namespace
+
+absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
+                          const DeviceSamplingParams* params, int32_t* tokens,
+                          cudaStream_t stream) {
+  if (rows < 0 || vocab <= 0 || rows > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SampleTokens: bad shape rows=%d vocab=%d", rows, vocab));
+  }
+  if (rows == 0) return absl::OkStatus();
+  constexpr size_t kSmem = sizeof(SampleSmem);
+  static_assert(kSmem <= 48 * 1024, "sampling shared memory");
+  SampleKernel<<<static_cast<unsigned>(rows), kThreads, kSmem, stream>>>(logits, vocab, params,
+                                                                         tokens);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels

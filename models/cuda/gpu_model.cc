@@ -1,0 +1,950 @@
+#include "models/cuda/gpu_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "common/cuda_raii.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/gemm.h"
+#include "kernels/ops/layer_ops.h"
+#include "kernels/ops/sampling.h"
+#include "kernels/ops/weight_init.h"
+#include "models/weights.h"
+
+namespace symtp::model {
+namespace {
+
+using kernels::DType;
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Offsets of named sub-buffers inside one allocation.
+class Carver {
+ public:
+  size_t Take(size_t bytes) {
+    const size_t off = size_;
+    size_ = AlignUp(size_ + bytes);
+    return off;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+template <typename T>
+T* At(const cuda::DeviceBuffer& b, size_t off) {
+  return reinterpret_cast<T*>(static_cast<char*>(b.get()) + off);
+}
+template <typename T>
+T* At(const cuda::PinnedBuffer& b, size_t off) {
+  return reinterpret_cast<T*>(static_cast<char*>(b.get()) + off);
+}
+
+void* Offset(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
+const void* Offset(const void* p, size_t bytes) { return static_cast<const char*>(p) + bytes; }
+
+// Polls `ev` until it completes or the deadline passes (spin, then sleep).
+absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      return Annotate(CudaErrorToStatus(e, "cudaEventQuery", __FILE__, __LINE__), what);
+    }
+    if (deadline.Expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the GPU did not finish in time"));
+    }
+    if (spins < 2000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+enum OpClass : int { kClsGemm = 0, kClsAttn = 1, kClsRowPar = 2, kClsOther = 3 };
+
+struct LayerPtrs {
+  void* attn_norm = nullptr;
+  void* mlp_norm = nullptr;
+  void* wqkv = nullptr;   // [QW + 2 KVW, H]
+  void* wo = nullptr;     // [H, QW]
+  void* wgu = nullptr;    // [2 FL, H]
+  void* wdown = nullptr;  // [H, FL]
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+};
+
+// Offsets of the per-step input arrays, identical in the pinned staging slots
+// and in the device input buffer (except block tables: compact [S, width]
+// in staging, [max_seqs, cap_blocks] on the device).
+struct InputLayout {
+  size_t tokens, positions, slots, prev_row, items, sample_rows, params, block_tables;
+  size_t staging_bytes, device_bytes;
+};
+
+// The shape of one enqueued forward pass (what a CUDA graph bakes in).
+struct StepShape {
+  int rows = 0;  // token rows (padded for graph batches)
+  int num_items = 0;
+  int max_item_tokens = 1;
+  int splits = 1;
+  int num_sampled = 0;  // LM-head rows
+  bool sample = false;
+  bool forward_tokens = false;
+};
+
+}  // namespace
+
+struct GpuModel::State {
+  ModelConfig cfg;
+  ShardLayout layout;
+  GpuModelOptions opt;
+  kernels::DeviceComm* comm = nullptr;
+  int device = 0;
+  int tp = 1;
+  DType dt = DType::kBF16;
+  size_t esz = 2;
+  int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
+  int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0,
+      max_splits = 1, num_blocks = 0;
+  std::vector<int> graph_sizes;
+  size_t weight_bytes = 0, kv_bytes = 0;
+
+  kernels::CublasLtHandle gemm;
+  cuda::Stream side;
+  std::vector<cuda::Event> ev_gemm, ev_ar;
+  cuda::Event step_done;
+  cuda::Event staging_done[2];
+  bool staging_used[2] = {false, false};
+
+  cuda::DeviceBuffer weights, kv, acts, inputs;
+  cuda::PinnedBuffer staging[2];
+  cuda::PinnedBuffer host_logits_buf, host_tokens_buf;
+  InputLayout in_layout{};
+
+  void* embed = nullptr;
+  std::vector<LayerPtrs> L;
+  void* final_norm = nullptr;
+  void* lm_head = nullptr;
+  double2* rope = nullptr;
+
+  void *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr, *proj = nullptr,
+       *gu = nullptr, *act = nullptr, *hs = nullptr;
+  float *logits_local = nullptr, *gathered = nullptr, *logits = nullptr;
+  int32_t* sampled = nullptr;
+  void* attn_ws = nullptr;
+  size_t attn_ws_bytes = 0;
+  void* gemm_ws = nullptr;
+
+  // Device inputs.
+  int32_t *d_tokens = nullptr, *d_positions = nullptr, *d_slots = nullptr, *d_prev_row = nullptr,
+          *d_block_tables = nullptr, *d_sample_rows = nullptr;
+  kernels::AttentionItem* d_items = nullptr;
+  kernels::DeviceSamplingParams* d_params = nullptr;
+
+  // Step bookkeeping.
+  int64_t step = 0;
+  int last_num_sampled = 0;
+  bool last_sampled = false;
+  bool last_logits_copied = false;
+  std::vector<kernels::AttentionItem> items_scratch;
+
+  std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;
+  std::map<std::pair<int, bool>, int> seen;
+  std::set<std::pair<int, bool>> failed;
+  GraphStats stats;
+
+  bool profiling = false;
+  bool prof_active = false;
+  bool prof_valid = false;
+  std::vector<cuda::Event> prof_ev;
+  std::vector<int> prof_cls;
+  int prof_n = 0;
+
+  ~State() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+  }
+
+  absl::Status Init();
+  absl::Status InitWeights(cudaStream_t s);
+  absl::Status Forward(const BatchInput& in, cudaStream_t stream, const StepOptions& so);
+  absl::Status Enqueue(const StepShape& sh, cudaStream_t s);
+  absl::Status Capture(const StepShape& sh, cudaStream_t s, cudaGraphExec_t* exec);
+  absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
+                           cudaStream_t s);
+  absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
+                    cudaStream_t s);
+  absl::Status Mark(int cls, cudaStream_t s);
+};
+
+namespace {
+
+std::vector<int> DefaultGraphSizes() {
+  return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512};
+}
+
+}  // namespace
+
+absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
+                                   DType out_dt, cudaStream_t s) {
+  kernels::GemmArgs g;
+  g.a = a;
+  g.w = w;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.in_dtype = dt;
+  g.out_dtype = out_dt;
+  g.workspace = gemm_ws;
+  g.workspace_bytes = opt.gemm_workspace_bytes;
+  return kernels::Gemm(gemm, g, s);
+}
+
+absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
+  if (!prof_active) return absl::OkStatus();
+  while (static_cast<int>(prof_ev.size()) <= prof_n) {
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create(/*timing=*/true));
+    prof_ev.push_back(std::move(e));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(prof_ev[prof_n].get(), s));
+  if (prof_n > 0) prof_cls.push_back(cls);
+  ++prof_n;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out,
+                                          int rows, cudaStream_t s) {
+  // A size-1 comm is still called (identity): exercises the bucketing on one GPU.
+  const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
+  const int nb = reduce ? std::min(opt.num_buckets, rows) : 1;
+  if (nb <= 1) {
+    SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
+    if (reduce) {
+      SYMTP_RETURN_IF_ERROR_CTX(comm->AllReduceSum(out, static_cast<size_t>(rows) * H, dt, s),
+                                "row-parallel all-reduce");
+    }
+    return absl::OkStatus();
+  }
+  const int per = (rows + nb - 1) / nb;
+  int last = -1;
+  for (int b = 0; b < nb; ++b) {
+    const int r0 = b * per;
+    if (r0 >= rows) break;
+    const int r1 = std::min(rows, r0 + per);
+    void* ob = Offset(out, static_cast<size_t>(r0) * H * esz);
+    SYMTP_RETURN_IF_ERROR(
+        Gemm(Offset(in, static_cast<size_t>(r0) * k * esz), w, ob, r1 - r0, H, k, dt, s));
+    // Edge in: the side stream waits for exactly this bucket's GEMM.
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_gemm[b].get(), s));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_gemm[b].get(), 0));
+    SYMTP_RETURN_IF_ERROR_CTX(
+        comm->AllReduceSum(ob, static_cast<size_t>(r1 - r0) * H, dt, side.get()),
+        absl::StrCat("row-parallel all-reduce, bucket ", b));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_ar[b].get(), side.get()));
+    last = b;
+  }
+  // Edge out: the side stream runs the buckets in order, so the consumer
+  // waiting for the last one waits for all.
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_ar[last].get(), 0));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
+  const int rows = sh.rows;
+  const float eps = cfg.rms_eps;
+  SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+  if (sh.forward_tokens) {
+    SYMTP_RETURN_IF_ERROR(kernels::ForwardSampledTokens(d_tokens, sampled, d_prev_row, rows, s));
+  }
+  SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
+  SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+  for (int l = 0; l < cfg.layers; ++l) {
+    const LayerPtrs& w = L[l];
+    SYMTP_RETURN_IF_ERROR(
+        kernels::AddRmsNorm(x, l == 0 ? nullptr : proj, w.attn_norm, h, rows, H, eps, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(kernels::ApplyRope(qkv, QKVW, NHl + NKVl, D, d_positions, rows, rope,
+                                             cfg.max_seq_len, dt, s));
+    SYMTP_RETURN_IF_ERROR(kernels::WriteKvCache(Offset(qkv, static_cast<size_t>(QW) * esz),
+                                                Offset(qkv, static_cast<size_t>(QW + KVW) * esz),
+                                                QKVW, d_slots, w.k_cache, w.v_cache, rows, NKVl,
+                                                D, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    kernels::PagedAttentionArgs a;
+    a.q = qkv;
+    a.q_row_stride = QKVW;
+    a.k_cache = w.k_cache;
+    a.v_cache = w.v_cache;
+    a.out = attn;
+    a.positions = d_positions;
+    a.block_tables = d_block_tables;
+    a.block_table_stride = cap_blocks;
+    a.block_size = cfg.block_size;
+    a.items = d_items;
+    a.num_items = sh.num_items;
+    a.max_item_tokens = sh.max_item_tokens;
+    a.num_tokens = rows;
+    a.num_q_heads = NHl;
+    a.num_kv_heads = NKVl;
+    a.head_dim = D;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    a.num_splits = sh.splits;
+    a.split_chunk = opt.attention_split_chunk;
+    a.workspace = attn_ws;
+    a.workspace_bytes = attn_ws_bytes;
+    SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
+    SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, proj, w.mlp_norm, h, rows, H, eps, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+  }
+  if (sh.num_sampled == 0) return absl::OkStatus();
+  SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, cfg.layers > 0 ? proj : nullptr, final_norm, h,
+                                            rows, H, eps, dt, s));
+  SYMTP_RETURN_IF_ERROR(
+      kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
+  SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+  SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, sh.num_sampled, VL, H, DType::kF32, s));
+  if (tp > 1) {
+    SYMTP_RETURN_IF_ERROR_CTX(
+        comm->AllGather(logits_local, gathered, static_cast<size_t>(sh.num_sampled) * VL,
+                        DType::kF32, s),
+        "LM-head all-gather");
+    SYMTP_RETURN_IF_ERROR(
+        kernels::AssembleVocabShards(gathered, logits, sh.num_sampled, VL, tp, s));
+  }
+  SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+  if (sh.sample) {
+    SYMTP_RETURN_IF_ERROR(
+        kernels::SampleTokens(logits, sh.num_sampled, V, d_params, sampled, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::Capture(const StepShape& sh, cudaStream_t s,
+                                      cudaGraphExec_t* exec) {
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const bool was_prof = prof_active;
+  prof_active = false;
+  const absl::Status st = Enqueue(sh, s);
+  prof_active = was_prof;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(s, &graph);
+  if (!st.ok() || e != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // capture errors are not sticky; clear the last-error slot
+    if (!st.ok()) return Annotate(st, "during CUDA graph capture");
+    return CudaErrorToStatus(e, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  const cudaError_t ie = cudaGraphInstantiate(exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {
+    cudaGetLastError();
+    return CudaErrorToStatus(ie, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
+                                      const StepOptions& so) {
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError("GpuModel::Forward: needs a non-default stream");
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  SYMTP_RETURN_IF_ERROR_CTX(in.Validate(cfg, num_blocks),
+                            absl::StrFormat("GpuModel rank %d", layout.tp_rank));
+  const int T = in.num_tokens(), S = in.num_seqs();
+  const int NS = static_cast<int>(in.sample_index.size());
+  if (T > max_tokens || S > max_seqs || NS > max_sampled) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GpuModel::Forward: batch of %d tokens / %d sequences / %d sampled rows is over the "
+        "capacity %d / %d / %d (GpuModelOptions)",
+        T, S, NS, max_tokens, max_seqs, max_sampled));
+  }
+  const bool sample = !so.sampling.empty();
+  if (sample && static_cast<int>(so.sampling.size()) != NS) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel::Forward: %d sampling params for %d sampled rows",
+                        so.sampling.size(), NS));
+  }
+  for (const SamplingParams& p : so.sampling) SYMTP_RETURN_IF_ERROR(ValidateSamplingParams(p));
+  const bool fwd = !so.token_from_prev_sample.empty();
+  if (fwd) {
+    if (static_cast<int>(so.token_from_prev_sample.size()) != T) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("GpuModel::Forward: token_from_prev_sample has %d entries for %d tokens",
+                          so.token_from_prev_sample.size(), T));
+    }
+    for (int32_t j : so.token_from_prev_sample) {
+      if (j >= 0 && (!last_sampled || j >= last_num_sampled)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "GpuModel::Forward: token_from_prev_sample row %d, but the previous step sampled %d "
+            "rows",
+            j, last_sampled ? last_num_sampled : 0));
+      }
+    }
+  }
+  const bool copy_logits = so.copy_logits && opt.host_logits;
+
+  // ---- plan
+  bool decode = T > 0 && T == S && NS == S;
+  for (int i = 0; decode && i < NS; ++i) decode = in.sample_index[i] == i;
+  int P = T;
+  bool padded = false;
+  if (decode && !graph_sizes.empty() && S <= graph_sizes.back()) {
+    P = *std::lower_bound(graph_sizes.begin(), graph_sizes.end(), S);
+    padded = true;
+  }
+  StepShape sh;
+  sh.rows = P;
+  sh.sample = sample;
+  sh.num_sampled = padded ? P : NS;
+  sh.forward_tokens = fwd || padded;
+  if (decode) {
+    items_scratch.resize(P);
+    for (int i = 0; i < P; ++i) items_scratch[i] = kernels::AttentionItem{i, i, 1, 0};
+    sh.max_item_tokens = 1;
+    int max_ctx = 1;
+    for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
+    const int chunk = opt.attention_split_chunk;
+    sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
+  } else {
+    int per = kernels::MaxAttentionItemTokens(NHl, NKVl);
+    int longest = 1;
+    for (int s = 0; s < S; ++s) longest = std::max(longest, in.seq_start[s + 1] - in.seq_start[s]);
+    per = std::min(per, longest);
+    kernels::BuildAttentionItems(in.seq_start, per, &items_scratch);
+    sh.max_item_tokens = per;
+    sh.splits = 1;
+  }
+  sh.num_items = static_cast<int>(items_scratch.size());
+  if (sh.num_items > max_items) {
+    return absl::InternalError(absl::StrFormat("GpuModel: %d attention items > capacity %d",
+                                               sh.num_items, max_items));
+  }
+
+  // ---- stage (pinned slot, then async copies into the persistent inputs)
+  const int slot = static_cast<int>(step & 1);
+  if (staging_used[slot]) {
+    SYMTP_RETURN_IF_ERROR(WaitEvent(staging_done[slot].get(), Deadline::AfterMs(60'000),
+                                    "GpuModel staging slot reuse"));
+  }
+  const InputLayout& il = in_layout;
+  const cuda::PinnedBuffer& st = staging[slot];
+  int32_t* h_tokens = At<int32_t>(st, il.tokens);
+  int32_t* h_pos = At<int32_t>(st, il.positions);
+  int32_t* h_slots = At<int32_t>(st, il.slots);
+  int32_t* h_prev = At<int32_t>(st, il.prev_row);
+  auto* h_items = At<kernels::AttentionItem>(st, il.items);
+  int32_t* h_rows = At<int32_t>(st, il.sample_rows);
+  auto* h_params = At<kernels::DeviceSamplingParams>(st, il.params);
+  int32_t* h_bt = At<int32_t>(st, il.block_tables);
+  for (int t = 0; t < T; ++t) {
+    h_tokens[t] = in.tokens[t];
+    h_pos[t] = in.positions[t];
+    h_slots[t] = in.slot_mapping[t];
+    h_prev[t] = fwd ? so.token_from_prev_sample[t] : -1;
+  }
+  for (int t = T; t < P; ++t) {  // padding rows: no position, no cache slot
+    h_tokens[t] = 0;
+    h_pos[t] = -1;
+    h_slots[t] = -1;
+    h_prev[t] = -1;
+  }
+  std::memcpy(h_items, items_scratch.data(), items_scratch.size() * sizeof(kernels::AttentionItem));
+  for (int i = 0; i < sh.num_sampled; ++i) h_rows[i] = i < NS ? in.sample_index[i] : i;
+  if (sample) {
+    for (int i = 0; i < sh.num_sampled; ++i) {
+      kernels::DeviceSamplingParams p;
+      if (i < NS) {
+        const SamplingParams& sp = so.sampling[i];
+        p.temperature = sp.temperature;
+        p.top_k = sp.top_k;
+        p.top_p = sp.top_p;
+        p.seed = sp.seed;
+        p.position = static_cast<uint64_t>(in.positions[in.sample_index[i]]) + 1;
+      }
+      h_params[i] = p;
+    }
+  }
+  const int width = std::min(in.max_blocks_per_seq, cap_blocks);
+  for (int s = 0; s < S && width > 0; ++s) {
+    std::memcpy(h_bt + static_cast<size_t>(s) * width,
+                in.block_tables.data() + static_cast<size_t>(s) * in.max_blocks_per_seq,
+                static_cast<size_t>(width) * sizeof(int32_t));
+  }
+  auto h2d = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
+    if (bytes == 0) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    return absl::OkStatus();
+  };
+  const size_t pb = static_cast<size_t>(P) * sizeof(int32_t);
+  SYMTP_RETURN_IF_ERROR(h2d(d_tokens, h_tokens, pb));
+  SYMTP_RETURN_IF_ERROR(h2d(d_positions, h_pos, pb));
+  SYMTP_RETURN_IF_ERROR(h2d(d_slots, h_slots, pb));
+  if (sh.forward_tokens) SYMTP_RETURN_IF_ERROR(h2d(d_prev_row, h_prev, pb));
+  SYMTP_RETURN_IF_ERROR(
+      h2d(d_items, h_items, items_scratch.size() * sizeof(kernels::AttentionItem)));
+  SYMTP_RETURN_IF_ERROR(
+      h2d(d_sample_rows, h_rows, static_cast<size_t>(sh.num_sampled) * sizeof(int32_t)));
+  if (sample) {
+    SYMTP_RETURN_IF_ERROR(h2d(d_params, h_params,
+                              static_cast<size_t>(sh.num_sampled) *
+                                  sizeof(kernels::DeviceSamplingParams)));
+  }
+  if (S > 0 && width > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        d_block_tables, static_cast<size_t>(cap_blocks) * sizeof(int32_t), h_bt,
+        static_cast<size_t>(width) * sizeof(int32_t), static_cast<size_t>(width) * sizeof(int32_t),
+        static_cast<size_t>(S), cudaMemcpyHostToDevice, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_done[slot].get(), stream));
+  staging_used[slot] = true;
+
+  // ---- run: graph replay, capture, or eager
+  bool done = false;
+  if (padded && opt.cuda_graphs && T > 0) {
+    const std::pair<int, bool> key{P, sample};
+    auto it = graphs.find(key);
+    if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
+      StepShape gsh = sh;
+      gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
+      cudaGraphExec_t exec = nullptr;
+      const absl::Status cs = Capture(gsh, stream, &exec);
+      if (cs.ok()) {
+        it = graphs.emplace(key, exec).first;
+        ++stats.captures;
+      } else {
+        ++stats.capture_failures;
+        failed.insert(key);
+        SYMTP_LOG(WARN, "gpu_model") << "CUDA graph capture for batch " << P
+                                     << " failed, running eagerly: " << cs.ToString();
+      }
+    }
+    if (it != graphs.end()) {
+      CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
+      ++stats.replays;
+      done = true;
+    }
+  }
+  if (!done && T > 0) {
+    prof_active = profiling;
+    prof_n = 0;
+    prof_cls.clear();
+    const absl::Status es = Enqueue(sh, stream);
+    prof_active = false;
+    prof_valid = profiling && es.ok();
+    SYMTP_RETURN_IF_ERROR(es);
+    ++stats.eager_steps;
+  } else if (done) {
+    prof_valid = false;
+  }
+
+  // ---- outputs
+  if (sample && NS > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens_buf.get(), sampled,
+                                         static_cast<size_t>(NS) * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, stream));
+  }
+  if (copy_logits && NS > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits_buf.get(), logits,
+                                         static_cast<size_t>(NS) * V * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done.get(), stream));
+  last_num_sampled = NS;
+  last_sampled = sample;
+  last_logits_copied = copy_logits;
+  ++step;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::InitWeights(cudaStream_t s) {
+  auto fill = [&](const std::string& name, void* dst, int64_t dst_row_offset) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(ShardSpec spec, GetShardSpec(cfg, layout, name));
+    kernels::SyntheticBlock b;
+    b.key = spec.key;
+    b.kind = static_cast<kernels::SyntheticKind>(static_cast<int>(spec.kind));
+    b.scale = spec.scale;
+    b.global_cols = spec.global_cols;
+    b.row_begin = spec.row_begin;
+    b.rows = spec.rows;
+    b.col_begin = spec.col_begin;
+    b.cols = spec.cols;
+    b.dst_ld = spec.cols;
+    return kernels::InitSyntheticWeight(
+        Offset(dst, static_cast<size_t>(dst_row_offset) * spec.cols * esz), dt, b, s);
+  };
+  SYMTP_RETURN_IF_ERROR(fill("embed", embed, 0));
+  for (int l = 0; l < cfg.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    LayerPtrs& w = L[l];
+    SYMTP_RETURN_IF_ERROR(fill(p + "attn_norm", w.attn_norm, 0));
+    SYMTP_RETURN_IF_ERROR(fill(p + "mlp_norm", w.mlp_norm, 0));
+    SYMTP_RETURN_IF_ERROR(fill(p + "wq", w.wqkv, 0));
+    SYMTP_RETURN_IF_ERROR(fill(p + "wk", w.wqkv, QW));
+    SYMTP_RETURN_IF_ERROR(fill(p + "wv", w.wqkv, QW + KVW));
+    SYMTP_RETURN_IF_ERROR(fill(p + "wo", w.wo, 0));
+    SYMTP_RETURN_IF_ERROR(fill(p + "w_gate", w.wgu, 0));
+    SYMTP_RETURN_IF_ERROR(fill(p + "w_up", w.wgu, FL));
+    SYMTP_RETURN_IF_ERROR(fill(p + "w_down", w.wdown, 0));
+  }
+  SYMTP_RETURN_IF_ERROR(fill("final_norm", final_norm, 0));
+  SYMTP_RETURN_IF_ERROR(fill("lm_head", lm_head, 0));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::Init() {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  dt = opt.dtype;
+  if (dt != DType::kF32 && dt != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GpuModel: dtype must be float or bfloat16, got ", kernels::DTypeName(dt)));
+  }
+  esz = kernels::DTypeSize(dt);
+  H = cfg.hidden;
+  D = cfg.head_dim;
+  NHl = layout.q_heads_local;
+  NKVl = layout.kv_heads_local;
+  QW = NHl * D;
+  KVW = NKVl * D;
+  QKVW = QW + 2 * KVW;
+  FL = layout.ffn_local;
+  VL = layout.vocab_local;
+  V = cfg.vocab;
+  if (D != 32 && D != 64 && D != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel: head_dim %d unsupported (32, 64, 128)", D));
+  }
+  if (kernels::MaxAttentionItemTokens(NHl, NKVl) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
+  }
+  if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
+  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
+      opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "
+        "attention_split_chunk=%d max_sampled_rows=%d",
+        opt.max_batch_tokens, opt.max_seqs, opt.num_buckets, opt.attention_split_chunk,
+        opt.max_sampled_rows));
+  }
+  max_tokens = opt.max_batch_tokens;
+  max_seqs = opt.max_seqs;
+  max_sampled = opt.max_sampled_rows > 0 ? opt.max_sampled_rows : max_seqs;
+  max_items = std::max(max_tokens, max_seqs);
+  cap_blocks = (cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size;
+  max_splits = (cfg.max_seq_len + opt.attention_split_chunk - 1) / opt.attention_split_chunk;
+  std::vector<int> sizes = opt.graph_batch_sizes.empty() ? DefaultGraphSizes()
+                                                         : opt.graph_batch_sizes;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  const int gmax = std::min({max_seqs, max_tokens, max_sampled});
+  for (int g : sizes) {
+    if (g >= 1 && g <= gmax) graph_sizes.push_back(g);
+  }
+
+  SYMTP_ASSIGN_OR_RETURN(cuda::Stream init_stream, cuda::Stream::Create());
+  const cudaStream_t s = init_stream.get();
+
+  // ---- weights
+  {
+    Carver c;
+    const size_t o_embed = c.Take(static_cast<size_t>(V) * H * esz);
+    struct LOff {
+      size_t an, mn, qkv, wo, gu, down;
+    };
+    std::vector<LOff> lo(cfg.layers);
+    for (auto& o : lo) {
+      o.an = c.Take(static_cast<size_t>(H) * esz);
+      o.mn = c.Take(static_cast<size_t>(H) * esz);
+      o.qkv = c.Take(static_cast<size_t>(QKVW) * H * esz);
+      o.wo = c.Take(static_cast<size_t>(H) * QW * esz);
+      o.gu = c.Take(static_cast<size_t>(2) * FL * H * esz);
+      o.down = c.Take(static_cast<size_t>(H) * FL * esz);
+    }
+    const size_t o_fn = c.Take(static_cast<size_t>(H) * esz);
+    const size_t o_lm = c.Take(static_cast<size_t>(VL) * H * esz);
+    const size_t o_rope = c.Take(static_cast<size_t>(cfg.max_seq_len) * (D / 2) * sizeof(double2));
+    SYMTP_ASSIGN_OR_RETURN(weights, cuda::DeviceBuffer::Create(c.size()));
+    weight_bytes = c.size();
+    embed = At<void>(weights, o_embed);
+    L.resize(cfg.layers);
+    for (int l = 0; l < cfg.layers; ++l) {
+      L[l].attn_norm = At<void>(weights, lo[l].an);
+      L[l].mlp_norm = At<void>(weights, lo[l].mn);
+      L[l].wqkv = At<void>(weights, lo[l].qkv);
+      L[l].wo = At<void>(weights, lo[l].wo);
+      L[l].wgu = At<void>(weights, lo[l].gu);
+      L[l].wdown = At<void>(weights, lo[l].down);
+    }
+    final_norm = At<void>(weights, o_fn);
+    lm_head = At<void>(weights, o_lm);
+    rope = At<double2>(weights, o_rope);
+    SYMTP_RETURN_IF_ERROR(InitWeights(s));
+    SYMTP_RETURN_IF_ERROR(
+        kernels::BuildRopeTable(rope, cfg.max_seq_len, D, cfg.rope_theta, s));
+  }
+
+  // ---- activations and workspaces
+  {
+    Carver c;
+    const size_t T = max_tokens;
+    const size_t o_x = c.Take(T * H * esz), o_h = c.Take(T * H * esz);
+    const size_t o_qkv = c.Take(T * QKVW * esz), o_attn = c.Take(T * QW * esz);
+    const size_t o_proj = c.Take(T * H * esz), o_gu = c.Take(T * 2 * FL * esz);
+    const size_t o_act = c.Take(T * FL * esz);
+    const size_t o_hs = c.Take(static_cast<size_t>(max_sampled) * H * esz);
+    const size_t o_ll = c.Take(static_cast<size_t>(max_sampled) * VL * sizeof(float));
+    const size_t o_ga =
+        tp > 1 ? c.Take(static_cast<size_t>(tp) * max_sampled * VL * sizeof(float)) : 0;
+    const size_t o_lg =
+        tp > 1 ? c.Take(static_cast<size_t>(max_sampled) * V * sizeof(float)) : 0;
+    const size_t o_smp = c.Take(static_cast<size_t>(max_sampled) * sizeof(int32_t));
+    attn_ws_bytes =
+        max_splits > 1 ? kernels::PagedAttentionWorkspaceBytes(max_seqs, NHl, D, max_splits) : 0;
+    const size_t o_aws = c.Take(attn_ws_bytes);
+    const size_t o_gws = c.Take(opt.gemm_workspace_bytes);
+    SYMTP_ASSIGN_OR_RETURN(acts, cuda::DeviceBuffer::Create(c.size()));
+    x = At<void>(acts, o_x);
+    h = At<void>(acts, o_h);
+    qkv = At<void>(acts, o_qkv);
+    attn = At<void>(acts, o_attn);
+    proj = At<void>(acts, o_proj);
+    gu = At<void>(acts, o_gu);
+    act = At<void>(acts, o_act);
+    hs = At<void>(acts, o_hs);
+    logits_local = At<float>(acts, o_ll);
+    gathered = tp > 1 ? At<float>(acts, o_ga) : nullptr;
+    logits = tp > 1 ? At<float>(acts, o_lg) : logits_local;
+    sampled = At<int32_t>(acts, o_smp);
+    attn_ws = attn_ws_bytes ? At<void>(acts, o_aws) : nullptr;
+    gemm_ws = At<void>(acts, o_gws);
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(sampled, 0, static_cast<size_t>(max_sampled) * sizeof(int32_t), s));
+  }
+
+  // ---- step inputs (device) and pinned staging
+  {
+    InputLayout& il = in_layout;
+    Carver c;
+    il.tokens = c.Take(static_cast<size_t>(max_tokens) * 4);
+    il.positions = c.Take(static_cast<size_t>(max_tokens) * 4);
+    il.slots = c.Take(static_cast<size_t>(max_tokens) * 4);
+    il.prev_row = c.Take(static_cast<size_t>(max_tokens) * 4);
+    il.items = c.Take(static_cast<size_t>(max_items) * sizeof(kernels::AttentionItem));
+    il.sample_rows = c.Take(static_cast<size_t>(max_sampled) * 4);
+    il.params = c.Take(static_cast<size_t>(max_sampled) * sizeof(kernels::DeviceSamplingParams));
+    il.block_tables = c.Take(static_cast<size_t>(max_seqs) * cap_blocks * 4);
+    il.staging_bytes = il.device_bytes = c.size();
+    SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.device_bytes));
+    for (auto& st : staging) {
+      SYMTP_ASSIGN_OR_RETURN(st, cuda::PinnedBuffer::Create(il.staging_bytes));
+    }
+    d_tokens = At<int32_t>(inputs, il.tokens);
+    d_positions = At<int32_t>(inputs, il.positions);
+    d_slots = At<int32_t>(inputs, il.slots);
+    d_prev_row = At<int32_t>(inputs, il.prev_row);
+    d_items = At<kernels::AttentionItem>(inputs, il.items);
+    d_sample_rows = At<int32_t>(inputs, il.sample_rows);
+    d_params = At<kernels::DeviceSamplingParams>(inputs, il.params);
+    d_block_tables = At<int32_t>(inputs, il.block_tables);
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.device_bytes, s));
+    SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
+                           cuda::PinnedBuffer::Create(static_cast<size_t>(max_sampled) * 4));
+    if (opt.host_logits) {
+      SYMTP_ASSIGN_OR_RETURN(host_logits_buf, cuda::PinnedBuffer::Create(
+                                                  static_cast<size_t>(max_sampled) * V * 4));
+    }
+  }
+
+  // ---- KV cache, last: it may take a fraction of what is left
+  {
+    const size_t per_block_layer =
+        static_cast<size_t>(cfg.block_size) * NKVl * D * esz;  // K (or V) of one layer
+    const size_t per_block = 2 * static_cast<size_t>(cfg.layers) * per_block_layer;
+    int64_t blocks = opt.num_kv_blocks;
+    if (blocks <= 0) {
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      size_t free_b = 0, total_b = 0;
+      CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+      const double frac = std::clamp(opt.kv_cache_memory_fraction, 0.0, 0.95);
+      blocks = static_cast<int64_t>(static_cast<double>(free_b) * frac) /
+               static_cast<int64_t>(std::max<size_t>(per_block, 1));
+    }
+    blocks = std::min<int64_t>(blocks, INT32_MAX / cfg.block_size);
+    if (blocks < 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("GpuModel: no device memory left for the KV cache (%d bytes a block)",
+                          per_block));
+    }
+    num_blocks = static_cast<int>(blocks);
+    kv_bytes = per_block * static_cast<size_t>(blocks);
+    SYMTP_ASSIGN_OR_RETURN(kv, cuda::DeviceBuffer::Create(kv_bytes));
+    const size_t layer_bytes = per_block_layer * static_cast<size_t>(blocks);
+    for (int l = 0; l < cfg.layers; ++l) {
+      L[l].k_cache = At<void>(kv, (2 * static_cast<size_t>(l)) * layer_bytes);
+      L[l].v_cache = At<void>(kv, (2 * static_cast<size_t>(l) + 1) * layer_bytes);
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv.get(), 0, kv_bytes, s));
+  }
+
+  SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
+  SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create());
+  for (int b = 0; b < opt.num_buckets; ++b) {
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
+    ev_gemm.push_back(std::move(e1));
+    ev_ar.push_back(std::move(e2));
+  }
+  SYMTP_ASSIGN_OR_RETURN(step_done, cuda::Event::Create());
+  for (auto& e : staging_done) {
+    SYMTP_ASSIGN_OR_RETURN(e, cuda::Event::Create());
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  // Nothing has run yet: the done-event of "step -1" is complete.
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done.get(), s));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SYMTP_LOG(INFO, "gpu_model") << absl::StrFormat(
+      "rank %d/%d on GPU %d: %s %s, weights %.2f GiB, KV cache %d blocks (%.2f GiB), graphs %s",
+      layout.tp_rank, tp, device, cfg.name, kernels::DTypeName(dt),
+      static_cast<double>(weight_bytes) / (1 << 30), num_blocks,
+      static_cast<double>(kv_bytes) / (1 << 30), opt.cuda_graphs ? "on" : "off");
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ public
+
+absl::StatusOr<GpuModel> GpuModel::Create(const ModelConfig& cfg, int tp_rank, int tp_size,
+                                          int device, const GpuModelOptions& options,
+                                          kernels::DeviceComm* comm) {
+  SYMTP_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(cfg, tp_rank, tp_size));
+  if (comm == nullptr && tp_size != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel: tp_size %d needs a DeviceComm", tp_size));
+  }
+  if (comm != nullptr && (comm->rank() != tp_rank || comm->size() != tp_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel: DeviceComm is rank %d of %d, model is rank %d of %d",
+                        comm->rank(), comm->size(), tp_rank, tp_size));
+  }
+  auto s = std::make_unique<State>();
+  s->cfg = cfg;
+  s->layout = layout;
+  s->opt = options;
+  s->comm = comm;
+  s->device = device;
+  s->tp = tp_size;
+  SYMTP_RETURN_IF_ERROR_CTX(s->Init(), absl::StrFormat("GpuModel::Create(%s, rank %d/%d)",
+                                                       cfg.name, tp_rank, tp_size));
+  return GpuModel(std::move(s));
+}
+
+GpuModel::GpuModel(std::unique_ptr<State> s) : s_(std::move(s)) {}
+GpuModel::GpuModel(GpuModel&&) noexcept = default;
+GpuModel& GpuModel::operator=(GpuModel&&) noexcept = default;
+GpuModel::~GpuModel() {
+  if (s_ && s_->step_done.get() != nullptr) {
+    cudaSetDevice(s_->device);
+    // The last step may still use the buffers about to be freed (cudaFree
+    // would wait for the device anyway; this bounds the wait and says so).
+    const absl::Status st =
+        WaitEvent(s_->step_done.get(), Deadline::AfterMs(30'000), "GpuModel teardown");
+    if (!st.ok()) {
+      SYMTP_LOG(WARN, "gpu_model") << st.ToString();
+    }
+  }
+}
+
+absl::Status GpuModel::Forward(const BatchInput& in, cudaStream_t stream,
+                               const StepOptions& options) {
+  if (!s_) return absl::FailedPreconditionError("GpuModel: used after move");
+  return s_->Forward(in, stream, options);
+}
+
+absl::Status GpuModel::WaitForStep(Deadline deadline) {
+  if (!s_) return absl::FailedPreconditionError("GpuModel: used after move");
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(s_->device));
+  return WaitEvent(s_->step_done.get(), deadline, "GpuModel::WaitForStep");
+}
+
+cudaEvent_t GpuModel::step_done_event() const { return s_->step_done.get(); }
+int GpuModel::num_sampled() const { return s_->last_num_sampled; }
+
+absl::Span<const float> GpuModel::host_logits() const {
+  if (!s_->last_logits_copied) return {};
+  return absl::MakeConstSpan(s_->host_logits_buf.as<float>(),
+                             static_cast<size_t>(s_->last_num_sampled) * s_->V);
+}
+absl::Span<const int32_t> GpuModel::host_tokens() const {
+  if (!s_->last_sampled) return {};
+  return absl::MakeConstSpan(s_->host_tokens_buf.as<int32_t>(),
+                             static_cast<size_t>(s_->last_num_sampled));
+}
+const float* GpuModel::device_logits() const { return s_->logits; }
+const int32_t* GpuModel::device_tokens() const { return s_->sampled; }
+
+void GpuModel::set_profiling(bool on) { s_->profiling = on; }
+
+absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
+  State& st = *s_;
+  if (!st.prof_valid) {
+    return absl::FailedPreconditionError(
+        "GpuModel::LastStepProfile: the last step was not an eagerly profiled step");
+  }
+  StepProfile p;
+  for (int i = 1; i < st.prof_n; ++i) {
+    float ms = 0.f;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, st.prof_ev[i - 1].get(), st.prof_ev[i].get()));
+    switch (st.prof_cls[i - 1]) {
+      case kClsGemm: p.gemm_ms += ms; break;
+      case kClsAttn: p.attention_ms += ms; break;
+      case kClsRowPar: p.row_parallel_ms += ms; break;
+      default: p.other_ms += ms; break;
+    }
+    p.total_ms += ms;
+  }
+  return p;
+}
+
+GraphStats GpuModel::graph_stats() const { return s_->stats; }
+const ModelConfig& GpuModel::config() const { return s_->cfg; }
+const ShardLayout& GpuModel::layout() const { return s_->layout; }
+const GpuModelOptions& GpuModel::options() const { return s_->opt; }
+int GpuModel::num_kv_blocks() const { return s_->num_blocks; }
+size_t GpuModel::weight_bytes() const { return s_->weight_bytes; }
+size_t GpuModel::kv_cache_bytes() const { return s_->kv_bytes; }
+const void* GpuModel::k_cache(int layer) const {
+  return layer >= 0 && layer < s_->cfg.layers ? s_->L[layer].k_cache : nullptr;
+}
+const void* GpuModel::v_cache(int layer) const {
+  return layer >= 0 && layer < s_->cfg.layers ? s_->L[layer].v_cache : nullptr;
+}
+
+}  // namespace symtp::model

@@ -1,0 +1,177 @@
+// GpuModel: one tensor-parallel rank of the docs/MODEL.md model on one GPU.
+//
+// Everything is planned once in Create(): the weight shard (generated on the
+// device, bit-exact with the CPU reference's fp32 weights, or rounded once to
+// bf16), the paged KV cache, persistent device input buffers, pinned staging
+// and output buffers, and the workspaces. A step then:
+//
+//   1. validates the BatchInput on the host and packs it into one of two
+//      pinned staging slots (the slot's previous copy has long completed; the
+//      wait for it has a deadline);
+//   2. copies it asynchronously into the persistent device inputs on `stream`;
+//   3. runs the forward pass on `stream` (cuBLASLt GEMMs, the kernels of
+//      kernels/ops, the row-parallel all-reduces of wo / w_down through the
+//      DeviceComm, the vocab-parallel all-gather of the logits), eagerly or,
+//      for a steady decode batch, by replaying a CUDA graph captured for its
+//      padded batch size;
+//   4. optionally samples on the device (tokens stay in a device buffer the
+//      next step can read directly) and copies tokens / logits to pinned host
+//      memory asynchronously, then records the step's done-event.
+//
+// Row-parallel layers are one function that splits the token batch into K
+// buckets (GpuModelOptions::num_buckets): bucket i's GEMM runs on `stream`,
+// its all-reduce on a side stream that waits on the GEMM's event; `stream`
+// waits on the last all-reduce's event before anything reads the result. No
+// device-wide synchronization anywhere in a step; at most K all-reduces in
+// flight. K = 1 is the no-overlap baseline.
+//
+// Thread-compatibility: one thread drives a GpuModel. Every call makes
+// `device` current on the calling thread.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "kernels/comm.h"
+#include "models/batch.h"
+#include "models/config.h"
+#include "models/sampling.h"
+#include "models/sharding.h"
+
+namespace symtp::model {
+
+struct GpuModelOptions {
+  // Activations, weights and KV cache: kF32 or kBF16 (GEMMs accumulate fp32).
+  kernels::DType dtype = kernels::DType::kBF16;
+  // KV cache size: exactly num_kv_blocks blocks per layer when > 0, else
+  // kv_cache_memory_fraction of the device memory still free after every
+  // other allocation.
+  int num_kv_blocks = 0;
+  double kv_cache_memory_fraction = 0.5;
+  // Capacities: tokens per step, sequences per step, sampled rows per step
+  // (0: max_seqs).
+  int max_batch_tokens = 2048;
+  int max_seqs = 256;
+  int max_sampled_rows = 0;
+  // K of the bucketed row-parallel all-reduce (1: no overlap).
+  int num_buckets = 1;
+  // Decode batches (one token per sequence, every sequence sampled in
+  // order) of up to the largest graph batch size are padded to the next
+  // graph batch size (eager too, so graph and eager compute the same bits);
+  // with cuda_graphs, the second step of a padded size captures a graph and
+  // later steps replay it (the first runs eagerly: NCCL and cuBLASLt set up
+  // lazily). Empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256,
+  // 320, 384, 448, 512 up to max_seqs.
+  bool cuda_graphs = true;
+  std::vector<int> graph_batch_sizes;
+  // Copy the logits to pinned host memory (allocates max_sampled_rows x
+  // vocab floats of pinned memory).
+  bool host_logits = true;
+  // Split-K chunk of decode attention, in positions.
+  int attention_split_chunk = 256;
+  size_t gemm_workspace_bytes = size_t{32} << 20;
+  // Benchmark only: skip the row-parallel all-reduces (wrong results for
+  // TP > 1) to measure how much of them the bucketing hides.
+  bool bench_skip_allreduce = false;
+};
+
+struct StepOptions {
+  // One entry per in.sample_index entry: sample those rows on the device
+  // (token position = positions[sample_index[i]] + 1, the sequence length
+  // before the sampled token is appended). Empty: no sampling, logits only.
+  std::vector<SamplingParams> sampling;
+  // Copy this step's logits to pinned host memory (needs
+  // GpuModelOptions::host_logits).
+  bool copy_logits = true;
+  // Empty, or one entry per token: >= 0 replaces tokens[t] with the token
+  // the previous step sampled for its row j (read on the device, never
+  // through the host); -1 keeps the host token.
+  std::vector<int32_t> token_from_prev_sample;
+};
+
+// Per-class device time of the last profiled step (eager steps only).
+struct StepProfile {
+  double gemm_ms = 0;       // column-parallel GEMMs and the LM head
+  double attention_ms = 0;  // paged attention (+ split-K merge)
+  double row_parallel_ms = 0;  // wo / w_down GEMMs and their all-reduces
+  double other_ms = 0;      // norms, RoPE, KV write, SiLU, sampling, gathers
+  double total_ms = 0;
+};
+
+struct GraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t capture_failures = 0;
+  int64_t eager_steps = 0;
+};
+
+class GpuModel {
+ public:
+  // `comm` (nullptr or size 1: TP = 1) must have rank() == tp_rank and
+  // size() == tp_size and outlive the model. Errors: InvalidArgument
+  // (config, TP, comm, options, unsupported head_dim), ResourceExhausted
+  // (device memory), CUDA errors.
+  static absl::StatusOr<GpuModel> Create(const ModelConfig& cfg, int tp_rank, int tp_size,
+                                         int device, const GpuModelOptions& options,
+                                         kernels::DeviceComm* comm);
+
+  GpuModel(GpuModel&&) noexcept;
+  GpuModel& operator=(GpuModel&&) noexcept;
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+  ~GpuModel();
+
+  // Enqueues one step on `stream` (a non-default stream; every rank of a TP
+  // group calls Forward with the same batch and options). Returns once the
+  // work is enqueued; outputs are ready after WaitForStep() (or once
+  // step_done_event() completes) and stay valid until the next Forward.
+  // Errors: InvalidArgument (batch over capacity or invalid), CUDA / comm
+  // errors.
+  absl::Status Forward(const BatchInput& in, cudaStream_t stream,
+                       const StepOptions& options = StepOptions());
+
+  // Blocks until the last step's outputs are on the host, or the deadline
+  // (DeadlineExceeded). Surfaces asynchronous CUDA errors.
+  absl::Status WaitForStep(Deadline deadline);
+  cudaEvent_t step_done_event() const;
+
+  // The last step's outputs (host: after WaitForStep).
+  int num_sampled() const;
+  absl::Span<const float> host_logits() const;   // [num_sampled, vocab] if copied
+  absl::Span<const int32_t> host_tokens() const;  // [num_sampled] if sampled
+  const float* device_logits() const;             // [num_sampled, vocab], fp32
+  const int32_t* device_tokens() const;           // [num_sampled]
+
+  // Per-class timing with events around each op of eager steps (adds event
+  // records; replayed graph steps are not profiled).
+  void set_profiling(bool on);
+  // Of the last profiled step; call after WaitForStep.
+  absl::StatusOr<StepProfile> LastStepProfile();
+  GraphStats graph_stats() const;
+
+  const ModelConfig& config() const;
+  const ShardLayout& layout() const;
+  const GpuModelOptions& options() const;
+  int num_kv_blocks() const;
+  size_t weight_bytes() const;
+  size_t kv_cache_bytes() const;
+  // This rank's cache of one layer on the device,
+  // [num_blocks, block_size, kv_heads_local, head_dim] of options().dtype.
+  const void* k_cache(int layer) const;
+  const void* v_cache(int layer) const;
+
+ private:
+  struct State;
+  explicit GpuModel(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace symtp::model

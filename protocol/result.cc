@@ -1,0 +1,151 @@
+#include "protocol/result.h"
+
+#include "absl/strings/str_format.h"
+#include "protocol/diff.h"
+#include "protocol/wire.h"
+
+namespace symtp::proto {
+namespace {
+
+using wire::Reader;
+using wire::Writer;
+using wire::ZigZag;
+
+constexpr const char* kWhat = "result";
+
+absl::Status CheckResult(const StepResult& r) {
+  if (r.rank >= kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("result step %d: rank %d exceeds limit %d", r.step, r.rank, kMaxRanks));
+  }
+  if (r.sampled.size() > kMaxEntriesPerList) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "result step %d rank %d: %d sampled tokens exceeds limit %d", r.step, r.rank,
+        r.sampled.size(), kMaxEntriesPerList));
+  }
+  for (size_t i = 0; i < r.sampled.size(); ++i) {
+    if (r.sampled[i].token < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "result step %d rank %d: sampled[%d] (request %d) token %d is negative", r.step,
+          r.rank, i, r.sampled[i].request_id, r.sampled[i].token));
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t EncodePayload(const StepResult& r, uint8_t* p) {
+  Writer w{p};
+  w.Varint(r.rank);
+  w.Fixed64(r.digest);
+  w.Varint(r.timings.recv_wait_ns);
+  w.Varint(r.timings.apply_ns);
+  w.Varint(r.timings.build_ns);
+  w.Varint(r.timings.forward_ns);
+  w.Varint(r.timings.sample_ns);
+  w.Varint(r.timings.total_ns);
+  w.Varint(r.sampled.size());
+  uint64_t prev = 0;
+  for (const SampledToken& t : r.sampled) {
+    w.Varint(ZigZag(static_cast<int64_t>(t.request_id - prev)));
+    prev = t.request_id;
+    w.Varint(static_cast<uint32_t>(t.token));
+  }
+  return static_cast<size_t>(w.p - p);
+}
+
+absl::Status DecodePayload(Reader& rd, StepResult* r) {
+  absl::Status s;
+  uint64_t v;
+  if (!(s = rd.Bounded(&v, kMaxRanks - 1, "rank")).ok()) return s;
+  r->rank = static_cast<uint32_t>(v);
+  if (!(s = rd.Fixed64(&r->digest, "digest")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.recv_wait_ns, "timings.recv_wait_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.apply_ns, "timings.apply_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.build_ns, "timings.build_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.forward_ns, "timings.forward_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.sample_ns, "timings.sample_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.total_ns, "timings.total_ns")).ok()) return s;
+  uint64_t n;
+  if (!(s = rd.Count(&n, kMaxEntriesPerList, 2, "sampled.count")).ok()) return s;
+  r->sampled.resize(n);
+  uint64_t prev = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t z;
+    if (!(s = rd.Varint(&z, "sampled.request_id")).ok()) return s;
+    prev += static_cast<uint64_t>(wire::UnZigZag(z));
+    r->sampled[i].request_id = prev;
+    if (!(s = rd.Bounded(&v, kMaxInt32, "sampled.token")).ok()) return s;
+    r->sampled[i].token = static_cast<int32_t>(v);
+  }
+  if (!rd.at_end()) {
+    return rd.Invalid("payload", absl::StrFormat("%d trailing bytes", rd.remaining()));
+  }
+  return absl::OkStatus();
+}
+
+size_t MaxPayload(const StepResult& r) {
+  return 7 * wire::kMaxVarint64 + 8 +
+         r.sampled.size() * (wire::kMaxVarint64 + wire::kMaxVarint32);
+}
+
+}  // namespace
+
+size_t MaxEncodedResultSize(const StepResult& r) { return kHeaderSize + MaxPayload(r); }
+
+absl::Status EncodeResult(const StepResult& r, std::vector<uint8_t>* out) {
+  absl::Status s = CheckResult(r);
+  if (!s.ok()) return s;
+  out->resize(MaxEncodedResultSize(r));
+  const size_t n = EncodePayload(r, out->data() + kHeaderSize);
+  if (n > kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "result step %d: payload %d bytes exceeds limit %d", r.step, n, kMaxPayloadBytes));
+  }
+  WriteHeader(out->data(), kResultMagic, 0, r.step, static_cast<uint32_t>(n));
+  out->resize(kHeaderSize + n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> EncodeResultTo(const StepResult& r, absl::Span<uint8_t> out) {
+  absl::Status s = CheckResult(r);
+  if (!s.ok()) return s;
+  const size_t bound = MaxEncodedResultSize(r);
+  if (out.size() >= bound && bound - kHeaderSize <= kMaxPayloadBytes) {
+    const size_t n = EncodePayload(r, out.data() + kHeaderSize);
+    WriteHeader(out.data(), kResultMagic, 0, r.step, static_cast<uint32_t>(n));
+    return kHeaderSize + n;
+  }
+  std::vector<uint8_t> tmp;
+  s = EncodeResult(r, &tmp);
+  if (!s.ok()) return s;
+  if (out.size() < tmp.size()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "result step %d needs %d bytes, buffer has %d", r.step, tmp.size(), out.size()));
+  }
+  std::memcpy(out.data(), tmp.data(), tmp.size());
+  return tmp.size();
+}
+
+absl::Status DecodeResultInto(absl::Span<const uint8_t> record, StepResult* out) {
+  absl::StatusOr<FrameHeader> h = ParseHeader(record, kResultMagic, kResultKnownFlags, kWhat);
+  if (!h.ok()) return h.status();
+  absl::Status s = VerifyChecksum(record, *h, kWhat);
+  if (!s.ok()) return s;
+  out->step = h->seq;
+  Reader rd(record.data() + kHeaderSize, record.data() + kHeaderSize + h->payload_len);
+  s = DecodePayload(rd, out);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrFormat("result record seq %d: %s", h->seq, s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> DecodeResult(absl::Span<const uint8_t> record) {
+  StepResult r;
+  absl::Status s = DecodeResultInto(record, &r);
+  if (!s.ok()) return s;
+  return r;
+}
+
+}  // namespace symtp::proto

@@ -1,0 +1,101 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/status_macros.h"
+#include "models/cpu_model.h"
+#include "runtime/backend.h"
+#include "runtime/shm_host_comm.h"
+
+namespace symtp::runtime {
+
+namespace {
+
+int MaxLen(const LengthDist& d, int cap) {
+  if (d.kind == "fixed") return std::min(cap, static_cast<int>(d.a));
+  if (d.kind == "uniform") return std::min(cap, static_cast<int>(d.b));
+  return cap;
+}
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(std::unique_ptr<ShmHostComm> comm, model::CpuModel m)
+      : comm_(std::move(comm)), model_(std::move(m)) {}
+
+  absl::Status Step(const model::BatchInput& in, absl::Span<const model::SamplingParams> params,
+                    absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
+                    BackendTimings* t) override {
+    int64_t t0 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(in, &logits_), "cpu forward");
+    int64_t t1 = MonotonicNs();
+    const int vocab = model_.config().vocab;
+    if (params.size() != in.sample_index.size() || positions.size() != params.size()) {
+      return absl::InternalError("sample params/positions do not match the batch's sample rows");
+    }
+    tokens->resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      (*tokens)[i] = model::SampleToken(
+          absl::Span<const float>(logits_.data() + i * vocab, vocab), params[i],
+          static_cast<uint64_t>(positions[i]), &scratch_);
+    }
+    t->forward_ns = t1 - t0;
+    t->sample_ns = MonotonicNs() - t1;
+    return absl::OkStatus();
+  }
+
+  absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* t) override {
+    int64_t t0 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(in, &logits_), "cpu forward");
+    t->forward_ns = MonotonicNs() - t0;
+    return absl::OkStatus();
+  }
+
+  absl::Status BroadcastBatch(void* data, size_t bytes, int root) override {
+    return comm_->Broadcast(data, bytes, root);
+  }
+
+  const std::vector<float>& logits() const { return logits_; }
+  std::string Describe() const override {
+    return absl::StrCat("cpu (fp32), kv cache ", model_.kv_cache_bytes() >> 20, " MiB");
+  }
+
+ private:
+  std::unique_ptr<ShmHostComm> comm_;
+  model::CpuModel model_;
+  std::vector<float> logits_;
+  model::SamplingScratch scratch_;
+};
+
+}  // namespace
+
+int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
+  int cap = cfg.max_seq_len;
+  int per_seq;
+  if (opts.steady_batch > 0) {
+    per_seq = opts.steady_context + opts.warmup_steps + opts.steady_steps + 8;
+  } else {
+    per_seq = MaxLen(opts.prompt_len, cap) + MaxLen(opts.output_len, cap);
+  }
+  return std::min(per_seq, cap);
+}
+
+int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg) {
+  if (opts.num_kv_blocks > 0) return opts.num_kv_blocks;
+  const int per_seq = JobMaxSeqLen(opts, cfg);
+  int batch = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
+  return batch * ((per_seq + 15) / 16 + 1) + 16;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const JobOptions& opts,
+                                                          const model::ModelConfig& cfg,
+                                                          int rank, JobHandle* job) {
+  SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<ShmHostComm> comm,
+                         ShmHostComm::Attach(job->hostcomm, job->hostcomm_bytes, rank, job->control,
+                                             opts.step_timeout_ms * 1'000'000));
+  SYMTP_ASSIGN_OR_RETURN(model::CpuModel m,
+                         model::CpuModel::Create(cfg, rank, opts.tp, NumKvBlocks(opts, cfg),
+                                                 opts.tp > 1 ? comm.get() : nullptr));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(comm), std::move(m)));
+}
+
+}  // namespace symtp::runtime

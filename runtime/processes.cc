@@ -1,0 +1,323 @@
+#include "runtime/processes.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "ipc/ring.h"
+#include "models/config.h"
+#include "protocol/diff.h"
+#include "protocol/result.h"
+#include "runtime/backend.h"
+#include "runtime/job.h"
+#include "runtime/layout.h"
+#include "runtime/step_stats.h"
+#include "runtime/v0.h"
+#include "runtime/workload.h"
+#include "scheduler/scheduler.h"
+#include "worker/state/worker_state.h"
+
+namespace symtp::runtime {
+namespace {
+
+constexpr int64_t kHeartbeatPeriodNs = 50'000'000;
+
+absl::StatusOr<model::ModelConfig> ResolveModel(const JobOptions& opts) {
+  SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::PresetConfig(opts.model));
+  SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &cfg));
+  SYMTP_RETURN_IF_ERROR(model::ValidateForTp(cfg, opts.tp));
+  return cfg;
+}
+
+sched::SchedulerConfig MakeSchedulerConfig(const JobOptions& opts, const model::ModelConfig& cfg) {
+  sched::SchedulerConfig sc;
+  sc.max_running_seqs = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
+  sc.max_batched_tokens = opts.max_batched_tokens;
+  sc.num_kv_blocks = NumKvBlocks(opts, cfg);
+  sc.block_size = cfg.block_size;
+  sc.max_seq_len = JobMaxSeqLen(opts, cfg);
+  sc.prefill_chunk = opts.prefill_chunk;
+  sc.max_inflight_steps = opts.mode == "v0" ? 1 : opts.max_inflight;
+  return sc;
+}
+
+// ---------------------------------------------------------------- scheduler
+
+absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
+  SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, ResolveModel(opts));
+  SYMTP_ASSIGN_OR_RETURN(ipc::RingProducer diffs,
+                         ipc::RingProducer::Create(*job->diff_ring, "scheduler"));
+  std::vector<ipc::RingConsumer> results;
+  for (int r = 0; r < opts.tp; ++r) {
+    SYMTP_ASSIGN_OR_RETURN(ipc::RingConsumer c,
+                           ipc::RingConsumer::Attach(job->result_rings[r], 0, "scheduler"));
+    results.push_back(std::move(c));
+  }
+  SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched,
+                         sched::Scheduler::Create(MakeSchedulerConfig(opts, cfg)));
+  std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
+  const int n = static_cast<int>(workload.size());
+  const int concurrency = opts.arrival_rate > 0 ? n
+                          : opts.steady_batch > 0 ? n
+                          : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
+  job->SetPhase(ProcPhase::kRunning);
+
+  RunSummaryInput summary;
+  summary.opts = &opts;
+  summary.model_json = model::ToJson(cfg);
+  summary.requests.resize(n);
+  const int64_t start = MonotonicNs();
+  summary.start_ns = start;
+  int next = 0, finished = 0;
+  uint64_t tokens_out = 0;
+  std::deque<size_t> inflight;  // indices into summary.steps
+  std::vector<uint8_t> wire, rbuf;
+  std::vector<proto::StepResult> rank_results(opts.tp);
+  sched::StepPlan plan;
+  Progress progress(opts.progress, n);
+  const auto step_deadline = [&] { return Deadline::AfterNs(opts.step_timeout_ms * 1'000'000); };
+  std::vector<bool> recorded(n, false);
+
+  auto admit = [&](int64_t now) -> absl::Status {
+    while (next < n && next - finished < concurrency &&
+           (opts.arrival_rate <= 0 || start + workload[next].arrival_offset_ns <= now)) {
+      WorkloadRequest& w = workload[next];
+      summary.requests[next].id = w.id;
+      summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
+      summary.requests[next].arrival_ns = now;
+      SYMTP_RETURN_IF_ERROR(sched.AddRequest(
+          w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,
+          opts.eos_id >= 0 ? std::optional<int32_t>(opts.eos_id) : std::nullopt, now));
+      ++next;
+    }
+    return absl::OkStatus();
+  };
+
+  while (next < n || !sched.Done()) {
+    SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
+    int64_t now = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR(admit(now));
+    bool published = false;
+    if (sched.CanPlan()) {
+      int64_t t0 = MonotonicNs();
+      SYMTP_RETURN_IF_ERROR_CTX(sched.PlanNextStep(&plan), "planning");
+      if (!plan.idle) {
+        StepRecord rec;
+        rec.plan_start_ns = t0;
+        int64_t t1 = MonotonicNs();
+        SYMTP_RETURN_IF_ERROR(proto::EncodeDiff(plan.diff, &wire));
+        int64_t t2 = MonotonicNs();
+        SYMTP_RETURN_IF_ERROR_CTX(diffs.Publish(wire, step_deadline()),
+                                  absl::StrCat("publishing step ", plan.diff.step));
+        int64_t t3 = MonotonicNs();
+        rec.step = plan.diff.step;
+        rec.num_seqs = static_cast<int32_t>(plan.scheduled.size());
+        rec.num_tokens = plan.num_tokens;
+        rec.num_samples = plan.num_samples;
+        rec.decode_only = plan.num_tokens == static_cast<int32_t>(plan.scheduled.size());
+        rec.schedule_ns = t1 - t0;
+        rec.encode_ns = t2 - t1;
+        rec.publish_ns = t3 - t2;
+        rec.published_at_ns = t3;
+        rec.wire_bytes = wire.size();
+        summary.steps.push_back(rec);
+        inflight.push_back(summary.steps.size() - 1);
+        published = true;
+      }
+    }
+    if (published) continue;
+    if (!inflight.empty()) {
+      StepRecord& rec = summary.steps[inflight.front()];
+      for (int r = 0; r < opts.tp; ++r) {
+        SYMTP_RETURN_IF_ERROR_CTX(results[r].Read(&rbuf, step_deadline()).status(),
+                                  absl::StrCat("waiting for worker rank ", r, "'s result of step ", rec.step));
+        SYMTP_RETURN_IF_ERROR_CTX(proto::DecodeResultInto(rbuf, &rank_results[r]),
+                                  absl::StrCat("result of worker rank ", r));
+      }
+      int64_t done = MonotonicNs();
+      rec.done_at_ns = done;
+      for (const proto::StepResult& res : rank_results) {
+        rec.recv_wait_ns = std::max<int64_t>(rec.recv_wait_ns, res.timings.recv_wait_ns);
+        rec.apply_ns = std::max<int64_t>(rec.apply_ns, res.timings.apply_ns);
+        rec.build_ns = std::max<int64_t>(rec.build_ns, res.timings.build_ns);
+        rec.forward_ns = std::max<int64_t>(rec.forward_ns, res.timings.forward_ns);
+        rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
+        rec.worker_total_ns = std::max<int64_t>(rec.worker_total_ns, res.timings.total_ns);
+        rec.worker_iter_ns = std::max<int64_t>(
+            rec.worker_iter_ns, res.timings.recv_wait_ns + res.timings.total_ns);
+      }
+      rec.result_return_ns = std::max<int64_t>(0, done - (rec.published_at_ns + rec.worker_total_ns));
+      SYMTP_RETURN_IF_ERROR(sched.OnStepResults(rank_results, done));
+      inflight.pop_front();
+      for (const proto::SampledToken& t : rank_results[0].sampled) {
+        const sched::RequestOutput* o = sched.GetOutput(t.request_id);
+        if (o && o->finished && !recorded[t.request_id]) {
+          recorded[t.request_id] = true;
+          ++finished;
+          RequestRecord& rr = summary.requests[t.request_id];
+          rr.tokens = o->tokens;
+          rr.token_times_ns = o->token_times_ns;
+          rr.first_token_ns = o->first_token_ns;
+          rr.finish_ns = o->finish_ns;
+          tokens_out += o->tokens.size();
+        }
+      }
+      progress.Update(rec.step, finished, tokens_out);
+      continue;
+    }
+    // Idle: wait for the next arrival (bounded sleep; the loop re-checks).
+    if (next < n) {
+      int64_t wait = start + workload[next].arrival_offset_ns - MonotonicNs();
+      if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
+    } else if (!sched.Done()) {
+      return absl::InternalError("scheduler has unfinished requests but nothing to plan or wait for");
+    }
+  }
+  // Any request finished without passing through a sampled list above.
+  for (int i = 0; i < n; ++i) {
+    if (recorded[i]) continue;
+    if (const sched::RequestOutput* o = sched.GetOutput(i)) {
+      RequestRecord& rr = summary.requests[i];
+      rr.tokens = o->tokens;
+      rr.token_times_ns = o->token_times_ns;
+      rr.first_token_ns = o->first_token_ns;
+      rr.finish_ns = o->finish_ns;
+    }
+  }
+  SYMTP_ASSIGN_OR_RETURN(sched::StepPlan end, sched.PlanEndOfJob());
+  SYMTP_RETURN_IF_ERROR(proto::EncodeDiff(end.diff, &wire));
+  SYMTP_RETURN_IF_ERROR_CTX(diffs.Publish(wire, step_deadline()), "publishing end of job");
+  summary.end_ns = MonotonicNs();
+  progress.Finish();
+  const sched::SchedulerStats& st = sched.stats();
+  summary.extra_json = absl::StrCat(
+      "\"scheduler\": {\"steps\": ", st.steps, ", \"prefill_tokens\": ", st.prefill_tokens,
+      ", \"decode_tokens\": ", st.decode_tokens, ", \"preemptions\": ", st.preemptions,
+      ", \"discarded_after_eos\": ", st.discarded_after_eos, ", \"max_inflight\": ",
+      opts.max_inflight, "}");
+  SYMTP_RETURN_IF_ERROR_CTX(WriteRunOutputs(summary), "writing outputs");
+  SYMTP_LOG(INFO, "sched") << "done: " << n << " requests, " << summary.steps.size()
+                           << " steps, " << tokens_out << " tokens in "
+                           << (summary.end_ns - start) / 1e9 << " s";
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- worker (v1)
+
+absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle* job) {
+  SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, ResolveModel(opts));
+  const int rank = proc.rank;
+  std::unique_ptr<Backend> backend;
+  if (opts.resolved_backend == "cuda") {
+#if defined(SYMTP_HAVE_GPU_MODEL)
+    SYMTP_ASSIGN_OR_RETURN(backend, CreateCudaBackend(opts, cfg, rank, proc.device, job));
+#else
+    return absl::UnimplementedError("this build has no CUDA backend");
+#endif
+  } else {
+    SYMTP_ASSIGN_OR_RETURN(backend, CreateCpuBackend(opts, cfg, rank, job));
+  }
+  if (opts.mode == "v0") return RunV0Worker(opts, cfg, rank, job, backend.get());
+
+  const std::string label = absl::StrCat("worker rank ", rank);
+  SYMTP_ASSIGN_OR_RETURN(ipc::RingConsumer diffs,
+                         ipc::RingConsumer::Attach(*job->diff_ring, rank, label));
+  SYMTP_ASSIGN_OR_RETURN(ipc::RingProducer results,
+                         ipc::RingProducer::Create(job->result_rings[rank], label));
+  worker::WorkerStateConfig wc;
+  wc.num_kv_blocks = NumKvBlocks(opts, cfg);
+  wc.max_seq_len = JobMaxSeqLen(opts, cfg);
+  wc.block_size = cfg.block_size;
+  SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));
+  SYMTP_LOG(INFO, "worker") << label << ": " << backend->Describe();
+  job->SetPhase(ProcPhase::kRunning);
+
+  std::vector<uint8_t> buf, out;
+  proto::StepDiff diff;
+  model::BatchInput batch;
+  std::vector<int32_t> tokens;
+  proto::StepResult result;
+  result.rank = static_cast<uint32_t>(rank);
+  for (;;) {
+    int64_t t0 = MonotonicNs();
+    absl::StatusOr<uint64_t> seq = diffs.Read(&buf, Deadline::AfterNs(opts.step_timeout_ms * 1'000'000));
+    if (!seq.ok()) {
+      if (absl::IsOutOfRange(seq.status())) return absl::OkStatus();  // closed and drained
+      return Annotate(seq.status(), "waiting for the next diff");
+    }
+    int64_t t1 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR_CTX(proto::DecodeDiffInto(buf, &diff), absl::StrCat("diff record ", *seq));
+    SYMTP_RETURN_IF_ERROR(state.ApplyDiff(diff));
+    if (diff.end_of_job()) return absl::OkStatus();
+    int64_t t2 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR(state.BuildInput(&batch));
+    int64_t t3 = MonotonicNs();
+    BackendTimings bt;
+    SYMTP_RETURN_IF_ERROR_CTX(
+        backend->Step(batch, state.sample_params(), state.sample_positions(), &tokens, &bt),
+        absl::StrCat("step ", diff.step));
+    SYMTP_RETURN_IF_ERROR(state.ApplySampled(tokens));
+    result.step = diff.step;
+    result.digest = state.Digest();
+    result.sampled.assign(state.last_sampled().begin(), state.last_sampled().end());
+    result.timings.recv_wait_ns = t1 - t0;
+    result.timings.apply_ns = t2 - t1;
+    result.timings.build_ns = t3 - t2;
+    result.timings.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
+    result.timings.sample_ns = bt.sample_ns;
+    result.timings.total_ns = MonotonicNs() - t1;
+    SYMTP_RETURN_IF_ERROR(proto::EncodeResult(result, &out));
+    SYMTP_RETURN_IF_ERROR_CTX(results.Publish(out, Deadline::AfterNs(opts.step_timeout_ms * 1'000'000)),
+                              "publishing the step result");
+    job->self->step.store(static_cast<int64_t>(diff.step), std::memory_order_relaxed);
+  }
+}
+
+template <typename Body>
+int RunProcess(const JobOptions& opts, const ProcArgs& proc, int proc_index, Body body) {
+  absl::StatusOr<std::unique_ptr<JobHandle>> job = AttachJob(proc.job, proc_index, opts.tp);
+  if (!job.ok()) {
+    std::fprintf(stderr, "symtp %s: %s\n", ProcName(proc_index).c_str(), job.status().ToString().c_str());
+    return 1;
+  }
+  (*job)->self->pid.store(getpid(), std::memory_order_release);
+  HeartbeatThread heartbeat((*job)->self, kHeartbeatPeriodNs);
+  (*job)->SetPhase(ProcPhase::kReady);
+  absl::Status s = body(job->get());
+  if (!s.ok()) {
+    // An abort requested by someone else is not this process's failure.
+    if (absl::IsAborted(s) || !CheckAbort((*job)->control).ok()) {
+      SYMTP_LOG(WARN, "proc") << ProcName(proc_index) << " stopping: " << s.message();
+      return 3;
+    }
+    SYMTP_LOG(ERROR, "proc") << ProcName(proc_index) << ": " << s;
+    (*job)->Fail(s);
+    return 1;
+  }
+  (*job)->SetPhase(ProcPhase::kDone);
+  return 0;
+}
+
+}  // namespace
+
+int RunSchedulerProcess(const JobOptions& opts, const ProcArgs& proc) {
+  return RunProcess(opts, proc, 0, [&](JobHandle* job) { return SchedulerMain(opts, job); });
+}
+
+int RunWorkerProcess(const JobOptions& opts, const ProcArgs& proc) {
+  if (proc.rank < 0 || proc.rank >= opts.tp) {
+    std::fprintf(stderr, "symtp worker: --rank must be in [0, %d)\n", opts.tp);
+    return 2;
+  }
+  return RunProcess(opts, proc, 1 + proc.rank,
+                    [&](JobHandle* job) { return WorkerMain(opts, proc, job); });
+}
+
+}  // namespace symtp::runtime

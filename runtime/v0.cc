@@ -1,0 +1,269 @@
+#include "runtime/v0.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "protocol/result.h"
+#include "runtime/step_stats.h"
+#include "runtime/workload.h"
+#include "scheduler/scheduler.h"
+#include "worker/state/worker_state.h"
+
+namespace symtp::runtime {
+namespace {
+
+// Header broadcast first (fixed size), then the body of `words` int32s.
+struct V0Header {
+  int32_t batch;     // -1: end of job
+  int32_t max_seq;   // S
+  int32_t max_blocks;
+  int32_t reserved;
+};
+
+// Offsets (in int32 words) of the padded tensors inside the body.
+struct V0Layout {
+  size_t meta, tokens, positions, blocks, seq_lens, slots, words;
+  V0Layout(int b, int s, int mb) {
+    size_t B = b, S = s, MB = mb;
+    meta = 0;                  // [B, 3]: start, num tokens, samples
+    tokens = meta + B * 3;     // [B, S]
+    positions = tokens + B * S;
+    blocks = positions + B * S;  // [B, MB]
+    seq_lens = blocks + B * MB;  // [B]
+    slots = seq_lens + B;        // [B * S]
+    words = slots + B * S;
+  }
+};
+
+// Every rank: the step's flat model input from the padded tensors.
+absl::Status ExtractInput(const V0Header& h, const int32_t* body, model::BatchInput* in) {
+  V0Layout L(h.batch, h.max_seq, h.max_blocks);
+  in->tokens.clear();
+  in->positions.clear();
+  in->slot_mapping.clear();
+  in->seq_start.assign(1, 0);
+  in->context_len.clear();
+  in->sample_index.clear();
+  in->max_blocks_per_seq = h.max_blocks;
+  in->block_tables.assign(body + L.blocks, body + L.blocks + static_cast<size_t>(h.batch) * h.max_blocks);
+  for (int b = 0; b < h.batch; ++b) {
+    const int32_t start = body[L.meta + 3 * b], n = body[L.meta + 3 * b + 1];
+    const bool samples = body[L.meta + 3 * b + 2] != 0;
+    if (start < 0 || n < 1 || start + n > h.max_seq || start + n > body[L.seq_lens + b]) {
+      return absl::DataLossError(absl::StrCat("v0 batch row ", b, ": bad start/len"));
+    }
+    const size_t row = static_cast<size_t>(b) * h.max_seq;
+    for (int p = start; p < start + n; ++p) {
+      in->tokens.push_back(body[L.tokens + row + p]);
+      in->positions.push_back(body[L.positions + row + p]);
+      in->slot_mapping.push_back(body[L.slots + row + p]);
+    }
+    in->seq_start.push_back(static_cast<int32_t>(in->tokens.size()));
+    in->context_len.push_back(start + n);
+    if (samples) in->sample_index.push_back(static_cast<int32_t>(in->tokens.size()) - 1);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status V0Follower(const JobOptions& opts, Backend* backend, JobHandle* job) {
+  std::vector<int32_t> body;
+  model::BatchInput in;
+  for (;;) {
+    SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
+    V0Header h{};
+    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(&h, sizeof(h), 0), "v0 header broadcast");
+    if (h.batch < 0) return absl::OkStatus();
+    V0Layout L(h.batch, h.max_seq, h.max_blocks);
+    body.resize(L.words);
+    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(body.data(), L.words * 4, 0), "v0 batch broadcast");
+    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
+    BackendTimings bt;
+    SYMTP_RETURN_IF_ERROR(backend->ForwardOnly(in, &bt));
+  }
+}
+
+absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Backend* backend,
+                      JobHandle* job) {
+  sched::SchedulerConfig sc;
+  sc.max_running_seqs = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
+  sc.max_batched_tokens = opts.max_batched_tokens;
+  sc.num_kv_blocks = NumKvBlocks(opts, cfg);
+  sc.block_size = cfg.block_size;
+  sc.max_seq_len = JobMaxSeqLen(opts, cfg);
+  sc.prefill_chunk = opts.prefill_chunk;
+  sc.max_inflight_steps = 1;  // v0 is synchronous by design
+  SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched, sched::Scheduler::Create(sc));
+  worker::WorkerStateConfig wc;
+  wc.num_kv_blocks = sc.num_kv_blocks;
+  wc.max_seq_len = JobMaxSeqLen(opts, cfg);
+  wc.block_size = cfg.block_size;
+  SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));
+
+  std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
+  const int n = static_cast<int>(workload.size());
+  const int concurrency = opts.arrival_rate > 0 || opts.steady_batch > 0
+                              ? n : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
+  RunSummaryInput summary;
+  summary.opts = &opts;
+  summary.model_json = model::ToJson(cfg);
+  summary.requests.resize(n);
+  const int64_t start = MonotonicNs();
+  summary.start_ns = start;
+  Progress progress(opts.progress, n);
+  int next = 0, finished = 0;
+  uint64_t tokens_out = 0;
+  std::vector<bool> recorded(n, false);
+  const int S = cfg.max_seq_len, MB = (cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size;
+  std::vector<int32_t> body, tokens;
+  model::BatchInput in, scratch;
+  proto::StepResult result;
+  job->SetPhase(ProcPhase::kRunning);
+
+  while (next < n || !sched.Done()) {
+    SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
+    const int64_t now = MonotonicNs();
+    while (next < n && next - finished < concurrency &&
+           (opts.arrival_rate <= 0 || start + workload[next].arrival_offset_ns <= now)) {
+      WorkloadRequest& w = workload[next];
+      summary.requests[next].id = w.id;
+      summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
+      summary.requests[next].arrival_ns = now;
+      SYMTP_RETURN_IF_ERROR(sched.AddRequest(w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,
+          opts.eos_id >= 0 ? std::optional<int32_t>(opts.eos_id) : std::nullopt, now));
+      ++next;
+    }
+    // Phase 1: schedule (every other GPU waits meanwhile).
+    const int64_t t0 = MonotonicNs();
+    SYMTP_ASSIGN_OR_RETURN(sched::StepPlan plan, sched.PlanNextStep());
+    if (plan.idle) {
+      if (next < n) {
+        int64_t wait = start + workload[next].arrival_offset_ns - MonotonicNs();
+        if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
+        continue;
+      }
+      return absl::InternalError("v0: nothing to schedule but requests unfinished");
+    }
+    SYMTP_RETURN_IF_ERROR(state.ApplyDiff(plan.diff));
+    const int64_t t1 = MonotonicNs();
+    // Phase 2: the full padded batch tensors, rebuilt from scratch each step.
+    const int B = state.num_rows();
+    V0Layout L(B, S, MB);
+    body.assign(L.words, 0);
+    std::fill(body.begin() + L.blocks, body.begin() + L.blocks + static_cast<size_t>(B) * MB, -1);
+    std::fill(body.begin() + L.slots, body.end(), -1);
+    int scheduled_rows = 0;
+    for (int r = 0; r < B; ++r) {
+      const worker::CachedRequest& q = state.row(r);
+      if (q.sched_step != plan.diff.step) continue;
+      const int b = scheduled_rows++;
+      const size_t row = static_cast<size_t>(b) * S;
+      const int len = static_cast<int>(q.tokens.size());
+      const int start_pos = q.num_computed - q.num_scheduled;
+      body[L.meta + 3 * b] = start_pos;
+      body[L.meta + 3 * b + 1] = q.num_scheduled;
+      body[L.meta + 3 * b + 2] = (start_pos + q.num_scheduled == len) ? 1 : 0;
+      for (int p = 0; p < len; ++p) {
+        body[L.tokens + row + p] = q.tokens[p];
+        body[L.positions + row + p] = p;
+        body[L.slots + row + p] = q.block_table[p / 16] * 16 + p % 16;
+      }
+      std::copy(q.block_table.begin(), q.block_table.end(), body.begin() + L.blocks + static_cast<size_t>(b) * MB);
+      body[L.seq_lens + b] = start_pos + q.num_scheduled;
+    }
+    V0Header h{scheduled_rows, S, MB, 0};
+    V0Layout used(scheduled_rows, S, MB);
+    if (scheduled_rows != B) {
+      // Re-pack into the smaller layout (rows not scheduled are not sent).
+      std::vector<int32_t> packed(used.words);
+      std::copy_n(body.begin() + L.meta, used.tokens - used.meta, packed.begin());
+      std::copy_n(body.begin() + L.tokens, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.tokens);
+      std::copy_n(body.begin() + L.positions, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.positions);
+      std::copy_n(body.begin() + L.blocks, static_cast<size_t>(scheduled_rows) * MB, packed.begin() + used.blocks);
+      std::copy_n(body.begin() + L.seq_lens, scheduled_rows, packed.begin() + used.seq_lens);
+      std::copy_n(body.begin() + L.slots, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.slots);
+      body.swap(packed);
+    }
+    const int64_t t2 = MonotonicNs();
+    // Phase 3: broadcast.
+    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(&h, sizeof(h), 0), "v0 header broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(body.data(), used.words * 4, 0), "v0 batch broadcast");
+    const int64_t t3 = MonotonicNs();
+    // Phase 4: forward (all ranks), from the broadcast tensors; rank 0 samples.
+    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
+    const int64_t t4 = MonotonicNs();
+    BackendTimings bt;
+    // Rank 0's own bookkeeping of which rows sample (the same row order as
+    // the padded batch); its forward input is the broadcast-derived `in`.
+    SYMTP_RETURN_IF_ERROR(state.BuildInput(&scratch));
+    SYMTP_RETURN_IF_ERROR(
+        backend->Step(in, state.sample_params(), state.sample_positions(), &tokens, &bt));
+    SYMTP_RETURN_IF_ERROR(state.ApplySampled(tokens));
+    result.step = plan.diff.step;
+    result.rank = 0;
+    result.digest = state.Digest();
+    result.sampled.assign(state.last_sampled().begin(), state.last_sampled().end());
+    const int64_t done = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR(sched.OnStepResult(result, done));
+
+    StepRecord rec;
+    rec.step = plan.diff.step;
+    rec.num_seqs = scheduled_rows;
+    rec.num_tokens = plan.num_tokens;
+    rec.num_samples = plan.num_samples;
+    rec.decode_only = plan.num_tokens == scheduled_rows;
+    rec.plan_start_ns = t0;
+    rec.schedule_ns = t1 - t0;
+    rec.encode_ns = t2 - t1;
+    rec.publish_ns = t3 - t2;
+    rec.published_at_ns = t3;
+    rec.build_ns = t4 - t3;
+    rec.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
+    rec.sample_ns = bt.sample_ns;
+    rec.worker_total_ns = done - t3;
+    rec.done_at_ns = done;
+    rec.wire_bytes = sizeof(h) + used.words * 4;
+    summary.steps.push_back(rec);
+    for (const proto::SampledToken& t : result.sampled) {
+      const sched::RequestOutput* o = sched.GetOutput(t.request_id);
+      if (o && o->finished && !recorded[t.request_id]) {
+        recorded[t.request_id] = true;
+        ++finished;
+        tokens_out += o->tokens.size();
+      }
+    }
+    progress.Update(rec.step, finished, tokens_out);
+  }
+  V0Header end{-1, 0, 0, 0};
+  SYMTP_RETURN_IF_ERROR(backend->BroadcastBatch(&end, sizeof(end), 0));
+  summary.end_ns = MonotonicNs();
+  progress.Finish();
+  for (int i = 0; i < n; ++i) {
+    if (const sched::RequestOutput* o = sched.GetOutput(i)) {
+      RequestRecord& rr = summary.requests[i];
+      rr.tokens = o->tokens;
+      rr.token_times_ns = o->token_times_ns;
+      rr.first_token_ns = o->first_token_ns;
+      rr.finish_ns = o->finish_ns;
+    }
+  }
+  summary.extra_json = absl::StrCat("\"v0\": {\"max_seq_len\": ", S, ", \"max_blocks\": ", MB, "}");
+  return WriteRunOutputs(summary);
+}
+
+}  // namespace
+
+absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
+                         JobHandle* job, Backend* backend) {
+  job->SetPhase(ProcPhase::kRunning);
+  if (rank == 0) return V0Driver(opts, cfg, backend, job);
+  return V0Follower(opts, backend, job);
+}
+
+}  // namespace symtp::runtime

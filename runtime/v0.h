@@ -1,0 +1,21 @@
+// v0 mode: the asymmetric baseline the report compares against, as the seed
+// article describes it. Rank 0 runs the scheduler inline between forward
+// passes, builds the full padded batch tensors every step ([batch,
+// max_seq_len] token ids, positions and slot mapping, [batch, max_blocks]
+// block tables, [batch] sequence lengths) and broadcasts them; every rank
+// derives its model input from the broadcast tensors; only rank 0 samples.
+// Same model, kernels and all-reduce as v1; no artificial delays.
+#pragma once
+
+#include "absl/status/status.h"
+#include "models/config.h"
+#include "runtime/backend.h"
+#include "runtime/layout.h"
+#include "runtime/options.h"
+
+namespace symtp::runtime {
+
+absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
+                         JobHandle* job, Backend* backend);
+
+}  // namespace symtp::runtime

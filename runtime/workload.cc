@@ -1,0 +1,62 @@
+#include "runtime/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace symtp::runtime {
+namespace {
+
+int Draw(const LengthDist& d, std::mt19937_64& rng, int cap) {
+  double v = d.a;
+  if (d.kind == "uniform") {
+    v = std::uniform_int_distribution<int64_t>(static_cast<int64_t>(d.a), static_cast<int64_t>(d.b))(rng);
+  } else if (d.kind == "normal") {
+    v = std::normal_distribution<double>(d.a, d.b)(rng);
+  } else if (d.kind == "lognormal") {
+    v = std::exp(std::normal_distribution<double>(d.a, d.b)(rng));
+  }
+  return static_cast<int>(std::clamp<double>(std::llround(v), 1, cap));
+}
+
+}  // namespace
+
+std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const model::ModelConfig& cfg) {
+  std::mt19937_64 rng(opts.seed * 0x9E3779B97F4A7C15ull + 17);
+  const bool steady = opts.steady_batch > 0;
+  const int n = steady ? opts.steady_batch : opts.num_requests;
+  std::vector<WorkloadRequest> out(n);
+  double t = 0;
+  std::exponential_distribution<double> gap(opts.arrival_rate > 0 ? opts.arrival_rate : 1.0);
+  for (int i = 0; i < n; ++i) {
+    WorkloadRequest& r = out[i];
+    r.id = static_cast<uint64_t>(i);
+    int plen, olen;
+    if (steady) {
+      plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
+      olen = opts.warmup_steps + opts.steady_steps + 1;
+    } else {
+      plen = Draw(opts.prompt_len, rng, cfg.max_seq_len - 1);
+      olen = Draw(opts.output_len, rng, cfg.max_seq_len);
+    }
+    olen = std::max(1, std::min(olen, cfg.max_seq_len - plen));
+    r.max_new_tokens = olen;
+    r.prompt.resize(plen);
+    std::uniform_int_distribution<int32_t> tok(0, cfg.vocab - 1);
+    for (int32_t& x : r.prompt) {
+      x = tok(rng);
+      if (x == opts.eos_id) x = (x + 1) % cfg.vocab;
+    }
+    r.sampling.temperature = opts.temperature;
+    r.sampling.top_k = opts.top_k;
+    r.sampling.top_p = opts.top_p;
+    r.sampling.seed = opts.seed * 1000003ull + r.id;
+    if (!steady && opts.arrival_rate > 0) {
+      t += gap(rng);
+      r.arrival_offset_ns = static_cast<int64_t>(t * 1e9);
+    }
+  }
+  return out;
+}
+
+}  // namespace symtp::runtime

@@ -1,0 +1,566 @@
+// GPU cases: NcclComm, CustomAllReduce and AllReduceDispatcher, one forked
+// process per rank (kernels/allreduce/testing/multi_process.h). Every case
+// runs for each TP degree in {2, 4, 8} that the visible GPUs allow and skips
+// in SetUp, with the reason, below 2 GPUs. Inputs are random and never zero;
+// the custom path must equal the fixed-order fp32 reference bit for bit, NCCL
+// must be within summation-order tolerance, and every rank's result must be
+// bitwise identical (hashes compared across ranks).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_check.h"
+#include "common/cuda_raii.h"
+#include "common/status_macros.h"
+#include "kernels/allreduce/custom_allreduce.h"
+#include "kernels/allreduce/dispatcher.h"
+#include "kernels/allreduce/testing/multi_process.h"
+#include "kernels/allreduce/testing/nccl_bootstrap.h"
+#include "kernels/allreduce/testing/reference.h"
+#include "kernels/nccl/nccl_comm.h"
+#include "tests/allreduce/test_kernels.h"
+#include "tests/testing/status_matchers.h"
+
+namespace symtp::kernels {
+namespace {
+
+namespace kt = ::symtp::kernels::testing;
+using Protocol = CustomAllReduce::Protocol;
+
+#define CHECK_OR_RETURN(cond, ...)                                                      \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      return absl::InternalError(absl::StrCat("check failed (", __FILE__, ":", __LINE__, \
+                                              "): " #cond ": ", __VA_ARGS__));          \
+    }                                                                                   \
+  } while (0)
+
+constexpr int64_t kSetupMs = 60'000;
+constexpr DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+std::vector<int> TpDegrees(int gpus) {
+  std::vector<int> out;
+  for (int tp : {2, 4, 8}) {
+    if (tp <= gpus) out.push_back(tp);
+  }
+  return out;
+}
+
+uint64_t SeedOf(DType t, size_t count, int salt) {
+  return kt::Mix64((static_cast<uint64_t>(t) << 56) ^ (count << 8) ^ static_cast<uint64_t>(salt));
+}
+
+// Waits for `stream` without ever blocking past `deadline`.
+absl::Status SyncStream(cudaStream_t stream, Deadline deadline) {
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
+    if (deadline.Expired()) return absl::DeadlineExceededError("stream did not drain in time");
+    usleep(50);
+  }
+}
+
+// A device array with `front` and 8 elements of canary around `count`
+// elements; data() is element-aligned but misaligned by `front` elements.
+class GuardedBuffer {
+ public:
+  static absl::StatusOr<GuardedBuffer> Create(DType t, size_t count, size_t front) {
+    GuardedBuffer g;
+    g.dtype_ = t;
+    g.count_ = count;
+    g.front_ = front;
+    const size_t es = DTypeSize(t);
+    SYMTP_ASSIGN_OR_RETURN(g.buf_, cuda::DeviceBuffer::Create((front + count + kBack) * es));
+    CUDA_RETURN_IF_ERROR(cudaMemset(g.buf_.get(), kCanary, g.buf_.bytes()));
+    return g;
+  }
+  void* data() const { return static_cast<char*>(buf_.get()) + front_ * DTypeSize(dtype_); }
+  absl::Status Upload(const kt::HostArray& a, cudaStream_t s) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data(), a.data(), a.bytes(), cudaMemcpyHostToDevice, s));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<kt::HostArray> Download(cudaStream_t s) const {
+    kt::HostArray a(dtype_, count_);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.data(), data(), a.bytes(), cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return a;
+  }
+  // Canaries before and after the array are intact.
+  absl::Status CheckGuards(cudaStream_t s) const {
+    std::vector<uint8_t> all(buf_.bytes());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all.data(), buf_.get(), all.size(),
+                                         cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    const size_t es = DTypeSize(dtype_);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const bool inside = i >= front_ * es && i < (front_ + count_) * es;
+      if (!inside && all[i] != kCanary) {
+        return absl::InternalError(absl::StrCat("canary byte ", i, " overwritten (array at byte ",
+                                                front_ * es, ", ", count_ * es, " bytes)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr size_t kBack = 8;
+  static constexpr int kCanary = 0x5a;
+  DType dtype_ = DType::kF32;
+  size_t count_ = 0;
+  size_t front_ = 0;
+  cuda::DeviceBuffer buf_;
+};
+
+// Every rank holds the same `value` (e.g. a result hash).
+absl::Status SameOnAllRanks(PeerExchange& ex, int size, uint64_t value, const std::string& what) {
+  std::vector<uint64_t> all(size);
+  SYMTP_RETURN_IF_ERROR(ex.AllGather(&value, sizeof(value), all.data(), Deadline::AfterMs(kSetupMs)));
+  for (int r = 1; r < size; ++r) {
+    CHECK_OR_RETURN(all[r] == all[0], what, ": rank ", r, "'s result differs from rank 0's");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclComm>> MakeNccl(int rank, int size, PeerExchange& ex) {
+  return kt::NcclOverExchange(rank, size, rank, ex, Deadline::AfterMs(kSetupMs));
+}
+
+// Runs one all-reduce of RandomInput on `run` and checks it: bitwise against
+// the reference when `exact`, else within order tolerance; canaries intact;
+// identical on all ranks.
+template <typename RunFn>
+absl::Status CheckOne(int rank, int size, PeerExchange& ex, cudaStream_t stream, DType t,
+                      size_t count, size_t front, bool exact, const std::string& what, RunFn run) {
+  const uint64_t seed = SeedOf(t, count, static_cast<int>(front) + 17);
+  SYMTP_ASSIGN_OR_RETURN(GuardedBuffer buf, GuardedBuffer::Create(t, count, front));
+  SYMTP_RETURN_IF_ERROR(buf.Upload(kt::RandomInput(t, count, seed, rank), stream));
+  SYMTP_RETURN_IF_ERROR_CTX(run(buf.data(), count, t, stream), what);
+  SYMTP_RETURN_IF_ERROR_CTX(SyncStream(stream, Deadline::AfterMs(30'000)), what);
+  SYMTP_ASSIGN_OR_RETURN(kt::HostArray got, buf.Download(stream));
+  const kt::HostArray ref = kt::ReferenceSum(t, count, seed, size);
+  const size_t wrong = exact ? kt::CountWrong(got, ref, 0.0)
+                             : kt::CountWrong(got, ref, kt::OrderTolerance(t, size), 1.0);
+  if (wrong != 0) {
+    size_t first = 0;
+    while (first < count && got.bits(first) == ref.bits(first)) ++first;
+    return absl::InternalError(absl::StrCat(what, ": ", wrong, " of ", count,
+                                            " elements wrong; first at ", first, ": got ",
+                                            got.at(first), " want ", ref.at(first)));
+  }
+  SYMTP_RETURN_IF_ERROR_CTX(buf.CheckGuards(stream), what);
+  return SameOnAllRanks(ex, size, kt::HashOf(got), what);
+}
+
+std::string Name(DType t, size_t count, const char* path, size_t front = 0) {
+  return absl::StrCat(path, " ", DTypeName(t), " x ", count, front ? " (misaligned)" : "");
+}
+
+// Element counts of the spec: 1, 3, 1023, 4097 elements; 64 KiB, 256 KiB and
+// 1 MiB - 2 bytes (rounded down to whole elements).
+std::vector<size_t> SpecCounts(DType t) {
+  const size_t es = DTypeSize(t);
+  return {1, 3, 1023, 4097, (64 << 10) / es, (256 << 10) / es, ((1 << 20) - 2) / es};
+}
+
+class AllReduceGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    gpus_ = kt::CountGpusInChild(&why);
+    if (gpus_ < 2) {
+      GTEST_SKIP() << "needs at least 2 GPUs for a multi-process all-reduce; " << gpus_
+                   << " visible" << (why.empty() ? "" : " (" + why + ")");
+    }
+  }
+
+  void RunOnEveryTp(int64_t timeout_ms, const kt::RankBody& body) {
+    for (int tp : TpDegrees(gpus_)) {
+      kt::RunOptions opt;
+      opt.size = tp;
+      opt.timeout_ms = timeout_ms;
+      auto res = kt::RunRanks(opt, [&](int rank, int size, PeerExchange& ex) -> absl::Status {
+        CUDA_RETURN_IF_ERROR(cudaSetDevice(rank));
+        return body(rank, size, ex);
+      });
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_TRUE(res->ok()) << "TP " << tp << ":\n" << res->Summary();
+    }
+  }
+
+  int gpus_ = 0;
+};
+
+TEST_F(AllReduceGpuTest, NcclCollectivesAreCorrectAndIdenticalAcrossRanks) {
+  RunOnEveryTp(180'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    for (DType t : kAllTypes) {
+      for (size_t count : {size_t{1}, size_t{4097}, size_t{65539}, size_t{1} << 20}) {
+        SYMTP_RETURN_IF_ERROR(CheckOne(
+            rank, size, ex, stream.get(), t, count, 0, /*exact=*/false, Name(t, count, "nccl"),
+            [&](void* p, size_t n, DType d, cudaStream_t s) { return nccl->AllReduceSum(p, n, d, s); }));
+      }
+    }
+    // AllGather: rank r's block holds rank r's input exactly.
+    const size_t n = 1001;
+    SYMTP_ASSIGN_OR_RETURN(GuardedBuffer send, GuardedBuffer::Create(DType::kBF16, n, 0));
+    SYMTP_ASSIGN_OR_RETURN(GuardedBuffer recv, GuardedBuffer::Create(DType::kBF16, n * size, 0));
+    SYMTP_RETURN_IF_ERROR(send.Upload(kt::RandomInput(DType::kBF16, n, 5, rank), stream.get()));
+    SYMTP_RETURN_IF_ERROR(nccl->AllGather(send.data(), recv.data(), n, DType::kBF16, stream.get()));
+    SYMTP_ASSIGN_OR_RETURN(kt::HostArray gathered, recv.Download(stream.get()));
+    for (int r = 0; r < size; ++r) {
+      const kt::HostArray want = kt::RandomInput(DType::kBF16, n, 5, r);
+      for (size_t i = 0; i < n; ++i) {
+        CHECK_OR_RETURN(gathered.bits(r * n + i) == want.bits(i), "all-gather block ", r, " elem ", i);
+      }
+    }
+    // Broadcast from the last rank.
+    SYMTP_ASSIGN_OR_RETURN(GuardedBuffer bc, GuardedBuffer::Create(DType::kF32, n, 0));
+    SYMTP_RETURN_IF_ERROR(bc.Upload(kt::RandomInput(DType::kF32, n, 6, rank), stream.get()));
+    SYMTP_RETURN_IF_ERROR(nccl->Broadcast(bc.data(), n, DType::kF32, size - 1, stream.get()));
+    SYMTP_ASSIGN_OR_RETURN(kt::HostArray got, bc.Download(stream.get()));
+    CHECK_OR_RETURN(kt::CountWrong(got, kt::RandomInput(DType::kF32, n, 6, size - 1), 0.0) == 0,
+                    "broadcast result differs from the root's input");
+    SYMTP_RETURN_IF_ERROR(nccl->Poll());
+    return absl::OkStatus();
+  });
+}
+
+TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtocol) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs)));
+    CHECK_OR_RETURN(ar->scratch_bytes() >= 2u * (1u << 20), "scratch ", ar->scratch_bytes());
+    if (rank == 0) {
+      fprintf(stderr, "[TP %d] custom all-reduce scratch per rank: %zu bytes (LL <= %zu B)\n",
+              size, ar->scratch_bytes(), ar->ll_max_bytes());
+    }
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    for (DType t : kAllTypes) {
+      for (size_t count : SpecCounts(t)) {
+        const size_t bytes = count * DTypeSize(t);
+        for (Protocol p : {Protocol::kLL, Protocol::kStaged}) {
+          if (p == Protocol::kLL && bytes > ar->ll_max_bytes()) continue;
+          for (size_t front : {size_t{0}, size_t{1}}) {
+            if (front && count > 70'000) continue;  // misalignment: small and mid sizes
+            const char* path = p == Protocol::kLL ? "custom-LL" : "custom-staged";
+            SYMTP_RETURN_IF_ERROR(CheckOne(
+                rank, size, ex, stream.get(), t, count, front, /*exact=*/true,
+                Name(t, count, path, front), [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                  return ar->AllReduceSumWith(p, d, n, dt, s);
+                }));
+          }
+        }
+        // And the size-based choice.
+        SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, true,
+                                       Name(t, count, "custom-auto"),
+                                       [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                                         return ar->AllReduceSum(d, n, dt, s);
+                                       }));
+      }
+    }
+    // Over the limits: refused, not truncated.
+    SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer big, cuda::DeviceBuffer::Create((1 << 20) + 64));
+    absl::Status st = ar->AllReduceSum(big.get(), ((1 << 20) + 64) / 4, DType::kF32, stream.get());
+    CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    st = ar->AllReduceSumWith(Protocol::kLL, big.get(), (ar->ll_max_bytes() + 4) / 4, DType::kF32,
+                              stream.get());
+    CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    return ar->Poll();
+  });
+}
+
+TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    constexpr int kReplays = 10'000;
+    struct Item {
+      DType t;
+      size_t count;
+      uint64_t seed_base;
+    };
+    // The first goes through LL, the second through the staged protocol.
+    const Item items[] = {{DType::kBF16, 4097, 1'000'000}, {DType::kF32, 40'000, 2'000'000}};
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs)));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::DeviceBuffer::Create(8));
+    CUDA_RETURN_IF_ERROR(cudaMemset(counter.get(), 0, 8));
+    std::vector<cuda::DeviceBuffer> data, hashes;
+    for (const Item& it : items) {
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(it.count * DTypeSize(it.t)));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer h, cuda::DeviceBuffer::Create(kReplays * 8));
+      CUDA_RETURN_IF_ERROR(cudaMemset(h.get(), 0, h.bytes()));
+      data.push_back(std::move(d));
+      hashes.push_back(std::move(h));
+    }
+    auto* ctr = counter.as<unsigned long long>();
+    cudaGraph_t graph = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+    absl::Status captured = [&]() -> absl::Status {
+      for (size_t k = 0; k < 2; ++k) {
+        const Item& it = items[k];
+        CUDA_RETURN_IF_ERROR(kt::LaunchGenerate(data[k].get(), it.count, it.t, it.seed_base, rank,
+                                                ctr, stream.get()));
+        SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(data[k].get(), it.count, it.t, stream.get()));
+        CUDA_RETURN_IF_ERROR(kt::LaunchHash(data[k].get(), it.count, it.t, ctr,
+                                            hashes[k].as<unsigned long long>(), stream.get()));
+      }
+      CUDA_RETURN_IF_ERROR(kt::LaunchAdvance(ctr, stream.get()));
+      return absl::OkStatus();
+    }();
+    cudaError_t end = cudaStreamEndCapture(stream.get(), &graph);
+    SYMTP_RETURN_IF_ERROR(captured);
+    CUDA_RETURN_IF_ERROR(end);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    for (int k = 0; k < kReplays; ++k) {
+      CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream.get()));
+      if (k % 1000 == 999) {
+        SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(60'000)));
+        SYMTP_RETURN_IF_ERROR(ar->Poll());
+      }
+    }
+    SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(60'000)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    SYMTP_RETURN_IF_ERROR(ar->Poll());
+    for (size_t k = 0; k < 2; ++k) {
+      std::vector<uint64_t> got(kReplays);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(got.data(), hashes[k].get(), kReplays * 8, cudaMemcpyDeviceToHost));
+      size_t bad = 0, first_bad = 0;
+      uint64_t all = 0;
+      for (int r = 0; r < kReplays; ++r) {
+        const uint64_t want =
+            kt::HashOf(kt::ReferenceSum(items[k].t, items[k].count, items[k].seed_base + r, size));
+        if (got[r] != want && bad++ == 0) first_bad = r;
+        all = kt::Mix64(all ^ got[r]);
+      }
+      CHECK_OR_RETURN(bad == 0, bad, " of ", kReplays, " replays of item ", k,
+                      " differ from the reference; first: replay ", first_bad);
+      SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, all, absl::StrCat("replay hashes of item ", k)));
+    }
+    return absl::OkStatus();
+  });
+}
+
+TEST_F(AllReduceGpuTest, EpochCountersWrapAround) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.initial_epoch = 0xffffffffu - 40;  // both protocols cross 2^32 below
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs), opt));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    for (int call = 0; call < 100; ++call) {
+      const Protocol p = call % 2 ? Protocol::kStaged : Protocol::kLL;
+      const DType t = kAllTypes[call % 3];
+      const size_t count = 1 + static_cast<size_t>(call) * 97;
+      SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, true,
+                                     absl::StrCat("call ", call, " ", Name(t, count, "custom")),
+                                     [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                                       return ar->AllReduceSumWith(p, d, n, dt, s);
+                                     }));
+    }
+    return ar->Poll();
+  });
+}
+
+// Back-to-back calls with no host synchronisation: one instance on one stream
+// (the reuse argument: double-buffering by epoch parity) and, supported, two
+// instances in flight at once on two streams.
+TEST_F(AllReduceGpuTest, BackToBackCallsAndInstancesOnConcurrentStreams) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    struct Shape {
+      DType t;
+      size_t count;
+    };
+    const Shape shapes[] = {{DType::kBF16, 1023}, {DType::kF32, 40'000}, {DType::kF16, 4097},
+                            {DType::kBF16, 200'000}, {DType::kF32, 3}};
+    constexpr int kInstances = 2;
+    constexpr int kCallsPerInstance = 150;
+    std::unique_ptr<CustomAllReduce> ars[kInstances];
+    cuda::Stream streams[kInstances];
+    for (int i = 0; i < kInstances; ++i) {
+      SYMTP_ASSIGN_OR_RETURN(ars[i], CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                             Deadline::AfterMs(kSetupMs)));
+      SYMTP_ASSIGN_OR_RETURN(streams[i], cuda::Stream::Create());
+    }
+    struct Call {
+      int instance;
+      Shape shape;
+      uint64_t seed;
+      cuda::DeviceBuffer buf;
+    };
+    std::vector<Call> calls;
+    for (int c = 0; c < kCallsPerInstance; ++c) {
+      for (int i = 0; i < kInstances; ++i) {
+        Call call{i, shapes[(c + 2 * i) % 5], kt::Mix64(c * 31 + i), {}};
+        const kt::HostArray in = kt::RandomInput(call.shape.t, call.shape.count, call.seed, rank);
+        SYMTP_ASSIGN_OR_RETURN(call.buf, cuda::DeviceBuffer::Create(in.bytes()));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(call.buf.get(), in.data(), in.bytes(), cudaMemcpyHostToDevice));
+        calls.push_back(std::move(call));
+      }
+    }
+    SYMTP_RETURN_IF_ERROR(ex.Barrier(Deadline::AfterMs(kSetupMs)));
+    for (Call& c : calls) {  // issue order A0 B0 A1 B1 ...; no host sync in between
+      SYMTP_RETURN_IF_ERROR(ars[c.instance]->AllReduceSum(c.buf.get(), c.shape.count, c.shape.t,
+                                                          streams[c.instance].get()));
+    }
+    for (int i = 0; i < kInstances; ++i) {
+      SYMTP_RETURN_IF_ERROR(SyncStream(streams[i].get(), Deadline::AfterMs(60'000)));
+      SYMTP_RETURN_IF_ERROR(ars[i]->Poll());
+    }
+    uint64_t digest = 0;
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const Call& c = calls[k];
+      kt::HostArray got(c.shape.t, c.shape.count);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(got.data(), c.buf.get(), got.bytes(), cudaMemcpyDeviceToHost));
+      const kt::HostArray ref = kt::ReferenceSum(c.shape.t, c.shape.count, c.seed, size);
+      const size_t wrong = kt::CountWrong(got, ref, 0.0);
+      CHECK_OR_RETURN(wrong == 0, "call ", k, " (instance ", c.instance, ", ",
+                      Name(c.shape.t, c.shape.count, "custom"), "): ", wrong, " wrong");
+      digest = kt::Mix64(digest ^ kt::HashOf(got));
+    }
+    return SameOnAllRanks(ex, size, digest, "back-to-back results");
+  });
+}
+
+TEST_F(AllReduceGpuTest, DispatcherUsesCustomBelowAndFallbackAboveTheCrossover) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    // Pinned crossover.
+    AllReduceDispatcher::Options opt;
+    opt.calibrate = false;
+    opt.crossover_bytes = 256 << 10;
+    SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+    SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
+                                                                  &ex, Deadline::AfterMs(kSetupMs),
+                                                                  opt));
+    CHECK_OR_RETURN(comm->custom_enabled(), comm->custom_disabled_reason());
+    CHECK_OR_RETURN(comm->crossover_bytes() == (256u << 10), comm->crossover_bytes());
+    using Path = AllReduceDispatcher::Path;
+    CHECK_OR_RETURN(comm->PathFor(1, DType::kBF16) == Path::kCustom, "1 element");
+    CHECK_OR_RETURN(comm->PathFor(128 << 10, DType::kBF16) == Path::kCustom, "256 KiB");
+    CHECK_OR_RETURN(comm->PathFor((128 << 10) + 1, DType::kBF16) == Path::kFallback, "256 KiB + 2");
+    CHECK_OR_RETURN(comm->PathFor(1 << 20, DType::kF32) == Path::kFallback, "4 MiB");
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    for (DType t : kAllTypes) {
+      for (size_t bytes : {size_t{8194}, size_t{256} << 10, (size_t{256} << 10) + 4,
+                           size_t{3} << 20}) {
+        const size_t count = bytes / DTypeSize(t);
+        const bool custom = comm->PathFor(count, t) == Path::kCustom;
+        SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/custom,
+                                       Name(t, count, custom ? "dispatch->custom" : "dispatch->nccl"),
+                                       [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                                         return comm->AllReduceSum(d, n, dt, s);
+                                       }));
+      }
+    }
+    // AllGather and Broadcast go to the fallback.
+    SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, cuda::DeviceBuffer::Create(1024 * (size + 1) * 4));
+    CUDA_RETURN_IF_ERROR(cudaMemset(x.get(), 1, x.bytes()));
+    SYMTP_RETURN_IF_ERROR(comm->AllGather(x.get(), x.as<float>() + 1024, 1024, DType::kF32, stream.get()));
+    SYMTP_RETURN_IF_ERROR(comm->Broadcast(x.get(), 1024, DType::kF32, 0, stream.get()));
+    SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(30'000)));
+    SYMTP_RETURN_IF_ERROR(comm->Poll());
+
+    // Calibrated crossover: within bounds, and the same on every rank.
+    SYMTP_ASSIGN_OR_RETURN(auto nccl2, MakeNccl(rank, size, ex));
+    AllReduceDispatcher::Options cal;
+    SYMTP_ASSIGN_OR_RETURN(auto calibrated,
+                           AllReduceDispatcher::Create(rank, size, rank, std::move(nccl2), &ex,
+                                                       Deadline::AfterMs(kSetupMs), cal));
+    CHECK_OR_RETURN(calibrated->crossover_calibrated(), "not calibrated");
+    CHECK_OR_RETURN(calibrated->crossover_bytes() <= calibrated->custom()->max_bytes(),
+                    calibrated->crossover_bytes());
+    if (rank == 0) fprintf(stderr, "[TP %d] %s\n", size, calibrated->Describe().c_str());
+    SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, calibrated->crossover_bytes(), "crossover"));
+    const size_t count = 300'000;  // 600 KB of bf16: either path, must be right
+    const bool custom = calibrated->PathFor(count, DType::kBF16) == Path::kCustom;
+    return CheckOne(rank, size, ex, stream.get(), DType::kBF16, count, 0, custom, "calibrated",
+                    [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                      return calibrated->AllReduceSum(d, n, dt, s);
+                    });
+  });
+}
+
+// One rank never enters the all-reduce: the others' kernels give up after the
+// (short) deadline and Poll() names the missing peer. No hang.
+TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.timeout_ms = 200;
+    std::unique_ptr<CustomAllReduce> ars[2];
+    for (auto& ar : ars) {
+      SYMTP_ASSIGN_OR_RETURN(ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                         Deadline::AfterMs(kSetupMs), opt));
+    }
+    const int absent = size - 1;  // never calls
+    if (rank != absent) {
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged};
+      for (int k = 0; k < 2; ++k) {
+        const size_t count = k == 0 ? 4097 : 100'000;
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(count * 2));
+        const kt::HostArray in = kt::RandomInput(DType::kBF16, count, 9, rank);
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(buf.get(), in.data(), in.bytes(), cudaMemcpyHostToDevice));
+        const int64_t t0 = MonotonicNs();
+        SYMTP_RETURN_IF_ERROR(
+            ars[k]->AllReduceSumWith(protocols[k], buf.get(), count, DType::kBF16, stream.get()));
+        SYMTP_RETURN_IF_ERROR_CTX(SyncStream(stream.get(), Deadline::AfterMs(20'000)),
+                                  "the kernel did not give up");
+        const double ms = (MonotonicNs() - t0) / 1e6;
+        absl::Status st = ars[k]->Poll();
+        if (rank == 0) {
+          fprintf(stderr, "[TP %d] %s protocol gave up after %.0f ms: %s\n", size,
+                  k == 0 ? "LL" : "staged", ms, st.ToString().c_str());
+        }
+        CHECK_OR_RETURN(st.code() == absl::StatusCode::kDeadlineExceeded, st.ToString());
+        CHECK_OR_RETURN(std::string(st.message()).find(absl::StrCat("rank ", absent,
+                                                                    " never arrived")) !=
+                            std::string::npos,
+                        st.ToString());
+        // Sticky: the instance refuses further work.
+        absl::Status again = ars[k]->AllReduceSum(buf.get(), count, DType::kBF16, stream.get());
+        CHECK_OR_RETURN(again.code() == absl::StatusCode::kDeadlineExceeded, again.ToString());
+      }
+    }
+    // The absent rank waits here, alive, until the others are done.
+    return ex.Barrier(Deadline::AfterMs(60'000));
+  });
+}
+
+TEST_F(AllReduceGpuTest, AbortReleasesASpinningKernel) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.timeout_ms = 30'000;
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs), opt));
+    if (rank == 0) {
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(4096 * 4));
+      CUDA_RETURN_IF_ERROR(cudaMemset(buf.get(), 0x3c, buf.bytes()));
+      SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(buf.get(), 4096, DType::kF32, stream.get()));
+      std::thread aborter([&] {
+        usleep(100'000);
+        ar->Abort();
+      });
+      absl::Status drained = SyncStream(stream.get(), Deadline::AfterMs(20'000));
+      aborter.join();
+      SYMTP_RETURN_IF_ERROR_CTX(drained, "Abort() did not release the kernel");
+      absl::Status st = ar->Poll();
+      CHECK_OR_RETURN(st.code() == absl::StatusCode::kAborted, st.ToString());
+    }
+    return ex.Barrier(Deadline::AfterMs(60'000));
+  });
+}
+
+}  // namespace
+}  // namespace symtp::kernels

@@ -1,0 +1,118 @@
+// cuBLASLt GEMM wrapper: C = A · Wᵀ against a double reference, fp32 (true
+// fp32, no TF32), bf16 -> bf16 and bf16 -> fp32, contiguous and strided.
+#include <tuple>
+
+#include "kernels/ops/gemm.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace symtp::kernels {
+namespace {
+
+using testing::DevArray;
+
+class GemmTest : public testing::GpuTest {
+ protected:
+  void SetUp() override {
+    testing::GpuTest::SetUp();
+    if (IsSkipped()) return;
+    auto h = CublasLtHandle::Create();
+    ASSERT_OK(h);
+    handle_ = std::move(*h);
+    auto ws = cuda::DeviceBuffer::Create(kGemmWorkspaceBytes);
+    ASSERT_OK(ws);
+    ws_ = std::move(*ws);
+  }
+
+  void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " "
+                                      << DTypeName(in) << "->" << DTypeName(out) << " pad=" << pad);
+    const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
+    std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * lda), M * 31 + K);
+    std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * ldw), N * 17 + K);
+    testing::RoundTo(&a, in);
+    testing::RoundTo(&w, in);
+    DevArray da(a.size(), in), dw(w.size(), in), dc(static_cast<size_t>(M * ldc), out);
+    da.Upload(a);
+    dw.Upload(w);
+    GemmArgs g;
+    g.a = da.get();
+    g.lda = lda;
+    g.w = dw.get();
+    g.ldw = ldw;
+    g.c = dc.get();
+    g.ldc = ldc;
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.in_dtype = in;
+    g.out_dtype = out;
+    g.workspace = ws_.get();
+    g.workspace_bytes = ws_.bytes();
+    ASSERT_OK(Gemm(handle_, g, stream()));
+    Sync();
+    const std::vector<float> c = dc.Download();
+    std::vector<float> got;
+    std::vector<double> want;
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += static_cast<double>(a[i * lda + k]) * w[j * ldw + k];
+        want.push_back(s);
+        got.push_back(c[i * ldc + j]);
+      }
+      for (int64_t j = N; j < ldc; ++j) {
+        ASSERT_TRUE(std::isnan(c[i * ldc + j])) << "padding column written";
+      }
+    }
+    const double tol = out == DType::kBF16 ? 1e-2 : in == DType::kBF16 ? 1e-4 : 1e-5;
+    testing::CheckClose(got, want, tol, "gemm");
+  }
+
+  CublasLtHandle handle_;
+  cuda::DeviceBuffer ws_;
+};
+
+TEST_F(GemmTest, Fp32IsTrueFp32) {
+  for (int64_t M : {1, 7, 64, 300}) Check(M, 384, 256, DType::kF32, DType::kF32, 0);
+  Check(33, 200, 1000, DType::kF32, DType::kF32, 8);
+}
+
+TEST_F(GemmTest, Bf16ToBf16) {
+  for (int64_t M : {1, 8, 128, 257}) Check(M, 512, 512, DType::kBF16, DType::kBF16, 0);
+  Check(19, 264, 136, DType::kBF16, DType::kBF16, 8);
+}
+
+TEST_F(GemmTest, Bf16ToFp32Logits) {
+  for (int64_t M : {1, 5, 64}) Check(M, 1000, 256, DType::kBF16, DType::kF32, 0);
+}
+
+TEST_F(GemmTest, PlansAreCachedAndZeroRowsIsNoop) {
+  Check(16, 128, 128, DType::kBF16, DType::kBF16, 0);
+  const size_t n = handle_.cached_plans();
+  Check(16, 128, 128, DType::kBF16, DType::kBF16, 0);
+  EXPECT_EQ(handle_.cached_plans(), n);
+  EXPECT_OK(Gemm(handle_, nullptr, nullptr, nullptr, 0, 128, 128, DType::kBF16, ws_.get(),
+                 ws_.bytes(), stream()));
+}
+
+TEST_F(GemmTest, RejectsBadArguments) {
+  using symtp::testing::StatusIs;
+  GemmArgs g;
+  g.m = 4;
+  g.n = 4;
+  g.k = 8;
+  g.lda = 4;  // < k
+  EXPECT_THAT(Gemm(handle_, g, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("shape")));
+  g.lda = 0;
+  g.in_dtype = DType::kF32;
+  g.out_dtype = DType::kBF16;
+  EXPECT_THAT(Gemm(handle_, g, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("dtype")));
+  CublasLtHandle empty;
+  EXPECT_THAT(Gemm(empty, g, stream()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+}
+
+}  // namespace
+}  // namespace symtp::kernels

@@ -1,0 +1,365 @@
+// GpuModel (TP = 1) against the CPU reference: logits of prefill, chunked
+// prefill and decode steps (fp32 tight, bf16 loose), greedy decode with
+// device-resident sampled tokens, device sampling, CUDA-graph decode vs eager
+// decode bitwise, and the bucketed row-parallel path through a 1-rank comm.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "models/cpu_model.h"
+#include "models/cuda/gpu_model.h"
+#include "models/sampling.h"
+#include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/model_harness.h"
+#ifdef SYMTP_TEST_HAVE_NCCL
+#include "kernels/nccl/nccl_comm.h"
+#endif
+
+namespace symtp::kernels {
+namespace {
+
+using model::BatchInput;
+using model::CpuModel;
+using model::GpuModel;
+using model::GpuModelOptions;
+using model::StepOptions;
+using testing::SimBatch;
+
+constexpr int kBlocks = 160;
+
+model::ModelConfig Cfg(const char* preset, const char* overrides = "") {
+  auto c = model::MakeConfig(preset, overrides);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+GpuModelOptions Opts(DType dt, bool graphs) {
+  GpuModelOptions o;
+  o.dtype = dt;
+  o.num_kv_blocks = kBlocks;
+  o.max_batch_tokens = 256;
+  o.max_seqs = 16;
+  o.cuda_graphs = graphs;
+  o.attention_split_chunk = 64;
+  return o;
+}
+
+std::vector<float> HostLogits(const GpuModel& m) {
+  auto s = m.host_logits();
+  return std::vector<float>(s.begin(), s.end());
+}
+
+class GpuModelTest : public testing::GpuTest {
+ protected:
+  // Runs prompts (chunked prefill, then greedy decode on the CPU's tokens)
+  // through both models; per step, the GPU logits must be within `rtol` of
+  // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
+  void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts,
+                      int chunk, int decode_steps, double rtol, double norm_tol) {
+    auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
+    ASSERT_OK(cpu);
+    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false), nullptr);
+    ASSERT_OK(gpu);
+    SimBatch sim(cfg, kBlocks, 42);
+    for (int p : prompts) sim.AddSequence(p, cfg.vocab);
+    double worst_norm = 0;
+    for (int step = 0; step < 64; ++step) {
+      std::vector<int> rows;
+      auto batch = sim.NextStep(chunk, &rows);
+      ASSERT_OK(batch);
+      if (batch->num_tokens() == 0) break;
+      std::vector<float> want;
+      ASSERT_OK(cpu->Forward(*batch, &want));
+      ASSERT_OK(gpu->Forward(*batch, stream()));
+      ASSERT_OK(gpu->WaitForStep(Deadline::AfterMs(60'000)));
+      const std::vector<float> got = HostLogits(*gpu);
+      ASSERT_EQ(got.size(), want.size());
+      const double nerr = testing::NormRelError(got, want);
+      worst_norm = std::max(worst_norm, nerr);
+      if (rtol > 0) {
+        testing::CheckClose(got, testing::ToDouble(want), rtol,
+                            "step " + std::to_string(step) + " logits");
+      } else {
+        EXPECT_LT(nerr, norm_tol) << "step " << step;
+      }
+      const int V = cfg.vocab;
+      std::vector<int32_t> next(batch->sample_index.size());
+      for (size_t i = 0; i < next.size(); ++i) {
+        next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * V, V));
+      }
+      sim.Commit(rows, next);
+      bool all_done = true;
+      for (const auto& s : sim.seqs()) {
+        all_done &= static_cast<int>(s.tokens.size()) >= s.prompt_len + decode_steps;
+      }
+      if (all_done) break;
+    }
+    std::printf("[ metric ] %s %s: worst ||gpu-cpu||/||cpu|| of the logits = %.3g\n",
+                cfg.name.c_str(), DTypeName(dt), worst_norm);
+  }
+};
+
+TEST_F(GpuModelTest, TinyFp32LogitsMatchCpu) {
+  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1}, 12, 4, 1e-4, 0);
+}
+
+TEST_F(GpuModelTest, SmallTwoLayersFp32LogitsMatchCpu) {
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 70}, 32, 3, 1e-4, 0);
+}
+
+TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
+  CompareWithCpu(Cfg("tiny"), DType::kBF16, {5, 17, 33, 1}, 12, 4, 0, 0.08);
+}
+
+TEST_F(GpuModelTest, SmallTwoLayersBf16LogitsCloseToCpu) {
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {40, 9}, 64, 3, 0, 0.08);
+}
+
+// 16 greedy decode steps: the GPU samples on the device and feeds its own
+// tokens to the next step without the host (token_from_prev_sample); the CPU
+// decodes with ArgMax. The token sequences must be equal.
+void GreedyDecode(const model::ModelConfig& cfg, cudaStream_t stream) {
+  auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
+  ASSERT_OK(cpu);
+  auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, true), nullptr);
+  ASSERT_OK(gpu);
+  SimBatch cpu_sim(cfg, kBlocks, 7), gpu_sim(cfg, kBlocks, 7);
+  const std::vector<int> prompts = {9, 30, 3, 50};
+  for (int p : prompts) {
+    cpu_sim.AddSequence(p, cfg.vocab);
+    gpu_sim.AddSequence(p, cfg.vocab);
+  }
+  const int V = cfg.vocab;
+  std::vector<int32_t> prev_rows;  // previous step: sample row per sequence
+  for (int step = 0; step < 17; ++step) {
+    std::vector<int> crows, grows;
+    auto cb = cpu_sim.NextStep(64, &crows);
+    auto gb = gpu_sim.NextStep(64, &grows);
+    ASSERT_OK(cb);
+    ASSERT_OK(gb);
+    std::vector<float> want;
+    ASSERT_OK(cpu->Forward(*cb, &want));
+    std::vector<int32_t> cpu_next(cb->sample_index.size());
+    for (size_t i = 0; i < cpu_next.size(); ++i) {
+      cpu_next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * V, V));
+    }
+    StepOptions so;
+    so.sampling.assign(gb->sample_index.size(), model::SamplingParams{});  // greedy
+    so.copy_logits = false;
+    if (step > 0) {
+      // Decode: token t of sequence t is what the device sampled for row t.
+      so.token_from_prev_sample.resize(gb->num_tokens());
+      for (int t = 0; t < gb->num_tokens(); ++t) {
+        so.token_from_prev_sample[t] = prev_rows[t];
+      }
+    }
+    BatchInput in = *gb;
+    if (step > 0) std::fill(in.tokens.begin(), in.tokens.end(), 0);  // host does not know them
+    ASSERT_OK(gpu->Forward(in, stream, so));
+    ASSERT_OK(gpu->WaitForStep(Deadline::AfterMs(60'000)));
+    auto toks = gpu->host_tokens();
+    std::vector<int32_t> gpu_next(toks.begin(), toks.end());
+    ASSERT_EQ(gpu_next, cpu_next) << "greedy tokens differ at step " << step;
+    cpu_sim.Commit(crows, cpu_next);
+    gpu_sim.Commit(grows, gpu_next);
+    prev_rows.assign(grows.begin(), grows.end());
+  }
+  const auto st = gpu->graph_stats();
+  std::printf("[ metric ] %s greedy decode: graph captures %lld replays %lld eager %lld\n",
+              cfg.name.c_str(), static_cast<long long>(st.captures),
+              static_cast<long long>(st.replays), static_cast<long long>(st.eager_steps));
+  EXPECT_GT(st.replays, 0);
+  EXPECT_EQ(st.capture_failures, 0);
+}
+
+TEST_F(GpuModelTest, TinyGreedyDecode16StepsMatchesCpu) { GreedyDecode(Cfg("tiny"), stream()); }
+
+TEST_F(GpuModelTest, SmallTwoLayersGreedyDecode16StepsMatchesCpu) {
+  GreedyDecode(Cfg("small", "layers=2"), stream());
+}
+
+// Two models, graphs on and off, fed the same steps (each forwards its own
+// device samples): logits and tokens must be bitwise equal at every step.
+void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream) {
+  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true), nullptr);
+  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false), nullptr);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  SimBatch sim(cfg, kBlocks, 3);
+  for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
+  std::vector<int> prev_rows;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int> rows;
+    auto batch = sim.NextStep(64, &rows);
+    ASSERT_OK(batch);
+    StepOptions so;
+    so.sampling.resize(batch->sample_index.size());
+    for (size_t i = 0; i < so.sampling.size(); ++i) {
+      so.sampling[i].temperature = i % 2 ? 0.8f : 0.f;
+      so.sampling[i].top_k = 20;
+      so.sampling[i].seed = 100 + i;
+    }
+    BatchInput in = *batch;
+    if (step > 0) {
+      so.token_from_prev_sample.assign(prev_rows.begin(), prev_rows.end());
+      std::fill(in.tokens.begin(), in.tokens.end(), 0);
+    }
+    ASSERT_OK(a->Forward(in, stream, so));
+    ASSERT_OK(b->Forward(in, stream, so));
+    ASSERT_OK(a->WaitForStep(Deadline::AfterMs(60'000)));
+    ASSERT_OK(b->WaitForStep(Deadline::AfterMs(60'000)));
+    const auto la = a->host_logits(), lb = b->host_logits();
+    ASSERT_EQ(la.size(), lb.size());
+    ASSERT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)))
+        << "graph and eager logits differ at step " << step;
+    const auto ta = a->host_tokens(), tb = b->host_tokens();
+    std::vector<int32_t> toks(ta.begin(), ta.end());
+    ASSERT_EQ(toks, std::vector<int32_t>(tb.begin(), tb.end())) << "step " << step;
+    sim.Commit(rows, toks);
+    prev_rows.assign(rows.begin(), rows.end());
+  }
+  const auto st = a->graph_stats();
+  EXPECT_EQ(st.capture_failures, 0);
+  EXPECT_GE(st.captures, 1);
+  EXPECT_GE(st.replays, 8);
+  EXPECT_EQ(b->graph_stats().replays, 0);
+}
+
+TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream());
+}
+TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
+  GraphVsEager(Cfg("tiny"), DType::kF32, stream());
+}
+TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
+  GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());
+}
+
+TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
+  const auto cfg = Cfg("tiny");
+  auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, false), nullptr);
+  ASSERT_OK(gpu);
+  SimBatch sim(cfg, kBlocks, 9);
+  for (int i = 0; i < 12; ++i) sim.AddSequence(3 + 5 * i, cfg.vocab);
+  std::vector<int> rows;
+  auto batch = sim.NextStep(256, &rows);
+  ASSERT_OK(batch);
+  StepOptions so;
+  const int n = static_cast<int>(batch->sample_index.size());
+  for (int i = 0; i < n; ++i) {
+    model::SamplingParams p;
+    p.temperature = 0.3f + 0.2f * (i % 5);
+    p.top_k = (i % 3) * 7;
+    p.top_p = i % 4 == 0 ? 1.f : 0.6f;
+    p.seed = 1000 + i;
+    so.sampling.push_back(p);
+  }
+  ASSERT_OK(gpu->Forward(*batch, stream(), so));
+  ASSERT_OK(gpu->WaitForStep(Deadline::AfterMs(60'000)));
+  const auto logits = gpu->host_logits();
+  const auto toks = gpu->host_tokens();
+  ASSERT_EQ(static_cast<int>(toks.size()), n);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t pos = batch->positions[batch->sample_index[i]] + 1;
+    EXPECT_EQ(toks[i], model::SampleToken(logits.subspan(static_cast<size_t>(i) * cfg.vocab,
+                                                         cfg.vocab),
+                                          so.sampling[i], pos))
+        << "row " << i;
+  }
+}
+
+TEST_F(GpuModelTest, RejectsBadStepsAndOptions) {
+  using symtp::testing::StatusIs;
+  const auto cfg = Cfg("tiny");
+  auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, false), nullptr);
+  ASSERT_OK(gpu);
+  SimBatch sim(cfg, kBlocks, 1);
+  sim.AddSequence(300, cfg.vocab);  // > max_batch_tokens in one chunk
+  std::vector<int> rows;
+  auto big = sim.NextStep(300, &rows);
+  ASSERT_OK(big);
+  EXPECT_THAT(gpu->Forward(*big, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("capacity")));
+  SimBatch sim2(cfg, kBlocks, 2);
+  sim2.AddSequence(4, cfg.vocab);
+  auto small = sim2.NextStep(8, &rows);
+  ASSERT_OK(small);
+  StepOptions so;
+  so.token_from_prev_sample.assign(small->num_tokens(), 0);  // nothing sampled before
+  EXPECT_THAT(gpu->Forward(*small, stream(), so),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("previous")));
+  EXPECT_THAT(gpu->Forward(*small, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("stream")));
+  auto bad = GpuModel::Create(Cfg("tiny", "heads=4,kv_heads=2"), 0, 1, 0,
+                              Opts(DType::kF32, false), nullptr);  // head_dim 64: fine
+  EXPECT_OK(bad);
+  auto bad2 = GpuModel::Create(Cfg("tiny", "hidden=384,heads=4,kv_heads=2"), 0, 1, 0,
+                               Opts(DType::kF32, false), nullptr);  // head_dim 96
+  EXPECT_THAT(bad2, StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("head_dim")));
+  EXPECT_THAT(GpuModel::Create(cfg, 0, 2, 0, Opts(DType::kF32, false), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("DeviceComm")));
+}
+
+TEST_F(GpuModelTest, ProfiledEagerStepReportsClasses) {
+  const auto cfg = Cfg("tiny");
+  auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kBF16, false), nullptr);
+  ASSERT_OK(gpu);
+  gpu->set_profiling(true);
+  SimBatch sim(cfg, kBlocks, 4);
+  sim.AddSequence(20, cfg.vocab);
+  std::vector<int> rows;
+  auto batch = sim.NextStep(64, &rows);
+  ASSERT_OK(batch);
+  ASSERT_OK(gpu->Forward(*batch, stream()));
+  ASSERT_OK(gpu->WaitForStep(Deadline::AfterMs(60'000)));
+  auto prof = gpu->LastStepProfile();
+  ASSERT_OK(prof);
+  EXPECT_GT(prof->total_ms, 0.0);
+  EXPECT_GT(prof->attention_ms, 0.0);
+}
+
+#ifdef SYMTP_TEST_HAVE_NCCL
+// The bucketed row-parallel path on one GPU: a 1-rank NCCL communicator
+// (all-reduce = identity) with K = 4 buckets on the side stream must give
+// the CPU's logits, like K = 1.
+TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
+  auto id = NcclComm::NewUniqueId();
+  ASSERT_OK(id);
+  auto comm = NcclComm::Create(*id, 0, 1, 0, Deadline::AfterMs(60'000));
+  ASSERT_OK(comm);
+  const auto cfg = Cfg("tiny");
+  auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
+  ASSERT_OK(cpu);
+  GpuModelOptions o4 = Opts(DType::kF32, true), o1 = Opts(DType::kF32, true);
+  o4.num_buckets = 4;
+  NcclComm* c = comm.value().get();
+  auto g4 = GpuModel::Create(cfg, 0, 1, 0, o4, c);
+  auto g1 = GpuModel::Create(cfg, 0, 1, 0, o1, c);
+  ASSERT_OK(g4);
+  ASSERT_OK(g1);
+  SimBatch sim(cfg, kBlocks, 5);
+  for (int p : {33, 8, 21}) sim.AddSequence(p, cfg.vocab);
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int> rows;
+    auto batch = sim.NextStep(16, &rows);
+    ASSERT_OK(batch);
+    std::vector<float> want;
+    ASSERT_OK(cpu->Forward(*batch, &want));
+    ASSERT_OK(g4->Forward(*batch, stream()));
+    ASSERT_OK(g4->WaitForStep(Deadline::AfterMs(60'000)));
+    testing::CheckClose(HostLogits(*g4), testing::ToDouble(want), 1e-4, "K=4");
+    ASSERT_OK(g1->Forward(*batch, stream()));
+    ASSERT_OK(g1->WaitForStep(Deadline::AfterMs(60'000)));
+    testing::CheckClose(HostLogits(*g1), testing::ToDouble(want), 1e-4, "K=1");
+    std::vector<int32_t> next(batch->sample_index.size());
+    for (size_t i = 0; i < next.size(); ++i) {
+      next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * cfg.vocab, cfg.vocab));
+    }
+    sim.Commit(rows, next);
+  }
+  EXPECT_EQ(g4->graph_stats().capture_failures, 0);
+}
+#endif
+
+}  // namespace
+}  // namespace symtp::kernels

@@ -1,0 +1,250 @@
+// Embedding, add+RMSNorm, RoPE, KV write, SiLU-mul, gathers: each against a
+// small double-precision CPU reference on random inputs, outputs poisoned.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "kernels/ops/layer_ops.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace symtp::kernels {
+namespace {
+
+using testing::CheckClose;
+using testing::DevArray;
+using testing::RandomFloats;
+using testing::RoundTo;
+
+double Tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-2; }
+
+class LayerOpsTest : public testing::GpuTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(LayerOpsTest, EmbeddingLookup) {
+  const DType dt = GetParam();
+  const int V = 1000, H = 264, T = 9;
+  std::vector<float> table = RandomFloats(static_cast<size_t>(V) * H, 1);
+  RoundTo(&table, dt);
+  std::vector<int32_t> tokens = {0, 999, 17, 17, 500, -3, 1000, 42, 1};
+  DevArray d_table(table.size(), dt), d_out(static_cast<size_t>(T) * H, dt);
+  d_table.Upload(table);
+  cuda::DeviceBuffer d_tok = testing::UploadRaw(tokens);
+  ASSERT_OK(EmbeddingLookup(d_tok.as<int32_t>(), d_table.get(), d_out.get(), T, H, V, dt,
+                            stream()));
+  Sync();
+  std::vector<float> got = d_out.Download();
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < H; ++i) {
+      const bool in = tokens[t] >= 0 && tokens[t] < V;
+      const float want = in ? table[static_cast<size_t>(tokens[t]) * H + i] : 0.f;
+      ASSERT_EQ(got[static_cast<size_t>(t) * H + i], want) << "token row " << t << " col " << i;
+    }
+  }
+}
+
+TEST_P(LayerOpsTest, AddRmsNormWithAndWithoutDelta) {
+  const DType dt = GetParam();
+  for (int H : {4096, 320, 8192}) {
+    SCOPED_TRACE(H);
+    const int T = 7;
+    const float eps = 1e-5f;
+    std::vector<float> res = RandomFloats(static_cast<size_t>(T) * H, 2, -2.f, 2.f);
+    std::vector<float> del = RandomFloats(static_cast<size_t>(T) * H, 3);
+    std::vector<float> w = RandomFloats(H, 4, 0.5f, 1.5f);
+    RoundTo(&res, dt);
+    RoundTo(&del, dt);
+    RoundTo(&w, dt);
+    for (bool with_delta : {false, true}) {
+      DevArray d_res(res.size(), dt), d_del(del.size(), dt), d_w(w.size(), dt),
+          d_out(res.size(), dt);
+      d_res.Upload(res);
+      d_del.Upload(del);
+      d_w.Upload(w);
+      ASSERT_OK(AddRmsNorm(d_res.get(), with_delta ? d_del.get() : nullptr, d_w.get(),
+                           d_out.get(), T, H, eps, dt, stream()));
+      Sync();
+      std::vector<float> new_res = d_res.Download();
+      std::vector<double> want(res.size());
+      for (int t = 0; t < T; ++t) {
+        std::vector<float> x(H);
+        for (int i = 0; i < H; ++i) {
+          const size_t k = static_cast<size_t>(t) * H + i;
+          x[i] = with_delta ? res[k] + del[k] : res[k];
+          if (dt == DType::kBF16) x[i] = testing::RoundBf16(x[i]);
+          ASSERT_EQ(new_res[k], x[i]) << "residual " << t << "," << i;
+        }
+        double ss = 0;
+        for (float v : x) ss += static_cast<double>(v) * v;
+        const double inv = 1.0 / std::sqrt(ss / H + eps);
+        for (int i = 0; i < H; ++i) want[static_cast<size_t>(t) * H + i] = x[i] * inv * w[i];
+      }
+      CheckClose(d_out.Download(), want, Tol(dt), with_delta ? "norm(x+d)" : "norm(x)");
+    }
+  }
+}
+
+TEST_P(LayerOpsTest, RopeRotatesHeadsAtTheirPositions) {
+  const DType dt = GetParam();
+  const int max_pos = 4096;
+  const float theta = 10000.f;
+  for (int D : {32, 64, 128}) {
+    SCOPED_TRACE(D);
+    const int heads = 3, T = 6;
+    const int64_t stride = heads * D + 24;  // extra columns must stay untouched
+    std::vector<int32_t> pos = {0, 1, 4095, -1, 777, 2048};
+    std::vector<float> x = RandomFloats(static_cast<size_t>(T) * stride, 5 + D);
+    RoundTo(&x, dt);
+    auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * (D / 2));
+    ASSERT_OK(table);
+    ASSERT_OK(BuildRopeTable(table->as<double2>(), max_pos, D, theta, stream()));
+    DevArray d_x(x.size(), dt);
+    d_x.Upload(x);
+    cuda::DeviceBuffer d_pos = testing::UploadRaw(pos);
+    ASSERT_OK(ApplyRope(d_x.get(), stride, heads, D, d_pos.as<int32_t>(), T,
+                        table->as<double2>(), max_pos, dt, stream()));
+    Sync();
+    std::vector<double> want(x.begin(), x.end());
+    const int half = D / 2;
+    for (int t = 0; t < T; ++t) {
+      if (pos[t] < 0) continue;
+      for (int h = 0; h < heads; ++h) {
+        for (int i = 0; i < half; ++i) {
+          const double f = std::pow(static_cast<double>(theta), -2.0 * i / D);
+          const double a = static_cast<double>(pos[t]) * f;
+          const size_t k = static_cast<size_t>(t) * stride + static_cast<size_t>(h) * D + i;
+          const double x0 = x[k], x1 = x[k + half];
+          want[k] = static_cast<float>(x0 * std::cos(a) - x1 * std::sin(a));
+          want[k + half] = static_cast<float>(x1 * std::cos(a) + x0 * std::sin(a));
+        }
+      }
+    }
+    std::vector<float> got = d_x.Download();
+    CheckClose(got, want, dt == DType::kF32 ? 1e-6 : 1e-2, "rope");
+    for (int t = 0; t < T; ++t) {  // untouched tail columns and padding row
+      for (int64_t c = heads * D; c < stride; ++c) {
+        ASSERT_EQ(got[t * stride + c], x[t * stride + c]);
+      }
+    }
+  }
+}
+
+TEST_P(LayerOpsTest, KvWriteToSlotsSkipsNegative) {
+  const DType dt = GetParam();
+  const int nkv = 2, D = 64, B = 16, blocks = 8, T = 10;
+  const int64_t stride = 3 * nkv * D + 8;  // k at 0, v at nkv*D, junk after
+  std::vector<float> rowsv = RandomFloats(static_cast<size_t>(T) * stride, 6);
+  RoundTo(&rowsv, dt);
+  std::vector<int32_t> slots = {5, 127, 0, -1, 64, 33, 16, 15, -1, 100};
+  DevArray d_rows(rowsv.size(), dt), kc(static_cast<size_t>(blocks) * B * nkv * D, dt),
+      vc(static_cast<size_t>(blocks) * B * nkv * D, dt);
+  d_rows.Upload(rowsv);
+  cuda::DeviceBuffer d_slots = testing::UploadRaw(slots);
+  const size_t es = DTypeSize(dt);
+  ASSERT_OK(WriteKvCache(d_rows.get(), static_cast<char*>(d_rows.get()) + nkv * D * es, stride,
+                         d_slots.as<int32_t>(), kc.get(), vc.get(), T, nkv, D, dt, stream()));
+  Sync();
+  std::vector<float> k = kc.Download(), v = vc.Download();
+  std::vector<bool> written(static_cast<size_t>(blocks) * B, false);
+  for (int t = 0; t < T; ++t) {
+    if (slots[t] < 0) continue;
+    written[slots[t]] = true;
+    for (int i = 0; i < nkv * D; ++i) {
+      ASSERT_EQ(k[static_cast<size_t>(slots[t]) * nkv * D + i], rowsv[t * stride + i]);
+      ASSERT_EQ(v[static_cast<size_t>(slots[t]) * nkv * D + i], rowsv[t * stride + nkv * D + i]);
+    }
+  }
+  for (int s = 0; s < blocks * B; ++s) {
+    if (!written[s]) {
+      ASSERT_TRUE(std::isnan(k[static_cast<size_t>(s) * nkv * D])) << "slot " << s;
+      ASSERT_TRUE(std::isnan(v[static_cast<size_t>(s) * nkv * D + nkv * D - 1])) << "slot " << s;
+    }
+  }
+}
+
+TEST_P(LayerOpsTest, SiluMul) {
+  const DType dt = GetParam();
+  const int T = 5, F = 1000;
+  std::vector<float> gu = RandomFloats(static_cast<size_t>(T) * 2 * F, 7, -6.f, 6.f);
+  RoundTo(&gu, dt);
+  DevArray d_gu(gu.size(), dt), d_out(static_cast<size_t>(T) * F, dt);
+  d_gu.Upload(gu);
+  ASSERT_OK(SiluMul(d_gu.get(), d_out.get(), T, F, dt, stream()));
+  Sync();
+  std::vector<double> want(static_cast<size_t>(T) * F);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < F; ++i) {
+      const double g = gu[static_cast<size_t>(t) * 2 * F + i];
+      const double u = gu[static_cast<size_t>(t) * 2 * F + F + i];
+      want[static_cast<size_t>(t) * F + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  CheckClose(d_out.Download(), want, Tol(dt), "silu*up");
+}
+
+TEST_P(LayerOpsTest, GatherRows) {
+  const DType dt = GetParam();
+  const int R = 12, C = 100, ld = 104, N = 5;
+  std::vector<float> src = RandomFloats(static_cast<size_t>(R) * ld, 8);
+  RoundTo(&src, dt);
+  std::vector<int32_t> idx = {11, 0, 0, 7, 3};
+  DevArray d_src(src.size(), dt), d_dst(static_cast<size_t>(N) * C, dt);
+  d_src.Upload(src);
+  cuda::DeviceBuffer d_idx = testing::UploadRaw(idx);
+  ASSERT_OK(GatherRows(d_src.get(), ld, d_idx.as<int32_t>(), d_dst.get(), C, N, C, dt, stream()));
+  Sync();
+  std::vector<float> got = d_dst.Download();
+  for (int i = 0; i < N; ++i) {
+    for (int c = 0; c < C; ++c) ASSERT_EQ(got[i * C + c], src[idx[i] * ld + c]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, LayerOpsTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(i.param == DType::kF32 ? "F32" : "BF16");
+                         });
+
+class SmallOpsTest : public testing::GpuTest {};
+
+TEST_F(SmallOpsTest, AssembleVocabShards) {
+  const int tp = 3, rows = 4, vl = 50;
+  std::vector<float> g = RandomFloats(static_cast<size_t>(tp) * rows * vl, 9);
+  DevArray d_g(g.size(), DType::kF32), d_out(g.size(), DType::kF32);
+  d_g.Upload(g);
+  ASSERT_OK(AssembleVocabShards(d_g.as<float>(), d_out.as<float>(), rows, vl, tp, stream()));
+  Sync();
+  std::vector<float> got = d_out.Download();
+  for (int r = 0; r < tp; ++r) {
+    for (int i = 0; i < rows; ++i) {
+      for (int c = 0; c < vl; ++c) {
+        ASSERT_EQ(got[static_cast<size_t>(i) * tp * vl + r * vl + c], g[(r * rows + i) * vl + c]);
+      }
+    }
+  }
+}
+
+TEST_F(SmallOpsTest, ForwardSampledTokens) {
+  std::vector<int32_t> tokens = {10, 11, 12, 13, 14};
+  std::vector<int32_t> prev = {100, 101, 102};
+  std::vector<int32_t> map = {-1, 2, 0, -1, 1};
+  cuda::DeviceBuffer d_t = testing::UploadRaw(tokens), d_p = testing::UploadRaw(prev),
+                     d_m = testing::UploadRaw(map);
+  ASSERT_OK(ForwardSampledTokens(d_t.as<int32_t>(), d_p.as<int32_t>(), d_m.as<int32_t>(), 5,
+                                 stream()));
+  Sync();
+  EXPECT_EQ(testing::DownloadRaw<int32_t>(d_t.get(), 5),
+            (std::vector<int32_t>{10, 102, 100, 13, 101}));
+}
+
+TEST_F(SmallOpsTest, RejectsBadShapes) {
+  using symtp::testing::StatusIs;
+  EXPECT_THAT(AddRmsNorm(nullptr, nullptr, nullptr, nullptr, 1, 20000, 1e-5f, DType::kF32,
+                         stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(ApplyRope(nullptr, 10, 1, 31, nullptr, 1, nullptr, 16, DType::kF32, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(SiluMul(nullptr, nullptr, 1, 4, DType::kF16, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("dtype")));
+}
+
+}  // namespace
+}  // namespace symtp::kernels
