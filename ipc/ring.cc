@@ -140,7 +140,10 @@ absl::Status WaitUntil(const WaitPolicy& policy, Deadline deadline,
   auto periodic = [&](int64_t now) -> std::optional<absl::Status> {
     if (now >= deadline.at_ns()) {
       if (ready()) return absl::OkStatus();
-      return check(/*at_deadline=*/true);
+      absl::Status s = check(/*at_deadline=*/true);
+      // OK from the wait means "the condition holds": never return it here.
+      if (s.ok()) s = absl::DeadlineExceededError("deadline passed while waiting");
+      return s;
     }
     if (now >= next_check) {
       next_check = now + slice;

@@ -36,12 +36,19 @@ int32_t ArgMax(absl::Span<const float> logits);
 int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                     uint64_t position);
 
-// Same, reusing caller-owned scratch (avoids two allocations per call).
+// Same, reusing caller-owned scratch (no allocation once warmed up).
 struct SamplingScratch {
   std::vector<int32_t> order;
   std::vector<double> cum;
+  std::vector<uint64_t> keys, tmp;
 };
 int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                     uint64_t position, SamplingScratch* scratch);
+
+// Step 1 of the sampler, exposed for tests: all ids ordered by logit
+// descending, ties (and -0.0 vs +0.0) by lower id, NaN as -infinity. A stable
+// LSD radix sort (O(V), ~0.5 ms for V = 128256).
+void OrderByLogitDesc(absl::Span<const float> logits, std::vector<int32_t>* order,
+                      SamplingScratch* scratch);
 
 }  // namespace symtp::model

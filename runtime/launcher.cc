@@ -147,13 +147,8 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
   }
   const int64_t hang_ns = opts.hang_timeout_ms * 1'000'000;
   int64_t all_done_deadline = 0;
-  while (failure.empty()) {
-    if (int sig = g_signal.load(); sig != 0) {
-      failure = absl::StrCat("interrupted by signal ", sig, " (", strsignal(sig), ")");
-      exit_code = 128 + sig;
-      break;
-    }
-    // Reap.
+  bool signaled = false;
+  auto reap = [&] {
     int st;
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
@@ -162,22 +157,46 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
         c.exited = true;
         c.wait_status = st;
         bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        if (!clean && failure.empty()) {
+        // Exit code 3: stopped because another process failed (not a cause).
+        bool consequence = WIFEXITED(st) && WEXITSTATUS(st) == 3;
+        // A death by signal is the likelier root cause than a peer's error
+        // exit about it, so it wins within one sweep.
+        if (!clean && !consequence && (failure.empty() || (WIFSIGNALED(st) && !signaled))) {
           const ProcSlot& slot = cb->procs[c.proc_index];
           std::string err(slot.error, strnlen(slot.error, sizeof(slot.error)));
           failure = absl::StrCat(ProcName(c.proc_index), " (pid ", pid, ") ", DescribeExit(st),
                                  err.empty() ? "" : ": ", err);
+          signaled = WIFSIGNALED(st);
           exit_code = 1;
         }
       }
+    }
+  };
+  while (failure.empty()) {
+    if (int sig = g_signal.load(); sig != 0) {
+      failure = absl::StrCat("interrupted by signal ", sig, " (", strsignal(sig), ")");
+      exit_code = 128 + sig;
+      break;
+    }
+    // Reap. An error exit may be a peer reporting a death: look once more
+    // for the process that died by a signal, the root cause.
+    reap();
+    if (!failure.empty() && !signaled) {
+      usleep(20000);
+      reap();
     }
     if (!failure.empty()) break;
     bool all_exited = true;
     for (const Child& c : children) all_exited &= c.exited;
     if (all_exited) break;
-    // A process that reported failure or requested an abort.
+    // A process that reported failure or requested an abort. A peer that
+    // noticed a death first may have raised it: reap again so that the root
+    // cause (the process that died) is what gets reported.
     if (absl::Status s = CheckAbort(cb); !s.ok()) {
-      failure = std::string(s.message());
+      usleep(20000);
+      reap();
+      if (failure.empty()) failure = std::string(s.message());
+      else failure = absl::StrCat(failure, " (", s.message(), ")");
       exit_code = 1;
       break;
     }

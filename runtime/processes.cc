@@ -91,6 +91,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
       WorkloadRequest& w = workload[next];
       summary.requests[next].id = w.id;
       summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
+      if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
       summary.requests[next].arrival_ns = now;
       SYMTP_RETURN_IF_ERROR(sched.AddRequest(
           w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,

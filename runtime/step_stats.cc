@@ -130,6 +130,11 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
                       absl::StrJoin(r.tokens, ","), "]}\n");
     }
     SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "tokens.jsonl", lines));
+    lines.clear();
+    for (const RequestRecord& r : in.requests) {
+      absl::StrAppend(&lines, "{\"id\":", r.id, ",\"tokens\":[", absl::StrJoin(r.prompt, ","), "]}\n");
+    }
+    SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "prompts.jsonl", lines));
   }
   if (!o.trace_file.empty()) {
     // Chrome trace: scheduler phases exact; worker phases are the per-step

@@ -32,6 +32,7 @@ struct StepRecord {
 struct RequestRecord {
   uint64_t id = 0;
   int32_t prompt_len = 0;
+  std::vector<int32_t> prompt;
   std::vector<int32_t> tokens;
   std::vector<int64_t> token_times_ns;
   int64_t arrival_ns = 0, first_token_ns = -1, finish_ns = -1;
@@ -46,7 +47,8 @@ struct RunSummaryInput {
   std::string extra_json;  // appended object members, e.g. "\"scheduler\":{...}"
 };
 
-// Writes <out>/summary.json and <out>/tokens.jsonl (and the trace if asked).
+// Writes <out>/summary.json, <out>/tokens.jsonl, <out>/prompts.jsonl (and the
+// trace if asked).
 absl::Status WriteRunOutputs(const RunSummaryInput& in);
 
 // A live one-line progress display on a terminal (quiet otherwise).

@@ -134,6 +134,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
       WorkloadRequest& w = workload[next];
       summary.requests[next].id = w.id;
       summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
+      if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
       summary.requests[next].arrival_ns = now;
       SYMTP_RETURN_IF_ERROR(sched.AddRequest(w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,
           opts.eos_id >= 0 ? std::optional<int32_t>(opts.eos_id) : std::nullopt, now));

@@ -1,4 +1,5 @@
-// CPU reference model: decode and prefill step times (one core, TP = 1).
+// CPU reference model: decode and prefill step times (one core, TP = 1), and
+// the host-side sampler.
 //
 //   model_bench [--benchmark_filter=Decode] [--benchmark_out=out.json]
 //
@@ -10,6 +11,7 @@
 
 #include "models/cpu_gemm.h"
 #include "models/cpu_model.h"
+#include "models/sampling.h"
 
 namespace symtp::model {
 namespace {
@@ -131,6 +133,31 @@ void BM_PrefillTiny(benchmark::State& state) {
   state.SetLabel(cpu::KernelIsa());
 }
 BENCHMARK(BM_PrefillTiny)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond);
+
+// SampleToken over a llama-sized vocabulary (host-side cost per sequence per step).
+void BM_SampleToken(benchmark::State& state) {
+  const int vocab = static_cast<int>(state.range(0));
+  std::vector<float> logits(vocab);
+  uint64_t x = 1;
+  for (float& l : logits) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    l = static_cast<float>(static_cast<int64_t>(x >> 40) % 2000) * 0.005f;
+  }
+  const SamplingParams params{.temperature = static_cast<float>(state.range(1)) / 10.f,
+                              .top_k = static_cast<int>(state.range(2)),
+                              .top_p = static_cast<float>(state.range(3)) / 100.f,
+                              .seed = 7};
+  SamplingScratch scratch;
+  uint64_t pos = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(SampleToken(logits, params, pos++, &scratch));
+}
+BENCHMARK(BM_SampleToken)
+    ->ArgNames({"vocab", "temp_x10", "top_k", "top_p_pct"})
+    ->Args({128256, 0, 0, 100})
+    ->Args({128256, 8, 0, 100})
+    ->Args({128256, 8, 50, 100})
+    ->Args({128256, 8, 0, 90})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace symtp::model

@@ -128,6 +128,7 @@ __device__ uint64_t SelectKthLargest(const float* __restrict__ L, int vocab, uin
     prefix = sm.bcast_key;
     remaining = sm.bcast_u32;
     mask |= 0xffull << shift;
+    __syncthreads();  // bcast_* and cnt are reused next (here or by the caller)
   }
   return prefix;
 }

@@ -240,7 +240,7 @@ TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
   auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, false), nullptr);
   ASSERT_OK(gpu);
   SimBatch sim(cfg, kBlocks, 9);
-  for (int i = 0; i < 12; ++i) sim.AddSequence(3 + 5 * i, cfg.vocab);
+  for (int i = 0; i < 12; ++i) sim.AddSequence(3 + 2 * i, cfg.vocab);  // 168 tokens
   std::vector<int> rows;
   auto batch = sim.NextStep(256, &rows);
   ASSERT_OK(batch);

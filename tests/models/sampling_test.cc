@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <algorithm>
 #include <random>
 #include <set>
 #include <vector>
@@ -162,6 +164,76 @@ TEST(SamplingTest, TopPRestrictsSupport) {
   // top_p combined with top_k: top_k = 2 keeps {2, 0}; top_p 0.7 of 1.5 = 1.05 > 1 -> both.
   SamplingParams p{.temperature = 1.f, .top_k = 2, .top_p = 0.7f};
   EXPECT_LT(ChiSquare(l, 1.f, {2, 0}, p, 8000, nullptr), 30.0);
+}
+
+// Straight from MODEL.md, with a comparison sort.
+int32_t ReferenceSample(const std::vector<float>& l, const SamplingParams& p, uint64_t position) {
+  auto key = [](float x) { return std::isnan(x) ? -INFINITY : x; };
+  std::vector<int32_t> ids(l.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return key(l[a]) > key(l[b]); });
+  size_t kept = ids.size();
+  if (p.top_k > 0) kept = std::min(kept, static_cast<size_t>(p.top_k));
+  std::vector<double> w(kept), cum(kept);
+  double total = 0;
+  for (size_t i = 0; i < kept; ++i) {
+    w[i] = std::exp((static_cast<double>(key(l[ids[i]])) - key(l[ids[0]])) / p.temperature);
+    cum[i] = (total += w[i]);
+  }
+  if (p.top_p < 1.f) {
+    size_t m = 1;
+    while (m < kept && cum[m - 1] < static_cast<double>(p.top_p) * total) ++m;
+    kept = m;
+    total = cum[m - 1];
+  }
+  const double t = static_cast<double>(SampleUniform(p.seed, position)) * total;
+  for (size_t i = 0; i < kept; ++i) {
+    if (cum[i] > t) return ids[i];
+  }
+  return ids[kept - 1];
+}
+
+TEST(SamplingTest, OrderByLogitDescMatchesComparisonSort) {
+  SamplingScratch scratch;
+  std::vector<int32_t> order;
+  for (int v : {1, 2, 7, 300, 5000}) {
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+      std::mt19937 rng(seed * 100 + v);
+      std::vector<float> l(v);
+      const float specials[] = {0.f, -0.f, INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN(),
+                                1.f, -1.f, 1e-40f, -1e-40f, 3.4e38f};
+      for (float& x : l) {
+        const int r = static_cast<int>(rng() % 10);
+        // Many ties (quantized values) and every special value.
+        x = r < 3 ? specials[rng() % 10] : static_cast<float>(static_cast<int>(rng() % 21) - 10) * 0.5f;
+      }
+      std::vector<int32_t> want(v);
+      std::iota(want.begin(), want.end(), 0);
+      auto key = [](float x) { return std::isnan(x) ? -INFINITY : x; };
+      std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return key(l[a]) > key(l[b]); });
+      OrderByLogitDesc(l, &order, &scratch);
+      EXPECT_EQ(order, want) << "v=" << v << " seed=" << seed;
+    }
+  }
+}
+
+TEST(SamplingTest, MatchesReferenceSamplerExactly) {
+  SamplingScratch scratch;
+  for (uint32_t s = 0; s < 6; ++s) {
+    std::vector<float> l = RandomLogits(1000, 500 + s, 2.f);
+    for (int i = 0; i < 1000; i += 7) l[i] = l[i / 2];  // ties
+    for (const SamplingParams& base :
+         {SamplingParams{.temperature = 1.f}, SamplingParams{.temperature = 0.6f, .top_k = 5},
+          SamplingParams{.temperature = 1.3f, .top_k = 500}, SamplingParams{.temperature = 1.f, .top_p = 0.8f},
+          SamplingParams{.temperature = 0.9f, .top_k = 40, .top_p = 0.5f}}) {
+      SamplingParams p = base;
+      for (uint64_t seed = 0; seed < 30; ++seed) {
+        p.seed = seed * 31 + s;
+        EXPECT_EQ(SampleToken(l, p, seed + 3, &scratch), ReferenceSample(l, p, seed + 3))
+            << "T=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p << " seed=" << p.seed;
+      }
+    }
+  }
 }
 
 TEST(SamplingTest, ValidateParams) {

@@ -1,0 +1,349 @@
+// End-to-end tests of the v1 control plane: the launcher, the scheduler and
+// TP worker processes on the CPU backend, checked against a single-process
+// reference; and the fault paths (a worker killed or stopped mid-run,
+// SIGINT to the launcher, bad flags).
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "models/batch.h"
+#include "models/config.h"
+#include "models/cpu_model.h"
+#include "models/sampling.h"
+#include "tests/testing/unique_name.h"
+
+namespace symtp {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+struct Proc {
+  pid_t pid = -1;
+  std::string err_path;
+};
+
+// Starts `symtp args...` with stderr to a file and a unique shm prefix.
+Proc Start(const std::vector<std::string>& args, const std::string& prefix) {
+  Proc p;
+  p.err_path = fs::temp_directory_path() / (prefix + ".stderr");
+  p.pid = fork();
+  if (p.pid == 0) {
+    int fd = ::open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    setenv("SYMTP_SHM_PREFIX", prefix.c_str(), 1);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(SYMTP_BIN));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(SYMTP_BIN, argv.data());
+    _exit(127);
+  }
+  return p;
+}
+
+// Waits up to `timeout_ms`; kills and fails on timeout. Returns the wait status.
+int Wait(const Proc& p, int64_t timeout_ms) {
+  Deadline d = Deadline::AfterMs(timeout_ms);
+  int st = 0;
+  while (waitpid(p.pid, &st, WNOHANG) == 0) {
+    if (d.Expired()) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, &st, 0);
+      ADD_FAILURE() << "symtp did not finish within " << timeout_ms << " ms";
+      return -1;
+    }
+    usleep(2000);
+  }
+  return st;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// /dev/shm entries with our prefix (leftovers).
+std::vector<std::string> ShmWithPrefix(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  }
+  return out;
+}
+
+// Direct children of `parent` whose command line contains `needle`.
+std::vector<pid_t> ChildrenMatching(pid_t parent, const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    int pid;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    auto rp = stat.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(rp + 2), ' ');
+    int ppid;
+    if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid) || ppid != parent) continue;
+    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    for (char& c : cmd) if (c == '\0') c = ' ';
+    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
+  }
+  return out;
+}
+
+bool Alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  auto rp = stat.rfind(')');
+  return rp != std::string::npos && stat[rp + 2] != 'Z';
+}
+
+// id -> tokens from a tokens.jsonl / prompts.jsonl file.
+std::map<uint64_t, std::vector<int32_t>> ReadTokenFile(const std::string& path) {
+  std::map<uint64_t, std::vector<int32_t>> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto id_pos = line.find("\"id\":");
+    auto tok_pos = line.find("\"tokens\":[");
+    if (id_pos == std::string::npos || tok_pos == std::string::npos) continue;
+    uint64_t id = std::stoull(line.substr(id_pos + 5));
+    std::string list = line.substr(tok_pos + 10, line.find(']', tok_pos) - tok_pos - 10);
+    std::vector<int32_t> toks;
+    for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      int v;
+      if (absl::SimpleAtoi(t, &v)) toks.push_back(v);
+    }
+    out[id] = toks;
+  }
+  return out;
+}
+std::map<uint64_t, std::vector<int32_t>> ReadTokens(const std::string& dir) {
+  return ReadTokenFile(dir + "/tokens.jsonl");
+}
+
+class SystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = testing::UniqueName("symtpst");
+    out_ = fs::temp_directory_path() / prefix_;
+  }
+  void TearDown() override {
+    for (const auto& s : ShmWithPrefix(prefix_)) ::unlink(s.c_str());
+    std::error_code ec;
+    fs::remove_all(out_, ec);
+  }
+  std::string Out(const std::string& sub) { return (out_ / sub).string(); }
+  std::string prefix_;
+  fs::path out_;
+};
+
+// The workload flags shared by the token-equality runs.
+std::vector<std::string> Workload(const std::string& out, int tp, const std::string& extra = "") {
+  std::vector<std::string> a = {"launch", "--backend=cpu", absl::StrCat("--tp=", tp),
+                                "--model=tiny", "--num-requests=10", "--prompt-len=uniform:3:40",
+                                "--output-len=uniform:2:24", "--max-batch=4",
+                                "--max-batched-tokens=64", "--prefill-chunk=16",
+                                "--progress=false", absl::StrCat("--out=", out)};
+  for (absl::string_view e : absl::StrSplit(extra, ' ', absl::SkipEmpty())) a.emplace_back(e);
+  return a;
+}
+
+TEST_F(SystemTest, TensorParallelTokensMatchTp1Greedy) {
+  std::map<int, std::map<uint64_t, std::vector<int32_t>>> tokens;
+  for (int tp : {1, 2, 4}) {
+    Proc p = Start(Workload(Out(absl::StrCat("tp", tp)), tp), prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+    tokens[tp] = ReadTokens(Out(absl::StrCat("tp", tp)));
+    ASSERT_EQ(tokens[tp].size(), 10u);
+  }
+  for (const auto& [id, t] : tokens[1]) EXPECT_FALSE(t.empty()) << "request " << id;
+  EXPECT_EQ(tokens[2], tokens[1]);
+  EXPECT_EQ(tokens[4], tokens[1]);
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+TEST_F(SystemTest, TensorParallelTokensMatchTp1Sampled) {
+  const std::string s = "--temperature=0.9 --top-k=40 --top-p=0.95 --seed=7";
+  std::map<int, std::map<uint64_t, std::vector<int32_t>>> tokens;
+  for (int tp : {1, 2, 4}) {
+    Proc p = Start(Workload(Out(absl::StrCat("tp", tp)), tp, s), prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+    tokens[tp] = ReadTokens(Out(absl::StrCat("tp", tp)));
+  }
+  ASSERT_EQ(tokens[1].size(), 10u);
+  EXPECT_EQ(tokens[2], tokens[1]);
+  EXPECT_EQ(tokens[4], tokens[1]);
+}
+
+TEST_F(SystemTest, V0ModeProducesTheSameTokensAsV1) {
+  for (const char* mode : {"v1", "v0"}) {
+    Proc p = Start(Workload(Out(mode), 2, absl::StrCat("--mode=", mode, " --temperature=0.7 --seed=3")), prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+  }
+  auto v1 = ReadTokens(Out("v1"));
+  ASSERT_EQ(v1.size(), 10u);
+  EXPECT_EQ(ReadTokens(Out("v0")), v1);
+}
+
+TEST_F(SystemTest, MatchesSingleProcessReference) {
+  // The reference is a plain prefill + decode loop over one CpuModel at TP=1,
+  // fed the prompts the runner logged in prompts.jsonl.
+  Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--num-requests=3",
+                  "--prompt-len=12", "--output-len=10", "--max-batch=1", "--progress=false",
+                  absl::StrCat("--out=", Out("run"))},
+                 prefix_);
+  int st = Wait(p, 60'000);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+  auto got = ReadTokens(Out("run"));
+  std::map<uint64_t, std::vector<int32_t>> prompts = ReadTokenFile(Out("run") + "/prompts.jsonl");
+  ASSERT_EQ(prompts.size(), 3u);
+
+  auto cfg = model::PresetConfig("tiny");
+  ASSERT_TRUE(cfg.ok());
+  for (const auto& [id, prompt] : prompts) {
+    auto m = model::CpuModel::Create(*cfg, 0, 1, 8, nullptr);
+    ASSERT_TRUE(m.ok()) << m.status();
+    std::vector<int32_t> seq = prompt, out;
+    std::vector<float> logits;
+    int computed = 0;
+    while (out.size() < 10) {
+      model::BatchInput in;
+      in.seq_start = {0};
+      for (int p = computed; p < static_cast<int>(seq.size()); ++p) {
+        in.tokens.push_back(seq[p]);
+        in.positions.push_back(p);
+        in.slot_mapping.push_back(p);  // blocks 0..7 in order
+      }
+      in.seq_start.push_back(static_cast<int32_t>(in.tokens.size()));
+      in.context_len = {static_cast<int32_t>(seq.size())};
+      in.max_blocks_per_seq = 8;
+      in.block_tables = {0, 1, 2, 3, 4, 5, 6, 7};
+      in.sample_index = {static_cast<int32_t>(in.tokens.size()) - 1};
+      ASSERT_TRUE(m->Forward(in, &logits).ok());
+      computed = static_cast<int>(seq.size());
+      int32_t t = model::SampleToken(logits, model::SamplingParams{}, seq.size());
+      out.push_back(t);
+      seq.push_back(t);
+    }
+    EXPECT_EQ(got[id], out) << "request " << id;
+  }
+}
+
+TEST_F(SystemTest, KilledWorkerEndsTheJobNamingIt) {
+  Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
+                  "--steady-context=32", "--steady-steps=100000", "--progress=false"},
+                 prefix_);
+  std::vector<pid_t> workers;
+  Deadline d = Deadline::AfterMs(20'000);
+  while (workers.size() < 2 && !d.Expired()) {
+    usleep(20'000);
+    workers = ChildrenMatching(p.pid, " worker ");
+  }
+  ASSERT_EQ(workers.size(), 2u) << ReadFile(p.err_path);
+  std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
+  usleep(300'000);  // let it run a few steps
+  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  int64_t t0 = MonotonicNs();
+  int st = Wait(p, 10'000);
+  double secs = (MonotonicNs() - t0) / 1e9;
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_LT(secs, 1.5);
+  std::string err = ReadFile(p.err_path);
+  EXPECT_THAT(err, HasSubstr("worker rank"));
+  EXPECT_THAT(err, HasSubstr("killed by signal 9"));
+  for (pid_t c : all) EXPECT_FALSE(Alive(c)) << "orphan pid " << c;
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+TEST_F(SystemTest, StoppedWorkerEndsTheJobAfterTheHangTimeout) {
+  Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
+                  "--steady-context=32", "--steady-steps=100000", "--progress=false",
+                  "--hang-timeout-ms=500"},
+                 prefix_);
+  std::vector<pid_t> workers;
+  Deadline d = Deadline::AfterMs(20'000);
+  while (workers.size() < 2 && !d.Expired()) {
+    usleep(20'000);
+    workers = ChildrenMatching(p.pid, " worker ");
+  }
+  ASSERT_EQ(workers.size(), 2u) << ReadFile(p.err_path);
+  std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
+  usleep(300'000);
+  ASSERT_EQ(kill(workers[0], SIGSTOP), 0);
+  int64_t t0 = MonotonicNs();
+  int st = Wait(p, 10'000);
+  double secs = (MonotonicNs() - t0) / 1e9;
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_LT(secs, 0.5 + 1.0);  // within 1 s of the deadline
+  std::string err = ReadFile(p.err_path);
+  EXPECT_THAT(err, HasSubstr("stopped answering"));
+  EXPECT_THAT(err, HasSubstr("stopped"));
+  for (pid_t c : all) EXPECT_FALSE(Alive(c)) << "orphan pid " << c;
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+TEST_F(SystemTest, SigintShutsDownCleanly) {
+  Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
+                  "--steady-context=32", "--steady-steps=100000", "--progress=false"},
+                 prefix_);
+  std::vector<pid_t> workers;
+  Deadline d = Deadline::AfterMs(20'000);
+  while (workers.size() < 2 && !d.Expired()) {
+    usleep(20'000);
+    workers = ChildrenMatching(p.pid, " worker ");
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
+  kill(p.pid, SIGINT);
+  int st = Wait(p, 5'000);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 128 + SIGINT);
+  EXPECT_THAT(ReadFile(p.err_path), HasSubstr("interrupted"));
+  for (pid_t c : all) EXPECT_FALSE(Alive(c)) << "orphan pid " << c;
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"launch", "--tp=3"}, {"launch", "--model=nope"}, {"launch", "--frobnicate=1"},
+           {"launch", "--backend=cuda", "--tp=8", "--model=tiny"}}) {
+    Proc p = Start(args, prefix_);
+    int st = Wait(p, 20'000);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_EQ(WEXITSTATUS(st), 2) << args[1];
+    std::string err = ReadFile(p.err_path);
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_THAT(err, HasSubstr("symtp: "));
+  }
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+}  // namespace
+}  // namespace symtp
