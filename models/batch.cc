@@ -67,6 +67,8 @@ absl::Status BatchInput::Validate(const ModelConfig& cfg, int num_kv_blocks) con
       return Bad(absl::StrFormat("token %d = %d out of vocabulary [0, %d)", t, tokens[t], cfg.vocab));
     }
   }
+  std::vector<int32_t> used;  // one sequence's physical blocks (reused)
+  used.reserve(max_blocks_per_seq);
   for (int64_t s = 0; s < S; ++s) {
     const int32_t begin = seq_start[s], end = seq_start[s + 1];
     const int32_t p0 = positions[begin];
@@ -100,7 +102,7 @@ absl::Status BatchInput::Validate(const ModelConfig& cfg, int num_kv_blocks) con
                                    blk, num_kv_blocks, b < needed ? "" : " and not -1"));
       }
     }
-    std::vector<int32_t> used(table, table + needed);
+    used.assign(table, table + needed);
     std::sort(used.begin(), used.end());
     for (size_t i = 1; i < used.size(); ++i) {
       if (used[i] == used[i - 1]) {

@@ -214,7 +214,7 @@ absl::Status CpuModel::State::Forward(const BatchInput& in, std::vector<float>* 
   const int R = static_cast<int>(rows.size());
 
   Grow(&x, static_cast<size_t>(T) * H);
-  Grow(&h, static_cast<size_t>(T) * H);
+  Grow(&h, static_cast<size_t>(std::max(T, NS)) * H);  // NS > T with repeated sample_index
   Grow(&qkv, static_cast<size_t>(T) * QKVW);
   Grow(&attn, static_cast<size_t>(T) * QW);
   Grow(&o, static_cast<size_t>(T) * H);

@@ -69,28 +69,52 @@ int32_t ArgMax(absl::Span<const float> logits) {
   return 0;  // unreachable: some element equals the max
 }
 
-void OrderByLogitDesc(absl::Span<const float> logits, std::vector<int32_t>* order,
-                      SamplingScratch* scratch) {
+namespace {
+
+// Fills scratch->keys with the words (DescendingKey << 32 | id) sorted
+// ascending: a stable LSD radix sort on the 32 key bits in 11/11/10-bit digits
+// (ids start ascending, so equal keys keep the lower id first).
+void SortKeys(absl::Span<const float> logits, SamplingScratch* scratch) {
   const size_t v = logits.size();
   std::vector<uint64_t>& a = scratch->keys;
   std::vector<uint64_t>& b = scratch->tmp;
   a.resize(v);
   b.resize(v);
+  constexpr int kShift[3] = {32, 43, 54};
+  constexpr uint64_t kMask[3] = {0x7FF, 0x7FF, 0x3FF};
+  static thread_local size_t count[3][2049];
+  std::memset(count, 0, sizeof(count));
   for (size_t i = 0; i < v; ++i) {
-    a[i] = (static_cast<uint64_t>(DescendingKey(logits[i])) << 32) | static_cast<uint32_t>(i);
+    const uint64_t w = (static_cast<uint64_t>(DescendingKey(logits[i])) << 32) | static_cast<uint32_t>(i);
+    a[i] = w;
+    for (int p = 0; p < 3; ++p) ++count[p][((w >> kShift[p]) & kMask[p]) + 1];
   }
-  // Stable LSD radix sort on the 32 key bits, 8 at a time; ids start ascending
-  // so equal keys keep the lower id first.
-  for (int shift = 32; shift < 64; shift += 8) {
-    size_t count[257] = {0};
-    for (size_t i = 0; i < v; ++i) ++count[((a[i] >> shift) & 0xFF) + 1];
-    if (count[((a[0] >> shift) & 0xFF) + 1] == v) continue;  // one bucket: nothing moves
-    for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
-    for (size_t i = 0; i < v; ++i) b[count[(a[i] >> shift) & 0xFF]++] = a[i];
+  for (int p = 0; p < 3; ++p) {
+    size_t* c = count[p];
+    if (c[((a[0] >> kShift[p]) & kMask[p]) + 1] == v) continue;  // one bucket: nothing moves
+    for (int d = 0; d < 2048; ++d) c[d + 1] += c[d];
+    for (size_t i = 0; i < v; ++i) b[c[(a[i] >> kShift[p]) & kMask[p]]++] = a[i];
     a.swap(b);
   }
+}
+
+// Inverse of DescendingKey up to NaN -> -inf and -0 -> +0 (which Key() equates).
+inline float KeyValue(uint64_t word) {
+  const uint32_t ascending = ~static_cast<uint32_t>(word >> 32);
+  const uint32_t b = (ascending & 0x80000000u) ? (ascending & 0x7FFFFFFFu) : ~ascending;
+  float x;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+}
+
+}  // namespace
+
+void OrderByLogitDesc(absl::Span<const float> logits, std::vector<int32_t>* order,
+                      SamplingScratch* scratch) {
+  SortKeys(logits, scratch);
+  const size_t v = logits.size();
   order->resize(v);
-  for (size_t i = 0; i < v; ++i) (*order)[i] = static_cast<int32_t>(a[i] & 0xFFFFFFFFu);
+  for (size_t i = 0; i < v; ++i) (*order)[i] = static_cast<int32_t>(scratch->keys[i] & 0xFFFFFFFFu);
 }
 
 int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params,
@@ -104,15 +128,13 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params
   if (logits.empty()) return -1;
   if (!(params.temperature > 0.f)) return ArgMax(logits);
   const size_t v = logits.size();
-  // 1. order by logit descending, ties by lower id (a strict total order).
-  std::vector<int32_t>& order = scratch->order;
-  // 2. top-k.
+  // 1. Order by logit descending, ties by lower id, as sorted words
+  //    (DescendingKey << 32 | id) in scratch->keys; 2. top-k.
+  std::vector<uint64_t>& keys = scratch->keys;
   size_t kept = v;
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < v / 8) {
-    // Selection on the packed (descending key, id) words: the same total order.
-    kept = static_cast<size_t>(params.top_k);
     // A max-heap of the `kept` smallest words; most words fail the first compare.
-    std::vector<uint64_t>& keys = scratch->keys;
+    kept = static_cast<size_t>(params.top_k);
     keys.clear();
     for (size_t i = 0; i < v; ++i) {
       const uint64_t k =
@@ -127,21 +149,20 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params
       }
     }
     std::sort(keys.begin(), keys.end());
-    order.resize(kept);
-    for (size_t i = 0; i < kept; ++i) order[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFFFu);
   } else {
-    OrderByLogitDesc(logits, &order, scratch);
+    SortKeys(logits, scratch);
     if (params.top_k > 0) kept = std::min(v, static_cast<size_t>(params.top_k));
   }
-  // 3. weights relative to the max, cumulative in order.
-  const double lmax = Key(logits[order[0]]);
+  // 3. Weights relative to the max, cumulative in order (the logit values are
+  //    read back from the sorted words: no gather).
+  const double lmax = KeyValue(keys[0]);
   const double temp = params.temperature;
   std::vector<double>& cum = scratch->cum;
   cum.resize(kept);
   double total = 0.0;
   for (size_t i = 0; i < kept; ++i) {
-    const double l = Key(logits[order[i]]);
-    // An all -inf row (or -inf max) gives NaN; treat as weight 0 except the top.
+    const double l = KeyValue(keys[i]);
+    // An all -inf row (or an infinite max) gives NaN; weight 1 for the top, 0 after.
     double w = std::exp((l - lmax) / temp);
     if (std::isnan(w)) w = (i == 0) ? 1.0 : 0.0;
     total += w;
@@ -155,12 +176,16 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& params
     kept = m;
     total = cum[kept - 1];
   }
-  // 5. inverse CDF with the counter-based uniform.
+  // 5. Inverse CDF with the counter-based uniform.
   const double t = static_cast<double>(SampleUniform(params.seed, position)) * total;
+  size_t pick = kept - 1;
   for (size_t i = 0; i < kept; ++i) {
-    if (cum[i] > t) return order[i];
+    if (cum[i] > t) {
+      pick = i;
+      break;
+    }
   }
-  return order[kept - 1];
+  return static_cast<int32_t>(keys[pick] & 0xFFFFFFFFu);
 }
 
 }  // namespace symtp::model

@@ -39,8 +39,7 @@ inline uint64_t LoadLe64(const uint8_t* p) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const uint8_t* p,
-                                                        size_t n) {
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = ~crc;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
     c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
@@ -75,8 +74,8 @@ uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t n) {
   while (n >= 8) {
     uint64_t v = LoadLe64(p) ^ c;
     c = kTables[7][v & 0xff] ^ kTables[6][(v >> 8) & 0xff] ^ kTables[5][(v >> 16) & 0xff] ^
-        kTables[4][(v >> 24) & 0xff] ^ kTables[3][(v >> 32) & 0xff] ^
-        kTables[2][(v >> 40) & 0xff] ^ kTables[1][(v >> 48) & 0xff] ^ kTables[0][v >> 56];
+        kTables[4][(v >> 24) & 0xff] ^ kTables[3][(v >> 32) & 0xff] ^ kTables[2][(v >> 40) & 0xff] ^
+        kTables[1][(v >> 48) & 0xff] ^ kTables[0][v >> 56];
     p += 8;
     n -= 8;
   }

@@ -20,25 +20,24 @@ constexpr const char* kWhat = "diff";
 absl::Status CheckSampling(const SamplingParams& s, size_t i, uint64_t id) {
   if (!std::isfinite(s.temperature) || s.temperature < 0.f) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): temperature %g must be finite and >= 0", i, id,
-        s.temperature));
+        "new_requests[%d] (id %d): temperature %g must be finite and >= 0", i, id, s.temperature));
   }
   if (s.top_k < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("new_requests[%d] (id %d): top_k %d < 0", i, id, s.top_k));
   }
   if (!std::isfinite(s.top_p) || !(s.top_p > 0.f) || s.top_p > 1.f) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): top_p %g must be in (0, 1]", i, id, s.top_p));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("new_requests[%d] (id %d): top_p %g must be in (0, 1]", i, id, s.top_p));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckNewRequest(const NewRequest& r, size_t i) {
   if (r.prompt.empty() || r.prompt.size() > kMaxTokensPerRequest) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): prompt length %d not in [1, %d]", i, r.id, r.prompt.size(),
-        kMaxTokensPerRequest));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("new_requests[%d] (id %d): prompt length %d not in [1, %d]", i, r.id,
+                        r.prompt.size(), kMaxTokensPerRequest));
   }
   for (size_t k = 0; k < r.prompt.size(); ++k) {
     if (r.prompt[k] < 0) {
@@ -47,14 +46,14 @@ absl::Status CheckNewRequest(const NewRequest& r, size_t i) {
     }
   }
   if (r.num_scheduled < 1 || r.num_scheduled > r.prompt.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): num_scheduled %d not in [1, prompt length %d]", i, r.id,
-        r.num_scheduled, r.prompt.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("new_requests[%d] (id %d): num_scheduled %d not in [1, prompt length %d]",
+                        i, r.id, r.num_scheduled, r.prompt.size()));
   }
   if (r.max_new_tokens < 1 || r.max_new_tokens > kMaxTokensPerRequest) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): max_new_tokens %d not in [1, %d]", i, r.id,
-        r.max_new_tokens, kMaxTokensPerRequest));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("new_requests[%d] (id %d): max_new_tokens %d not in [1, %d]", i, r.id,
+                        r.max_new_tokens, kMaxTokensPerRequest));
   }
   if (r.eos_id.has_value() && *r.eos_id < 0) {
     return absl::InvalidArgumentError(
@@ -65,14 +64,13 @@ absl::Status CheckNewRequest(const NewRequest& r, size_t i) {
   const size_t need = (r.num_scheduled + kBlockSize - 1) / kBlockSize;
   if (r.block_ids.size() < need || r.block_ids.size() > kMaxBlocksPerRequest) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "new_requests[%d] (id %d): %d initial blocks, need %d..%d for %d scheduled tokens", i,
-        r.id, r.block_ids.size(), need, kMaxBlocksPerRequest, r.num_scheduled));
+        "new_requests[%d] (id %d): %d initial blocks, need %d..%d for %d scheduled tokens", i, r.id,
+        r.block_ids.size(), need, kMaxBlocksPerRequest, r.num_scheduled));
   }
   for (size_t k = 0; k < r.block_ids.size(); ++k) {
     if (r.block_ids[k] < 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "new_requests[%d] (id %d): block_ids[%d] = %d is negative", i, r.id, k,
-          r.block_ids[k]));
+          "new_requests[%d] (id %d): block_ids[%d] = %d is negative", i, r.id, k, r.block_ids[k]));
     }
   }
   return absl::OkStatus();
@@ -83,19 +81,19 @@ absl::Status CheckContinuing(const StepDiff& d) {
   for (size_t i = 0; i < d.continuing.size(); ++i) {
     const ContinuingRequest& c = d.continuing[i];
     if (c.num_scheduled < 1 || c.num_scheduled > kMaxTokensPerRequest) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "continuing[%d] (id %d): num_scheduled %d not in [1, %d]", i, c.id, c.num_scheduled,
-          kMaxTokensPerRequest));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("continuing[%d] (id %d): num_scheduled %d not in [1, %d]", i, c.id,
+                          c.num_scheduled, kMaxTokensPerRequest));
     }
     if (c.num_new_blocks > kMaxBlocksPerRequest) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "continuing[%d] (id %d): %d new blocks exceeds limit %d", i, c.id, c.num_new_blocks,
-          kMaxBlocksPerRequest));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("continuing[%d] (id %d): %d new blocks exceeds limit %d", i, c.id,
+                          c.num_new_blocks, kMaxBlocksPerRequest));
     }
     if (c.block_offset != next_offset) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "continuing[%d] (id %d): block_offset %d, expected %d (ranges must be back to back)",
-          i, c.id, c.block_offset, next_offset));
+          "continuing[%d] (id %d): block_offset %d, expected %d (ranges must be back to back)", i,
+          c.id, c.block_offset, next_offset));
     }
     next_offset += c.num_new_blocks;
     if (next_offset > d.continuing_blocks.size()) {
@@ -105,16 +103,16 @@ absl::Status CheckContinuing(const StepDiff& d) {
     }
     for (uint32_t k = 0; k < c.num_new_blocks; ++k) {
       if (d.continuing_blocks[c.block_offset + k] < 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "continuing[%d] (id %d): new block %d = %d is negative", i, c.id, k,
-            d.continuing_blocks[c.block_offset + k]));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("continuing[%d] (id %d): new block %d = %d is negative", i, c.id, k,
+                            d.continuing_blocks[c.block_offset + k]));
       }
     }
   }
   if (next_offset != d.continuing_blocks.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "continuing_blocks has %d entries, the continuing requests use %d",
-        d.continuing_blocks.size(), next_offset));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("continuing_blocks has %d entries, the continuing requests use %d",
+                        d.continuing_blocks.size(), next_offset));
   }
   return absl::OkStatus();
 }
@@ -123,13 +121,15 @@ absl::Status CheckListSizes(const StepDiff& d) {
   struct L {
     const char* name;
     size_t n;
-  } lists[] = {{"new_requests", d.new_requests.size()}, {"continuing", d.continuing.size()},
-               {"finished", d.finished.size()},         {"aborted", d.aborted.size()},
+  } lists[] = {{"new_requests", d.new_requests.size()},
+               {"continuing", d.continuing.size()},
+               {"finished", d.finished.size()},
+               {"aborted", d.aborted.size()},
                {"preempted", d.preempted.size()}};
   for (const L& l : lists) {
     if (l.n > kMaxEntriesPerList) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s has %d entries, limit %d", l.name,
-                                                        l.n, kMaxEntriesPerList));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s has %d entries, limit %d", l.name, l.n, kMaxEntriesPerList));
     }
   }
   if ((d.flags & ~kDiffKnownFlags) != 0) {
@@ -383,9 +383,9 @@ absl::Status ValidateDiff(const StepDiff& d) {
               d.preempted.size());
   auto add_id = [&](uint64_t id, const char* list, size_t i) -> absl::Status {
     if (!ids.insert(id).second) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "diff step %d: request id %d (%s[%d]) appears more than once in the diff", d.step, id,
-          list, i));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("diff step %d: request id %d (%s[%d]) appears more than once in the diff",
+                          d.step, id, list, i));
     }
     return absl::OkStatus();
   };
@@ -408,8 +408,8 @@ absl::Status ValidateDiff(const StepDiff& d) {
   auto add_block = [&](int32_t b, uint64_t id) -> absl::Status {
     if (!blocks.insert(b).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "diff step %d: block %d (request %d) is assigned more than once in the diff", d.step,
-          b, id));
+          "diff step %d: block %d (request %d) is assigned more than once in the diff", d.step, b,
+          id));
     }
     return absl::OkStatus();
   };

@@ -35,10 +35,10 @@ namespace symtp::proto {
 inline constexpr int32_t kBlockSize = 16;
 
 // Decoder sanity limits. A count or value above them is a malformed record.
-inline constexpr uint64_t kMaxEntriesPerList = 1u << 20;   // requests / ids per list
-inline constexpr uint64_t kMaxTokensPerRequest = 1u << 24; // prompt, num_scheduled, max_new
+inline constexpr uint64_t kMaxEntriesPerList = 1u << 20;    // requests / ids per list
+inline constexpr uint64_t kMaxTokensPerRequest = 1u << 24;  // prompt, num_scheduled, max_new
 inline constexpr uint64_t kMaxBlocksPerRequest = 1u << 20;
-inline constexpr uint64_t kMaxInt32 = 0x7fffffff;          // token ids, block ids, top_k
+inline constexpr uint64_t kMaxInt32 = 0x7fffffff;  // token ids, block ids, top_k
 
 // Diff flags (header flags field).
 enum DiffFlags : uint16_t {
@@ -58,19 +58,19 @@ struct SamplingParams {
 
 struct NewRequest {
   uint64_t id = 0;
-  std::vector<int32_t> prompt;        // non-empty; for a resumed request: prompt + generated
+  std::vector<int32_t> prompt;  // non-empty; for a resumed request: prompt + generated
   SamplingParams sampling;
-  uint32_t max_new_tokens = 0;        // >= 1; for a resumed request: what remains
-  std::optional<int32_t> eos_id;      // >= 0 when set
-  uint32_t num_scheduled = 0;         // first prefill chunk, 1..prompt.size()
-  std::vector<int32_t> block_ids;     // initial block table, >= ceil(num_scheduled / 16)
+  uint32_t max_new_tokens = 0;     // >= 1; for a resumed request: what remains
+  std::optional<int32_t> eos_id;   // >= 0 when set
+  uint32_t num_scheduled = 0;      // first prefill chunk, 1..prompt.size()
+  std::vector<int32_t> block_ids;  // initial block table, >= ceil(num_scheduled / 16)
   friend bool operator==(const NewRequest&, const NewRequest&) = default;
 };
 
 struct ContinuingRequest {
   uint64_t id = 0;
-  uint32_t num_scheduled = 0;   // >= 1; 1 for decode
-  uint32_t block_offset = 0;    // its new blocks: StepDiff::continuing_blocks[off, off + n)
+  uint32_t num_scheduled = 0;  // >= 1; 1 for decode
+  uint32_t block_offset = 0;   // its new blocks: StepDiff::continuing_blocks[off, off + n)
   uint32_t num_new_blocks = 0;
   friend bool operator==(const ContinuingRequest&, const ContinuingRequest&) = default;
 };

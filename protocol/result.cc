@@ -19,15 +19,15 @@ absl::Status CheckResult(const StepResult& r) {
         absl::StrFormat("result step %d: rank %d exceeds limit %d", r.step, r.rank, kMaxRanks));
   }
   if (r.sampled.size() > kMaxEntriesPerList) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "result step %d rank %d: %d sampled tokens exceeds limit %d", r.step, r.rank,
-        r.sampled.size(), kMaxEntriesPerList));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("result step %d rank %d: %d sampled tokens exceeds limit %d", r.step,
+                        r.rank, r.sampled.size(), kMaxEntriesPerList));
   }
   for (size_t i = 0; i < r.sampled.size(); ++i) {
     if (r.sampled[i].token < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "result step %d rank %d: sampled[%d] (request %d) token %d is negative", r.step,
-          r.rank, i, r.sampled[i].request_id, r.sampled[i].token));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("result step %d rank %d: sampled[%d] (request %d) token %d is negative",
+                          r.step, r.rank, i, r.sampled[i].request_id, r.sampled[i].token));
     }
   }
   return absl::OkStatus();
@@ -84,8 +84,7 @@ absl::Status DecodePayload(Reader& rd, StepResult* r) {
 }
 
 size_t MaxPayload(const StepResult& r) {
-  return 7 * wire::kMaxVarint64 + 8 +
-         r.sampled.size() * (wire::kMaxVarint64 + wire::kMaxVarint32);
+  return 7 * wire::kMaxVarint64 + 8 + r.sampled.size() * (wire::kMaxVarint64 + wire::kMaxVarint32);
 }
 
 }  // namespace
@@ -135,8 +134,7 @@ absl::Status DecodeResultInto(absl::Span<const uint8_t> record, StepResult* out)
   Reader rd(record.data() + kHeaderSize, record.data() + kHeaderSize + h->payload_len);
   s = DecodePayload(rd, out);
   if (!s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrFormat("result record seq %d: %s", h->seq, s.message()));
+    return absl::Status(s.code(), absl::StrFormat("result record seq %d: %s", h->seq, s.message()));
   }
   return absl::OkStatus();
 }

@@ -9,9 +9,7 @@ uint32_t LoadLe32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
 }
-uint16_t LoadLe16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
+uint16_t LoadLe16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint64_t LoadLe64(const uint8_t* p) {
   return static_cast<uint64_t>(LoadLe32(p)) | static_cast<uint64_t>(LoadLe32(p + 4)) << 32;
 }
@@ -33,51 +31,49 @@ absl::StatusOr<FrameHeader> ParseHeader(absl::Span<const uint8_t> buf, uint32_t 
   h.payload_len = LoadLe32(p + 16);
   h.checksum = LoadLe32(p + 20);
   if (h.magic != magic) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s record: bad magic 0x%08x (expected 0x%08x)", what, h.magic, magic));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s record: bad magic 0x%08x (expected 0x%08x)", what, h.magic, magic));
   }
   if (h.version != kWireVersion) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s record: unsupported wire version %d (this build speaks %d)", what, h.version,
-        kWireVersion));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s record: unsupported wire version %d (this build speaks %d)", what,
+                        h.version, kWireVersion));
   }
   if ((h.flags & ~allowed_flags) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s record seq %d: unknown flag bits 0x%04x", what, h.seq, h.flags & ~allowed_flags));
+    return absl::InvalidArgumentError(absl::StrFormat("%s record seq %d: unknown flag bits 0x%04x",
+                                                      what, h.seq, h.flags & ~allowed_flags));
   }
   if (h.payload_len > kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s record seq %d: payload length %d exceeds limit %d", what, h.seq, h.payload_len,
-        kMaxPayloadBytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s record seq %d: payload length %d exceeds limit %d", what, h.seq,
+                        h.payload_len, kMaxPayloadBytes));
   }
   const size_t have = buf.size() - kHeaderSize;
   if (have < h.payload_len) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s record seq %d truncated: payload length %d, only %d bytes present", what, h.seq,
-        h.payload_len, have));
+    return absl::DataLossError(
+        absl::StrFormat("%s record seq %d truncated: payload length %d, only %d bytes present",
+                        what, h.seq, h.payload_len, have));
   }
   if (have > h.payload_len) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s record seq %d: %d bytes after the payload (payload length %d)", what, h.seq,
-        have - h.payload_len, h.payload_len));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s record seq %d: %d bytes after the payload (payload length %d)", what,
+                        h.seq, have - h.payload_len, h.payload_len));
   }
   return h;
 }
 
-absl::Status VerifyChecksum(absl::Span<const uint8_t> buf, const FrameHeader& h,
-                            const char* what) {
+absl::Status VerifyChecksum(absl::Span<const uint8_t> buf, const FrameHeader& h, const char* what) {
   uint32_t crc = Crc32c(0, buf.data(), 20);
   crc = Crc32c(crc, buf.data() + kHeaderSize, h.payload_len);
   if (crc != h.checksum) {
     return absl::DataLossError(absl::StrFormat(
-        "%s record seq %d: checksum mismatch (header 0x%08x, computed 0x%08x over %d bytes)",
-        what, h.seq, h.checksum, crc, h.payload_len));
+        "%s record seq %d: checksum mismatch (header 0x%08x, computed 0x%08x over %d bytes)", what,
+        h.seq, h.checksum, crc, h.payload_len));
   }
   return absl::OkStatus();
 }
 
-void WriteHeader(uint8_t* buf, uint32_t magic, uint16_t flags, uint64_t seq,
-                 uint32_t payload_len) {
+void WriteHeader(uint8_t* buf, uint32_t magic, uint16_t flags, uint64_t seq, uint32_t payload_len) {
   wire::Writer w{buf};
   w.Fixed32(magic);
   w.Fixed32(static_cast<uint32_t>(kWireVersion) | static_cast<uint32_t>(flags) << 16);

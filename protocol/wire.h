@@ -46,12 +46,10 @@ absl::StatusOr<FrameHeader> ParseHeader(absl::Span<const uint8_t> buf, uint32_t 
                                         uint16_t allowed_flags, const char* what);
 
 // Checks the checksum of a record whose header parsed as `h`.
-absl::Status VerifyChecksum(absl::Span<const uint8_t> buf, const FrameHeader& h,
-                            const char* what);
+absl::Status VerifyChecksum(absl::Span<const uint8_t> buf, const FrameHeader& h, const char* what);
 
 // Writes the header for a payload already placed at buf[kHeaderSize ...].
-void WriteHeader(uint8_t* buf, uint32_t magic, uint16_t flags, uint64_t seq,
-                 uint32_t payload_len);
+void WriteHeader(uint8_t* buf, uint32_t magic, uint16_t flags, uint64_t seq, uint32_t payload_len);
 
 namespace wire {
 
@@ -118,8 +116,7 @@ class Reader {
 
   // Reads an element count that must be <= max and leave at least
   // `min_bytes_each` bytes per element in the payload.
-  inline absl::Status Count(uint64_t* out, uint64_t max, size_t min_bytes_each,
-                            const char* field) {
+  inline absl::Status Count(uint64_t* out, uint64_t max, size_t min_bytes_each, const char* field) {
     absl::Status s = Bounded(out, max, field);
     if (!s.ok()) return s;
     if (min_bytes_each > 0 && *out > remaining() / min_bytes_each) {

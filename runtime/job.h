@@ -45,6 +45,12 @@ enum class ProcPhase : int32_t {
 };
 const char* ProcPhaseName(ProcPhase p);
 
+// A process-shared generation-counted barrier (runtime/shm_barrier.h).
+struct alignas(64) BarrierWord {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> generation;
+};
+
 // One per process, on its own cache line.
 struct alignas(64) ProcSlot {
   std::atomic<int32_t> pid;
@@ -61,13 +67,9 @@ struct alignas(64) ControlBlock {
   std::atomic<int32_t> abort_code;  // 0 = running; non-zero = tear down
   char abort_reason[256];
   ProcSlot procs[kMaxProcs];
-  // NCCL bootstrap: rank 0 writes the unique id then sets nccl_id_ready.
-  alignas(64) std::atomic<int32_t> nccl_id_ready;
-  uint8_t nccl_id[128];
-  // Byte exchange among the workers (CUDA IPC handles, probes): a
-  // generation-counted all-gather.
-  alignas(64) std::atomic<uint32_t> exchange_arrived;
-  std::atomic<uint32_t> exchange_generation;
+  // Byte exchange among the workers (NCCL unique id, CUDA IPC handles,
+  // probes): an all-gather between two barriers.
+  BarrierWord exchange_barrier;
   uint8_t exchange[kMaxRanks][kExchangeBytesPerRank];
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free);

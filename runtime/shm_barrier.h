@@ -15,11 +15,6 @@
 
 namespace symtp::runtime {
 
-struct alignas(64) BarrierWord {
-  std::atomic<uint32_t> arrived;
-  std::atomic<uint32_t> generation;
-};
-
 // Checks run while waiting: abort word, then every worker's pid/phase.
 // Returns the first problem found as a Status naming the process.
 absl::Status CheckPeers(const ControlBlock* cb, int tp);

@@ -36,7 +36,7 @@ class BlockManager {
  private:
   explicit BlockManager(int32_t n);
   int32_t num_blocks_ = 0;
-  std::vector<int32_t> free_;     // stack; back() is handed out next
+  std::vector<int32_t> free_;  // stack; back() is handed out next
   std::vector<uint8_t> allocated_;
 };
 

@@ -10,10 +10,14 @@ namespace symtp::sched {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kMaxTokens: return "max_tokens";
-    case FinishReason::kAborted: return "aborted";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kAborted:
+      return "aborted";
   }
   return "?";
 }
@@ -58,8 +62,8 @@ absl::StatusOr<Scheduler> Scheduler::Create(const SchedulerConfig& config) {
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager blocks)
     : config_(config), blocks_(std::move(blocks)) {}
 
-absl::Status Scheduler::AddRequest(uint64_t id, std::vector<int32_t> prompt,
-                                   int32_t max_new_tokens, const model::SamplingParams& sampling,
+absl::Status Scheduler::AddRequest(uint64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
+                                   const model::SamplingParams& sampling,
                                    std::optional<int32_t> eos_id, int64_t now_ns) {
   if (requests_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrFormat("request %d already exists", id));
@@ -82,9 +86,9 @@ absl::Status Scheduler::AddRequest(uint64_t id, std::vector<int32_t> prompt,
         absl::StrFormat("request %d: max_new_tokens %d < 1", id, max_new_tokens));
   }
   if (static_cast<int64_t>(prompt.size()) + max_new_tokens > config_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "request %d: prompt %d + max_new_tokens %d exceeds max_seq_len %d", id, prompt.size(),
-        max_new_tokens, config_.max_seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %d: prompt %d + max_new_tokens %d exceeds max_seq_len %d", id,
+                        prompt.size(), max_new_tokens, config_.max_seq_len));
   }
   if (eos_id.has_value() && *eos_id < 0) {
     return absl::InvalidArgumentError(
@@ -401,15 +405,15 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
   }
   const InflightStep& front = inflight_.front();
   if (result.step != front.step) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "result for step %d (rank %d), expected the oldest in-flight step %d", result.step,
-        result.rank, front.step));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("result for step %d (rank %d), expected the oldest in-flight step %d",
+                        result.step, result.rank, front.step));
   }
   const uint64_t step = front.step;
   if (static_cast<int64_t>(result.sampled.size()) != front.num_samples) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d (rank %d): %d sampled tokens, the plan samples %d", step, result.rank,
-        result.sampled.size(), front.num_samples));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d (rank %d): %d sampled tokens, the plan samples %d", step,
+                        result.rank, result.sampled.size(), front.num_samples));
   }
   // Validate everything before changing any state. Requests seen in this
   // call are marked with a per-call epoch to catch duplicates.
@@ -418,9 +422,9 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
     const proto::SampledToken& t = result.sampled[i];
     auto it = requests_.find(t.request_id);
     if (it == requests_.end()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d (rank %d): sampled[%d] is for unknown request %d", step, result.rank, i,
-          t.request_id));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d (rank %d): sampled[%d] is for unknown request %d", step,
+                          result.rank, i, t.request_id));
     }
     Request* r = it->second.get();
     if (r->sample_steps.empty() || r->sample_steps.front() != step) {
@@ -434,9 +438,9 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
           "step %d (rank %d): request %d sampled twice", step, result.rank, t.request_id));
     }
     if (t.token < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d (rank %d): request %d sampled negative token %d", step, result.rank,
-          t.request_id, t.token));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d (rank %d): request %d sampled negative token %d", step,
+                          result.rank, t.request_id, t.token));
     }
     r->result_mark = epoch;
   }
@@ -472,24 +476,21 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::OnStepResults(absl::Span<const proto::StepResult> ranks,
-                                      int64_t now_ns) {
+absl::Status Scheduler::OnStepResults(absl::Span<const proto::StepResult> ranks, int64_t now_ns) {
   if (ranks.empty()) return absl::InvalidArgumentError("OnStepResults with no results");
   absl::Status s = CheckDigests(ranks[0].step, ranks);
   if (!s.ok()) return s;
   return OnStepResult(ranks[0], now_ns);
 }
 
-absl::Status Scheduler::CheckDigests(uint64_t step,
-                                     absl::Span<const proto::StepResult> results) {
+absl::Status Scheduler::CheckDigests(uint64_t step, absl::Span<const proto::StepResult> results) {
   if (results.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat("step %d: no results to check", step));
   }
   for (const proto::StepResult& r : results) {
     if (r.step != step) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "digest check of step %d: rank %d returned a result for step %d", step, r.rank,
-          r.step));
+          "digest check of step %d: rank %d returned a result for step %d", step, r.rank, r.step));
     }
   }
   const proto::StepResult& ref = results[0];
@@ -506,9 +507,9 @@ absl::Status Scheduler::CheckDigests(uint64_t step,
     for (size_t i = 0; i < n; ++i) {
       if (r.sampled[i] == ref.sampled[i]) continue;
       if (r.sampled[i].request_id == ref.sampled[i].request_id) {
-        detail = absl::StrFormat("first difference: request %d sampled %d on rank %d, %d on rank %d",
-                                 ref.sampled[i].request_id, ref.sampled[i].token, ref.rank,
-                                 r.sampled[i].token, r.rank);
+        detail = absl::StrFormat(
+            "first difference: request %d sampled %d on rank %d, %d on rank %d",
+            ref.sampled[i].request_id, ref.sampled[i].token, ref.rank, r.sampled[i].token, r.rank);
       } else {
         detail = absl::StrFormat(
             "first difference at sample %d: request %d on rank %d, request %d on rank %d", i,

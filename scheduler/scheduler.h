@@ -54,7 +54,7 @@
 //    t+1 .. t+k already planned (k <= D-1). Then:
 //      * r's output ends with the EOS token; the tokens r samples in steps
 //        t+1 .. t+k are discarded when their results arrive (counted in
-//        stats().discarded_tokens);
+//        stats().discarded_after_eos);
 //      * r's blocks are freed immediately and r is listed in `finished` of the
 //        next diff planned (step t+k+1). Reusing those blocks in step t+k+1 is
 //        safe because workers execute steps in order: steps t+1..t+k, which
@@ -62,9 +62,11 @@
 //        removes r.
 //    With D = 1 there is no catch-up (k = 0); with D = 2, at most one wasted
 //    decode per EOS.
-//  - Abort(id) behaves like an EOS seen now: tokens of already planned steps
-//    are discarded and the request is listed in `aborted` of the next diff (if
-//    the workers hold it).
+//  - Abort(id) behaves like an EOS seen now: every token not yet received is
+//    discarded (also when the request had already been fully planned up to
+//    max_new_tokens), its blocks are freed and it is listed in `aborted` of
+//    the next diff if the workers hold it (a waiting or preempted request is
+//    simply dropped).
 //  - A preempted request's tokens still in flight are real tokens (its KV was
 //    valid when they were computed): they are kept, and the request is not
 //    re-admitted before all of them have arrived (its new prompt must contain
@@ -96,13 +98,13 @@
 namespace symtp::sched {
 
 struct SchedulerConfig {
-  int32_t max_running_seqs = 256;    // requests admitted (holding KV) at once
-  int32_t max_batched_tokens = 8192; // tokens scheduled per step
+  int32_t max_running_seqs = 256;     // requests admitted (holding KV) at once
+  int32_t max_batched_tokens = 8192;  // tokens scheduled per step
   int32_t num_kv_blocks = 8192;
-  int32_t block_size = 16;           // must be 16 (docs/MODEL.md)
-  int32_t max_seq_len = 4096;        // prompt + max_new_tokens of any request
-  int32_t prefill_chunk = 512;       // max prefill tokens per request per step; 0 = budget only
-  int32_t max_inflight_steps = 2;    // async depth D >= 1 (1 = synchronous)
+  int32_t block_size = 16;         // must be 16 (docs/MODEL.md)
+  int32_t max_seq_len = 4096;      // prompt + max_new_tokens of any request
+  int32_t prefill_chunk = 512;     // max prefill tokens per request per step; 0 = budget only
+  int32_t max_inflight_steps = 2;  // async depth D >= 1 (1 = synchronous)
 
   // InvalidArgument naming the field; also requires num_kv_blocks to hold one
   // request of max_seq_len (so a lone request always makes progress).
@@ -118,10 +120,10 @@ struct RequestOutput {
   std::vector<int32_t> tokens;          // generated tokens; ends with EOS if that stopped it
   std::vector<int64_t> token_times_ns;  // when each token's result was processed
   int64_t arrival_ns = 0;
-  int64_t first_token_ns = -1;          // TTFT = first_token_ns - arrival_ns
+  int64_t first_token_ns = -1;  // TTFT = first_token_ns - arrival_ns
   int64_t finish_ns = -1;
   FinishReason finish_reason = FinishReason::kNone;
-  bool finished = false;                // no more tokens will be appended
+  bool finished = false;  // no more tokens will be appended
   int32_t num_preemptions = 0;
 };
 
@@ -147,11 +149,11 @@ struct StepPlan {
 struct SchedulerStats {
   uint64_t steps = 0;
   uint64_t scheduled_tokens = 0;
-  uint64_t prefill_tokens = 0;     // includes recomputed tokens of resumed requests
+  uint64_t prefill_tokens = 0;  // includes recomputed tokens of resumed requests
   uint64_t decode_tokens = 0;
   uint64_t preemptions = 0;
-  uint64_t discarded_tokens = 0;   // sampled after an EOS or abort: eos + abort below
-  uint64_t discarded_after_eos = 0;    // the async catch-up waste (0 with depth 1)
+  uint64_t discarded_tokens = 0;     // sampled after an EOS or abort: eos + abort below
+  uint64_t discarded_after_eos = 0;  // the async catch-up waste (0 with depth 1)
   uint64_t discarded_after_abort = 0;
   uint64_t finished_requests = 0;
 };
@@ -232,13 +234,13 @@ class Scheduler {
     int32_t max_new_tokens = 0;
     std::optional<int32_t> eos_id;
     State state = State::kWaiting;
-    bool discard = false;           // stopped by EOS / abort: later tokens are discarded
+    bool discard = false;  // stopped by EOS / abort: later tokens are discarded
     bool eos_seen = false;
-    bool on_worker = false;         // workers hold its state
-    std::vector<int32_t> blocks;    // its block table
-    int32_t worker_prompt_len = 0;  // prompt length sent at the last admission
-    int32_t num_computed = 0;       // tokens whose KV the planned steps compute
-    int32_t planned_samples = 0;    // tokens sampled by all planned steps
+    bool on_worker = false;                         // workers hold its state
+    std::vector<int32_t> blocks;                    // its block table
+    int32_t worker_prompt_len = 0;                  // prompt length sent at the last admission
+    int32_t num_computed = 0;                       // tokens whose KV the planned steps compute
+    int32_t planned_samples = 0;                    // tokens sampled by all planned steps
     absl::InlinedVector<uint64_t, 4> sample_steps;  // in-flight steps sampling it, ascending
     uint64_t admit_seq = 0;
     int32_t running_index = -1;
@@ -248,9 +250,7 @@ class Scheduler {
     uint64_t result_mark = 0;
     RequestOutput out;
 
-    int32_t tokens_known() const {
-      return static_cast<int32_t>(prompt.size()) + planned_samples;
-    }
+    int32_t tokens_known() const { return static_cast<int32_t>(prompt.size()) + planned_samples; }
     bool prefilling() const { return num_computed < worker_prompt_len; }
   };
   struct InflightStep {
@@ -271,8 +271,8 @@ class Scheduler {
   SchedulerConfig config_;
   BlockManager blocks_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Request>> requests_;
-  std::vector<Request*> running_;   // admission order; nullptr = removed (compacted each plan)
-  std::list<Request*> waiting_;     // FCFS; preempted requests at the front
+  std::vector<Request*> running_;  // admission order; nullptr = removed (compacted each plan)
+  std::list<Request*> waiting_;    // FCFS; preempted requests at the front
   std::deque<InflightStep> inflight_;
   std::vector<uint64_t> pending_finished_;
   std::vector<uint64_t> pending_aborted_;

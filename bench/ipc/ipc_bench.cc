@@ -214,8 +214,8 @@ int64_t LatencyRecords(uint32_t consumers) {
   if (g_options.quick) return 100;
   switch (consumers) {
     case 1: return 20'000;
-    case 2: return 5'000;
-    case 4: return 2'000;
+    case 2: return 3'000;
+    case 4: return 1'500;
     default: return 1'000;
   }
 }

@@ -480,9 +480,16 @@ absl::Status Run(int argc, char** argv) {
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
                          cuda::DeviceBuffer::Create(kernels::kGemmWorkspaceBytes));
   SYMTP_ASSIGN_OR_RETURN(Ceilings c, MeasureCeilings(h, ws.get(), stream.get(), &js));
-  SYMTP_RETURN_IF_ERROR(BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
-  SYMTP_RETURN_IF_ERROR(BenchDecodeAttention(stream.get(), c, &js));
-  if (!skip_model) SYMTP_RETURN_IF_ERROR(BenchModelDecode(layers, stream.get(), &js));
+  // The sections are independent: one failing does not hide the others.
+  absl::Status first_error;
+  auto section = [&](const char* name, absl::Status st) {
+    if (st.ok()) return;
+    std::printf("SECTION %s FAILED: %s\n", name, st.ToString().c_str());
+    if (first_error.ok()) first_error = Annotate(st, name);
+  };
+  section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
+  section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
+  if (!skip_model) section("model_decode", BenchModelDecode(layers, stream.get(), &js));
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
@@ -494,7 +501,7 @@ absl::Status Run(int argc, char** argv) {
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }
-  return absl::OkStatus();
+  return first_error;
 }
 
 }  // namespace

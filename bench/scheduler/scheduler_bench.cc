@@ -83,8 +83,8 @@ struct SchedFixture {
     while (true) {
       sched::StepPlan p;
       Check(sched->PlanNextStep(&p));
-      bool all_decode = !p.scheduled.empty() &&
-                        static_cast<int>(p.scheduled.size()) == n && p.num_tokens == n;
+      bool all_decode =
+          !p.scheduled.empty() && static_cast<int>(p.scheduled.size()) == n && p.num_tokens == n;
       inflight.push_back(std::move(p));
       while (static_cast<int>(inflight.size()) >= 1) Pop();
       if (all_decode) break;

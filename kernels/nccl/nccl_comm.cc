@@ -95,60 +95,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
   }
   SYMTP_LOG(DEBUG, "nccl") << "communicator ready: rank " << rank << "/" << size << " device "
                            << device;
-
-  // Collectives on a non-blocking communicator cost ~50 us of host time each:
-  // NCCL 2.2x runs every group end of a non-blocking communicator on a fresh
-  // helper thread and answers ncclInProgress. Now that the bounded init has
-  // shown every rank present, split a blocking child for the collectives (the
-  // split itself runs, and is polled, in the parent's non-blocking mode) and
-  // release the parent. If that fails, keep the non-blocking parent.
-  ncclConfig_t child_config = NCCL_CONFIG_INITIALIZER;
-  child_config.blocking = 1;
-  ncclComm_t child = nullptr;
-  r = ncclCommSplit(comm, /*color=*/0, /*key=*/rank, &child, &child_config);
-  if (r == ncclInProgress) {
-    r = PollUntilSettled(
-        [comm, &child] {
-          ncclResult_t state = ncclSuccess;
-          ncclComm_t c = child != nullptr ? child : comm;
-          ncclResult_t rr = ncclCommGetAsyncError(c, &state);
-          if (rr == ncclSuccess && state == ncclSuccess && c != comm) {
-            rr = ncclCommGetAsyncError(comm, &state);  // the parent settles too
-          }
-          return rr != ncclSuccess ? rr : state;
-        },
-        deadline, &timed_out);
-  }
-  if (timed_out || r != ncclSuccess || child == nullptr) {
-    SYMTP_LOG(WARN, "nccl") << "rank " << rank << ": blocking split "
-                            << (timed_out ? "timed out" : "failed")
-                            << "; collectives stay on the non-blocking communicator ("
-                            << ncclGetErrorString(r) << ")";
-    if (child != nullptr) ncclCommAbort(child);
-    if (timed_out) {
-      ncclCommAbort(comm);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "NcclComm::Create rank ", rank, "/", size, ": split not done before the deadline"));
-    }
-    return std::unique_ptr<NcclComm>(new NcclComm(comm, rank, size, device, /*blocking=*/false));
-  }
-  // Release the parent (non-blocking finalize, polled; abort if it lingers).
-  r = ncclCommFinalize(comm);
-  if (r == ncclSuccess || r == ncclInProgress) {
-    r = PollUntilSettled(
-        [comm] {
-          ncclResult_t state = ncclSuccess;
-          ncclResult_t rr = ncclCommGetAsyncError(comm, &state);
-          return rr != ncclSuccess ? rr : state;
-        },
-        Deadline::AfterMs(kFinalizeTimeoutMs), &timed_out);
-  }
-  if (!timed_out && r == ncclSuccess) {
-    ncclCommDestroy(comm);
-  } else {
-    ncclCommAbort(comm);
-  }
-  return std::unique_ptr<NcclComm>(new NcclComm(child, rank, size, device, /*blocking=*/true));
+  return std::unique_ptr<NcclComm>(new NcclComm(comm, rank, size, device));
 }
 
 ncclResult_t NcclComm::State() {

@@ -104,7 +104,7 @@ TEST_F(GpuModelTest, TinyFp32LogitsMatchCpu) {
 }
 
 TEST_F(GpuModelTest, SmallTwoLayersFp32LogitsMatchCpu) {
-  CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 70}, 32, 3, 1e-4, 0);
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 23}, 16, 3, 1e-4, 0);
 }
 
 TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
@@ -112,7 +112,7 @@ TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
 }
 
 TEST_F(GpuModelTest, SmallTwoLayersBf16LogitsCloseToCpu) {
-  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {40, 9}, 64, 3, 0, 0.08);
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9}, 64, 3, 0, 0.08);
 }
 
 // 16 greedy decode steps: the GPU samples on the device and feeds its own
@@ -124,7 +124,7 @@ void GreedyDecode(const model::ModelConfig& cfg, cudaStream_t stream) {
   auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, true), nullptr);
   ASSERT_OK(gpu);
   SimBatch cpu_sim(cfg, kBlocks, 7), gpu_sim(cfg, kBlocks, 7);
-  const std::vector<int> prompts = {9, 30, 3, 50};
+  const std::vector<int> prompts = {9, 20, 3, 12};
   for (int p : prompts) {
     cpu_sim.AddSequence(p, cfg.vocab);
     gpu_sim.AddSequence(p, cfg.vocab);

@@ -436,6 +436,18 @@ TEST(CpuModelTest, ForwardEdgeCases) {
   ASSERT_OK(again.Add({1, 2}, 0, {0}, true));
   ASSERT_OK(m.Forward(again.Take(), &l2));
   EXPECT_EQ(l, l2);
+  // sample_index may repeat and reorder rows (more samples than tokens).
+  BatchBuilder rep(16, 1);
+  ASSERT_OK(rep.Add({1, 2}, 0, {1}, false));
+  for (int32_t i : {1, 0, 1, 1, 0}) rep.AddSampleIndex(i);
+  std::vector<float> l3;
+  ASSERT_OK(m.Forward(rep.Take(), &l3));
+  ASSERT_EQ(l3.size(), 5u * c.vocab);
+  const std::vector<float> row1(l3.begin(), l3.begin() + c.vocab), row0(l3.begin() + c.vocab, l3.begin() + 2 * c.vocab);
+  EXPECT_EQ(row1, l);  // token 1 of the chunk is the same (token, position, history) as before
+  EXPECT_NE(row0, row1);
+  for (int r : {2, 3}) EXPECT_TRUE(std::equal(row1.begin(), row1.end(), l3.begin() + r * c.vocab));
+  EXPECT_TRUE(std::equal(row0.begin(), row0.end(), l3.begin() + 4 * c.vocab));
   // Moved-from.
   CpuModel moved = std::move(m);
   EXPECT_THAT(m.Forward(BatchInput(), &l), StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));

@@ -45,8 +45,9 @@ TEST(Crc32c, HardwareMatchesPortableAtEveryAlignmentAndSplit) {
 // ---------------------------------------------------------------- varints
 
 TEST(Varint, RoundTripAndCanonical) {
-  std::vector<uint64_t> values = {0, 1, 127, 128, 16383, 16384, (1ull << 32) - 1, 1ull << 32,
-                                  (1ull << 63) - 1, 1ull << 63, ~0ull};
+  std::vector<uint64_t> values = {
+      0,          1,    127, 128, 16383, 16384, (1ull << 32) - 1, 1ull << 32, (1ull << 63) - 1,
+      1ull << 63, ~0ull};
   for (uint64_t v : values) {
     uint8_t buf[16];
     wire::Writer w{buf};
@@ -59,19 +60,19 @@ TEST(Varint, RoundTripAndCanonical) {
     // Every strict prefix is a truncation.
     for (uint8_t* end = buf; end < w.p; ++end) {
       wire::Reader t(buf, end);
-      EXPECT_THAT(t.Varint(&got, "v"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("field v")));
+      EXPECT_THAT(t.Varint(&got, "v"),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field v")));
     }
   }
   const uint8_t overlong[] = {0x81, 0x00};
   uint64_t got;
   wire::Reader r1(overlong, overlong + 2);
-  EXPECT_THAT(r1.Varint(&got, "x"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                             HasSubstr("non-canonical")));
+  EXPECT_THAT(r1.Varint(&got, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("non-canonical")));
   const uint8_t too_long[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
   wire::Reader r2(too_long, too_long + 10);
-  EXPECT_THAT(r2.Varint(&got, "x"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                             HasSubstr("overflows")));
+  EXPECT_THAT(r2.Varint(&got, "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overflows")));
   const uint8_t eleven[] = {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01};
   wire::Reader r3(eleven, eleven + 11);
   EXPECT_FALSE(r3.Varint(&got, "x").ok());
@@ -230,8 +231,8 @@ TEST(Diff, ValidateRejectsDuplicates) {
   {
     StepDiff d = SampleDiff();
     d.AddContinuing(77, 1, std::vector<int32_t>{30});  // block 30 belongs to request 7
-    EXPECT_THAT(ValidateDiff(d), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          HasSubstr("block 30 (request 77)")));
+    EXPECT_THAT(ValidateDiff(d),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 30 (request 77)")));
   }
 }
 
@@ -256,8 +257,8 @@ TEST(Diff, HeaderErrorsNameTheProblem) {
   {
     auto b = good;
     b[7] = 0x80;
-    EXPECT_THAT(DecodeDiff(b), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr("unknown flag bits")));
+    EXPECT_THAT(DecodeDiff(b),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flag bits")));
   }
   {
     auto b = good;
@@ -283,8 +284,8 @@ TEST(Diff, HeaderErrorsNameTheProblem) {
   {
     auto b = good;
     SetPayloadLen(b, 0xffffffffu);
-    EXPECT_THAT(DecodeDiff(b), StatusIs(absl::StatusCode::kInvalidArgument,
-                                        HasSubstr("exceeds limit")));
+    EXPECT_THAT(DecodeDiff(b),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceeds limit")));
   }
 }
 
@@ -356,8 +357,8 @@ TEST(Result, Errors) {
   // A diff is not a result.
   std::vector<uint8_t> diff;
   ASSERT_OK(EncodeDiff(SampleDiff(), &diff));
-  EXPECT_THAT(DecodeResult(diff), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("result record: bad magic")));
+  EXPECT_THAT(DecodeResult(diff),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("result record: bad magic")));
   b = buf;
   b.resize(b.size() - 1);
   EXPECT_THAT(DecodeResult(b), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));

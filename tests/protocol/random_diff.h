@@ -73,8 +73,8 @@ inline StepResult RandomResult(std::mt19937_64& rng) {
   r.step = U(0, 1000000);
   r.rank = static_cast<uint32_t>(U(0, 7));
   r.digest = U(0, ~uint64_t{0});
-  r.timings = {U(0, 1000000), U(0, 10000), U(0, 100000), U(0, 100000000), U(0, 100000),
-               U(0, 200000000)};
+  r.timings = {U(0, 1000000),   U(0, 10000),  U(0, 100000),
+               U(0, 100000000), U(0, 100000), U(0, 200000000)};
   const int n = static_cast<int>(U(0, 300));
   uint64_t id = U(0, 1000);
   for (int i = 0; i < n; ++i) {

@@ -10,8 +10,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(BlockManager, CreateRejectsBadSizes) {
-  EXPECT_THAT(BlockManager::Create(0), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("num_kv_blocks 0")));
+  EXPECT_THAT(BlockManager::Create(0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_kv_blocks 0")));
   EXPECT_FALSE(BlockManager::Create(-5).ok());
   EXPECT_TRUE(BlockManager::Create(1).ok());
 }
@@ -64,8 +64,8 @@ TEST(BlockManager, DoubleFreeAndBadIdsFreeNothing) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("out of range")));
   EXPECT_EQ(bm.num_free(), 2);
   ASSERT_OK(bm.Free(a));
-  EXPECT_THAT(bm.Free(a), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                   HasSubstr("double free")));
+  EXPECT_THAT(bm.Free(a),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("double free")));
   EXPECT_EQ(bm.num_free(), 4);
 }
 

@@ -278,7 +278,7 @@ TEST(Scheduler, AsyncEosCatchUpDiscardsPlannedTokens) {
   ASSERT_OK(d.Complete());  // step 1: EOS
   EXPECT_EQ(d.sched.num_running(), 0);
   EXPECT_EQ(d.sched.num_free_blocks(), c.num_kv_blocks);  // freed at once
-  EXPECT_FALSE(d.sched.GetOutput(id)->finished);  // step 2 still in flight
+  EXPECT_FALSE(d.sched.GetOutput(id)->finished);          // step 2 still in flight
   StepPlan p3 = d.Plan();
   EXPECT_THAT(p3.diff.finished, ElementsAre(id));
   EXPECT_TRUE(p3.scheduled.empty());
@@ -410,16 +410,18 @@ TEST(Scheduler, CheckDigestsNamesStepRanksAndRequest) {
   EXPECT_OK(Scheduler::CheckDigests(12, all));
   all[2].digest = 0xdef;
   all[2].sampled[1].token = 99;
-  EXPECT_THAT(Scheduler::CheckDigests(12, all),
-              StatusIs(absl::StatusCode::kInternal,
-                       ::testing::AllOf(HasSubstr("step 12"), HasSubstr("ranks [2] disagree"),
-                                        HasSubstr("request 9 sampled 11 on rank 0, 99 on rank 2"))));
+  EXPECT_THAT(
+      Scheduler::CheckDigests(12, all),
+      StatusIs(absl::StatusCode::kInternal,
+               ::testing::AllOf(HasSubstr("step 12"), HasSubstr("ranks [2] disagree"),
+                                HasSubstr("request 9 sampled 11 on rank 0, 99 on rank 2"))));
   all[2].sampled[1].token = 11;
   EXPECT_THAT(Scheduler::CheckDigests(12, all),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("sampled tokens identical")));
   all[1].step = 13;
   EXPECT_THAT(Scheduler::CheckDigests(12, all),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1 returned a result for step 13")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 1 returned a result for step 13")));
 }
 
 TEST(Scheduler, EndOfJob) {

@@ -65,9 +65,12 @@ class Simulation {
       s.max_new = U(1, cfg.max_new);
       if (U(0, 4) != 0) s.eos = model_.eos;
       const int a = U(0, 19);
-      if (a == 0) s.abort_at = 0;
-      else if (a == 1) s.abort_at = -2;
-      else if (a <= 3 && s.max_new > 1) s.abort_at = U(1, s.max_new - 1);
+      if (a == 0)
+        s.abort_at = 0;
+      else if (a == 1)
+        s.abort_at = -2;
+      else if (a <= 3 && s.max_new > 1)
+        s.abort_at = U(1, s.max_new - 1);
       specs_.push_back(s);
     }
   }
@@ -108,8 +111,8 @@ class Simulation {
           sp.seed = id;
           ASSERT_OK(sched.AddRequest(id, prompt, s.max_new, sp, s.eos));
           if (s.abort_at == 0) {
-      ASSERT_OK(sched.Abort(id));
-    }
+            ASSERT_OK(sched.Abort(id));
+          }
         }
       }
       const bool all_added = next_request == cfg_.num_requests;
@@ -136,8 +139,8 @@ class Simulation {
         for (const auto& n : plan.diff.new_requests) {
           const RequestSpec& s = specs_[n.id - 1000];
           if (s.abort_at == -2) {
-      ASSERT_OK(sched.Abort(n.id));
-    }
+            ASSERT_OK(sched.Abort(n.id));
+          }
         }
         ASSERT_OK(proto::ValidateDiff(plan.diff));
         ASSERT_OK(proto::EncodeDiff(plan.diff, &wire));
@@ -245,8 +248,8 @@ class Simulation {
     for (const auto& s : plan.scheduled) {
       tokens += s.num_tokens;
       if (cfg_.sched.prefill_chunk > 0) {
-      EXPECT_LE(s.num_tokens, cfg_.sched.prefill_chunk);
-    }
+        EXPECT_LE(s.num_tokens, cfg_.sched.prefill_chunk);
+      }
     }
     EXPECT_EQ(tokens, plan.num_tokens);
   }
@@ -352,11 +355,11 @@ TEST(Simulation, DivergentReplicaIsCaught) {
     if (step < 4) {
       ASSERT_OK(s);
     } else {
-      EXPECT_THAT(s, ::symtp::testing::StatusIs(
-                         absl::StatusCode::kInternal,
-                         ::testing::AllOf(::testing::HasSubstr("step 4"),
-                                          ::testing::HasSubstr("ranks [1] disagree"),
-                                          ::testing::HasSubstr("request 12"))));
+      EXPECT_THAT(
+          s, ::symtp::testing::StatusIs(absl::StatusCode::kInternal,
+                                        ::testing::AllOf(::testing::HasSubstr("step 4"),
+                                                         ::testing::HasSubstr("ranks [1] disagree"),
+                                                         ::testing::HasSubstr("request 12"))));
       return;
     }
   }

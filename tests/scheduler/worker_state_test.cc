@@ -97,7 +97,8 @@ TEST(WorkerState, BuildInputForMixedPrefillAndDecode) {
   EXPECT_THAT(w.sample_positions(), ElementsAre(20, 6));
   EXPECT_THAT(w.rows_changed(), ElementsAre(0));  // request 1 got a block
   ASSERT_OK(w.ApplySampled(std::vector<int32_t>{50, 51}));
-  EXPECT_THAT(w.last_sampled(), ElementsAre(proto::SampledToken{1, 50}, proto::SampledToken{2, 51}));
+  EXPECT_THAT(w.last_sampled(),
+              ElementsAre(proto::SampledToken{1, 50}, proto::SampledToken{2, 51}));
 
   // Finishing request 1 swap-removes its row: request 2 moves to row 0.
   d.Clear();
@@ -131,14 +132,14 @@ TEST(WorkerState, SequenceGapAndRepeat) {
   d.step = 0;
   ASSERT_OK(w.ApplyDiff(d));
   d.step = 1;
-  EXPECT_THAT(w.ApplyDiff(d), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                       HasSubstr("step 0 is still open")));
+  EXPECT_THAT(w.ApplyDiff(d),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 0 is still open")));
   ASSERT_OK(w.ApplySampled({}));
   d.step = 0;
   EXPECT_THAT(w.ApplyDiff(d), StatusIs(absl::StatusCode::kOutOfRange,
                                        HasSubstr("expected step 1, got step 0 (repeat)")));
-  EXPECT_THAT(w.BuildInput(nullptr), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                              HasSubstr("no open step")));
+  EXPECT_THAT(w.BuildInput(nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no open step")));
 }
 
 TEST(WorkerState, UnknownIdsAndPoisoning) {
@@ -176,8 +177,8 @@ absl::Status ApplyAfterOneRequest(proto::StepDiff d, uint32_t max_new = 10) {
 TEST(WorkerState, InconsistentDiffsAreErrors) {
   proto::StepDiff d;
   d.new_requests.push_back(NewReq(1, 4, 0, 4, {1}));
-  EXPECT_THAT(ApplyAfterOneRequest(d), StatusIs(absl::StatusCode::kAlreadyExists,
-                                                HasSubstr("request 1 is already cached")));
+  EXPECT_THAT(ApplyAfterOneRequest(d),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("request 1 is already cached")));
   d.Clear();
   d.new_requests.push_back(NewReq(2, 4, 0, 4, {0}));
   EXPECT_THAT(ApplyAfterOneRequest(d),
@@ -199,20 +200,20 @@ TEST(WorkerState, InconsistentDiffsAreErrors) {
   d.Clear();
   d.AddContinuing(1, 1, std::vector<int32_t>{1});
   d.AddContinuing(1, 1);
-  EXPECT_THAT(ApplyAfterOneRequest(d), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("scheduled twice")));
+  EXPECT_THAT(ApplyAfterOneRequest(d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scheduled twice")));
   d.Clear();
   d.AddContinuing(1, 1, std::vector<int32_t>{1});
   EXPECT_THAT(ApplyAfterOneRequest(d, /*max_new=*/1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("beyond max_new_tokens 1")));
   d.Clear();
   d.AddContinuing(1, 1, std::vector<int32_t>{1, 2, 3, 4});  // 5 blocks > 64 / 16
-  EXPECT_THAT(ApplyAfterOneRequest(d), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("max_seq_len 64 allows 4")));
+  EXPECT_THAT(ApplyAfterOneRequest(d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_seq_len 64 allows 4")));
   d.Clear();
   d.new_requests.push_back(NewReq(2, 60, 0, 16, {1}, 5));
-  EXPECT_THAT(ApplyAfterOneRequest(d), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("exceeds max_seq_len")));
+  EXPECT_THAT(ApplyAfterOneRequest(d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceeds max_seq_len")));
   d.Clear();
   d.AddContinuing(1, 1, std::vector<int32_t>{1});
   EXPECT_OK(ApplyAfterOneRequest(d));

@@ -42,8 +42,9 @@ uint64_t StaticHash(const CachedRequest& r) {
 inline uint64_t Contribution(const CachedRequest& r) {
   uint64_t h = Mix(r.static_hash ^ r.token_hash);
   h = Mix(h ^ r.block_hash);
-  return Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(r.num_computed)) << 32 |
-                  static_cast<uint32_t>(r.row)) ^
+  return Mix(h ^
+             (static_cast<uint64_t>(static_cast<uint32_t>(r.num_computed)) << 32 |
+              static_cast<uint32_t>(r.row)) ^
              (static_cast<uint64_t>(static_cast<uint32_t>(r.num_sampled)) * 0x100000001b3ull));
 }
 
@@ -108,14 +109,14 @@ absl::Status WorkerState::ApplyDiff(const proto::StepDiff& diff) {
         "diff for step %d after the end-of-job step %d", diff.step, next_step_ - 1));
   }
   if (step_open_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "diff for step %d while step %d is still open (ApplySampled not called)", diff.step,
-        open_step_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("diff for step %d while step %d is still open (ApplySampled not called)",
+                        diff.step, open_step_));
   }
   if (diff.step != next_step_) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "diff sequence error: expected step %d, got step %d (%s)", next_step_, diff.step,
-        diff.step < next_step_ ? "repeat" : "gap"));
+    return absl::OutOfRangeError(
+        absl::StrFormat("diff sequence error: expected step %d, got step %d (%s)", next_step_,
+                        diff.step, diff.step < next_step_ ? "repeat" : "gap"));
   }
   open_step_ = diff.step;
   rows_changed_.clear();
@@ -147,8 +148,7 @@ absl::Status WorkerState::ApplyDiffImpl(const proto::StepDiff& diff) {
   }
   for (size_t i = 0; i < diff.continuing.size(); ++i) {
     const proto::ContinuingRequest& c = diff.continuing[i];
-    if (static_cast<uint64_t>(c.block_offset) + c.num_new_blocks >
-        diff.continuing_blocks.size()) {
+    if (static_cast<uint64_t>(c.block_offset) + c.num_new_blocks > diff.continuing_blocks.size()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "step %d: continuing[%d] (request %d): block range outside the diff", step, i, c.id));
     }
@@ -196,14 +196,14 @@ absl::Status WorkerState::TakeBlocks(uint32_t slot, absl::Span<const int32_t> bl
   }
   for (int32_t b : blocks) {
     if (b < 0 || b >= config_.num_kv_blocks) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d: request %d: block %d out of range [0, %d)", step, r.id, b,
-          config_.num_kv_blocks));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d: request %d: block %d out of range [0, %d)", step, r.id, b,
+                          config_.num_kv_blocks));
     }
     if (block_owner_[b] != -1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d: request %d: block %d is already owned by request %d", step, r.id, b,
-          slots_[block_owner_[b]].id));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d: request %d: block %d is already owned by request %d", step,
+                          r.id, b, slots_[block_owner_[b]].id));
     }
     block_owner_[b] = static_cast<int32_t>(slot);
     r.block_table.push_back(b);
@@ -218,15 +218,15 @@ absl::Status WorkerState::AddNew(const proto::NewRequest& n, size_t index, uint6
         "step %d: new_requests[%d]: request %d is already cached", step, index, n.id));
   }
   if (n.prompt.empty() || n.num_scheduled < 1 || n.num_scheduled > n.prompt.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: new request %d: num_scheduled %d with a prompt of %d tokens", step, n.id,
-        n.num_scheduled, n.prompt.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: new request %d: num_scheduled %d with a prompt of %d tokens",
+                        step, n.id, n.num_scheduled, n.prompt.size()));
   }
   if (static_cast<int64_t>(n.prompt.size()) + n.max_new_tokens > config_.max_seq_len ||
       n.max_new_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: new request %d: prompt %d + max_new_tokens %d exceeds max_seq_len %d", step,
-        n.id, n.prompt.size(), n.max_new_tokens, config_.max_seq_len));
+        "step %d: new request %d: prompt %d + max_new_tokens %d exceeds max_seq_len %d", step, n.id,
+        n.prompt.size(), n.max_new_tokens, config_.max_seq_len));
   }
   uint32_t slot;
   if (!free_slots_.empty()) {
@@ -261,9 +261,9 @@ absl::Status WorkerState::AddNew(const proto::NewRequest& n, size_t index, uint6
   if (!s.ok()) return s;
   const size_t need = (n.num_scheduled + proto::kBlockSize - 1) / proto::kBlockSize;
   if (r.block_table.size() < need) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: new request %d: %d blocks cannot hold %d scheduled tokens", step, n.id,
-        r.block_table.size(), n.num_scheduled));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: new request %d: %d blocks cannot hold %d scheduled tokens", step,
+                        n.id, r.block_table.size(), n.num_scheduled));
   }
   r.num_scheduled = static_cast<int32_t>(n.num_scheduled);
   r.num_computed = r.num_scheduled;
@@ -272,8 +272,7 @@ absl::Status WorkerState::AddNew(const proto::NewRequest& n, size_t index, uint6
 }
 
 absl::Status WorkerState::Continue(const proto::ContinuingRequest& c,
-                                   absl::Span<const int32_t> blocks, size_t index,
-                                   uint64_t step) {
+                                   absl::Span<const int32_t> blocks, size_t index, uint64_t step) {
   auto it = index_.find(c.id);
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrFormat(
@@ -293,9 +292,9 @@ absl::Status WorkerState::Continue(const proto::ContinuingRequest& c,
         c.id, c.num_scheduled, r.num_computed, have));
   }
   if (end == have && r.num_sampled >= r.max_new_tokens) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: request %d would sample token %d, beyond max_new_tokens %d", step, c.id,
-        r.num_sampled + 1, r.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: request %d would sample token %d, beyond max_new_tokens %d", step,
+                        c.id, r.num_sampled + 1, r.max_new_tokens));
   }
   if (!blocks.empty()) {
     absl::Status s = TakeBlocks(slot, blocks, step);
@@ -303,9 +302,9 @@ absl::Status WorkerState::Continue(const proto::ContinuingRequest& c,
     MarkRowChanged(r.row);
   }
   if (static_cast<int64_t>(r.block_table.size()) * proto::kBlockSize < end) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: request %d: %d blocks cannot hold %d tokens", step, c.id,
-        r.block_table.size(), end));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: request %d: %d blocks cannot hold %d tokens", step, c.id,
+                        r.block_table.size(), end));
   }
   r.num_scheduled = static_cast<int32_t>(c.num_scheduled);
   r.num_computed = static_cast<int32_t>(end);
@@ -407,15 +406,15 @@ absl::Status WorkerState::ApplySampled(absl::Span<const int32_t> tokens) {
   }
   if (!order_ready_) PrepareSampleOrder();
   if (tokens.size() != sample_slots_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "step %d: %d sampled tokens given, %d sequences sample in this step", open_step_,
-        tokens.size(), sample_slots_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step %d: %d sampled tokens given, %d sequences sample in this step",
+                        open_step_, tokens.size(), sample_slots_.size()));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d: sampled token %d for request %d is negative", open_step_, tokens[i],
-          slots_[sample_slots_[i]].id));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d: sampled token %d for request %d is negative", open_step_,
+                          tokens[i], slots_[sample_slots_[i]].id));
     }
   }
   last_sampled_.resize(tokens.size());

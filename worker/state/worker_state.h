@@ -58,16 +58,16 @@ inline model::SamplingParams ToModelSampling(const proto::SamplingParams& p) {
 
 struct CachedRequest {
   uint64_t id = 0;
-  std::vector<int32_t> tokens;       // prompt + sampled tokens
+  std::vector<int32_t> tokens;  // prompt + sampled tokens
   int32_t prompt_len = 0;
-  int32_t num_computed = 0;          // tokens whose KV is computed once the open step completes
+  int32_t num_computed = 0;  // tokens whose KV is computed once the open step completes
   int32_t num_sampled = 0;
   int32_t max_new_tokens = 0;
   std::optional<int32_t> eos_id;
   model::SamplingParams sampling;
   std::vector<int32_t> block_table;
   int32_t row = -1;
-  int32_t num_scheduled = 0;         // in step sched_step (stale for other steps)
+  int32_t num_scheduled = 0;  // in step sched_step (stale for other steps)
   // Internal bookkeeping.
   uint64_t sched_step = ~uint64_t{0};  // the last step that scheduled it
   uint64_t static_hash = 0, token_hash = 0, block_hash = 0, contrib = 0;
@@ -140,8 +140,8 @@ class WorkerState {
   std::vector<CachedRequest> slots_;
   std::vector<uint32_t> free_slots_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;  // id -> slot
-  std::vector<uint32_t> rows_;                      // row -> slot
-  std::vector<int32_t> block_owner_;                // block -> slot, -1 = free
+  std::vector<uint32_t> rows_;                     // row -> slot
+  std::vector<int32_t> block_owner_;               // block -> slot, -1 = free
   std::vector<uint32_t> dirty_;
   std::vector<int32_t> rows_changed_;
   std::vector<uint64_t> row_changed_step_;

@@ -1,0 +1,226 @@
+// The CUDA backend of a worker: GpuModel on this rank's GPU, NCCL (and the
+// custom one-shot all-reduce below the crossover) for the tensor-parallel
+// collectives, bootstrapped through the job's shared memory.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/cuda_check.h"
+#include "common/cuda_raii.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/allreduce/dispatcher.h"
+#include "kernels/allreduce/peer_exchange.h"
+#include "kernels/nccl/nccl_comm.h"
+#include "models/cuda/gpu_model.h"
+#include "runtime/backend.h"
+#include "runtime/shm_barrier.h"
+
+namespace symtp::runtime {
+namespace {
+
+// PeerExchange over the control block's exchange area: every worker writes
+// its bytes into its row, a barrier, everyone copies all rows, a barrier.
+class ShmPeerExchange : public kernels::PeerExchange {
+ public:
+  ShmPeerExchange(ControlBlock* cb, int rank, int tp) : cb_(cb), rank_(rank), tp_(tp) {}
+  absl::Status AllGather(const void* mine, size_t bytes, void* all, Deadline deadline) override {
+    if (bytes > kExchangeBytesPerRank) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "peer exchange of %d bytes exceeds the %d-byte slot", bytes, kExchangeBytesPerRank));
+    }
+    std::memcpy(cb_->exchange[rank_], mine, bytes);
+    SYMTP_RETURN_IF_ERROR(BarrierWait(&cb_->exchange_barrier, tp_, cb_, tp_, deadline, "peer exchange"));
+    for (int r = 0; r < tp_; ++r) {
+      std::memcpy(static_cast<uint8_t*>(all) + r * bytes, cb_->exchange[r], bytes);
+    }
+    return BarrierWait(&cb_->exchange_barrier, tp_, cb_, tp_, deadline, "peer exchange (exit)");
+  }
+  absl::Status Barrier(Deadline deadline) override {
+    return BarrierWait(&cb_->exchange_barrier, tp_, cb_, tp_, deadline, "peer barrier");
+  }
+
+ private:
+  ControlBlock* cb_;
+  int rank_, tp_;
+};
+
+class CudaBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const JobOptions& opts,
+                                                             const model::ModelConfig& cfg,
+                                                             int rank, int device, JobHandle* job) {
+    auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
+    b->opts_ = opts;
+    b->device_ = device < 0 ? rank : device;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
+    SYMTP_ASSIGN_OR_RETURN(b->stream_, cuda::Stream::Create());
+    SYMTP_ASSIGN_OR_RETURN(b->start_, cuda::Event::Create(/*timing=*/true));
+    const Deadline boot = Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
+    ShmPeerExchange exchange(job->control, rank, opts.tp);
+    if (opts.tp > 1) {
+      // NCCL unique id from rank 0 to everyone through the exchange area.
+      ncclUniqueId id{};
+      if (rank == 0) {
+        SYMTP_ASSIGN_OR_RETURN(id, kernels::NcclComm::NewUniqueId());
+      }
+      std::vector<ncclUniqueId> ids(opts.tp);
+      SYMTP_RETURN_IF_ERROR_CTX(exchange.AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
+      SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
+                             kernels::NcclComm::Create(ids[0], rank, opts.tp, b->device_, boot));
+      if (opts.allreduce == "nccl") {
+        b->comm_ = std::move(nccl);
+      } else {
+        kernels::AllReduceDispatcher::Options o;
+        o.calibrate = opts.allreduce == "auto";
+        o.crossover_bytes = opts.allreduce == "custom" ? (size_t{1} << 20) : opts.crossover_bytes;
+        o.max_custom_bytes = std::max<size_t>(size_t{1} << 20, o.crossover_bytes);
+        SYMTP_ASSIGN_OR_RETURN(auto d, kernels::AllReduceDispatcher::Create(
+                                           rank, opts.tp, b->device_, std::move(nccl), &exchange,
+                                           boot, o));
+        SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
+        b->comm_ = std::move(d);
+      }
+    }
+    model::GpuModelOptions mo;
+    mo.dtype = opts.dtype == "fp32" ? kernels::DType::kF32 : kernels::DType::kBF16;
+    mo.num_kv_blocks = NumKvBlocks(opts, cfg);
+    mo.max_batch_tokens = opts.max_batched_tokens;
+    mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
+    mo.num_buckets = opts.buckets;
+    mo.cuda_graphs = opts.cuda_graphs;
+    mo.host_logits = false;
+    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, rank, opts.tp, b->device_,
+                                                                       mo, b->comm_.get()));
+    b->model_.emplace(std::move(m));
+    return b;
+  }
+
+  absl::Status Step(const model::BatchInput& in, absl::Span<const model::SamplingParams> params,
+                    absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
+                    BackendTimings* t) override {
+    (void)positions;  // the model derives them from the batch (same values)
+    step_opts_.sampling.assign(params.begin(), params.end());
+    step_opts_.copy_logits = false;
+    SYMTP_RETURN_IF_ERROR(RunAndWait(in, t));
+    absl::Span<const int32_t> out = model_->host_tokens();
+    tokens->assign(out.begin(), out.end());
+    return absl::OkStatus();
+  }
+
+  absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* t) override {
+    step_opts_.sampling.clear();
+    step_opts_.copy_logits = false;
+    return RunAndWait(in, t);
+  }
+
+  absl::Status BroadcastBatch(void* data, size_t bytes, int root) override {
+    if (opts_.tp == 1) return absl::OkStatus();
+    if (bcast_.bytes() < bytes) {
+      SYMTP_ASSIGN_OR_RETURN(bcast_, cuda::DeviceBuffer::Create(std::max(bytes, bcast_.bytes() * 2)));
+    }
+    const int rank = comm_->rank();
+    // v0: the root's host tensors go to its GPU, NCCL broadcasts them, and
+    // the other ranks bring them to the host where the step input is built.
+    if (rank == root) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bcast_.get(), data, bytes, cudaMemcpyHostToDevice, stream_.get()));
+    }
+    const size_t count = (bytes + 1) / 2;
+    SYMTP_RETURN_IF_ERROR(comm_->Broadcast(bcast_.get(), count, kernels::DType::kBF16, root, stream_.get()));
+    if (rank != root) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data, bcast_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
+    }
+    return SyncStream();
+  }
+
+  std::string Describe() const override {
+    return absl::StrFormat("cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
+                           device_, opts_.dtype, model_->weight_bytes() >> 20,
+                           model_->kv_cache_bytes() >> 20, model_->num_kv_blocks(), opts_.buckets,
+                           opts_.cuda_graphs ? "on" : "off");
+  }
+
+  ~CudaBackend() override {
+    if (comm_) {
+      if (!comm_->Poll().ok()) comm_->Abort();
+    }
+  }
+
+ private:
+  CudaBackend() = default;
+
+  absl::Status RunAndWait(const model::BatchInput& in, BackendTimings* t) {
+    const int64_t t0 = MonotonicNs();
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start_.get(), stream_.get()));
+    SYMTP_RETURN_IF_ERROR(model_->Forward(in, stream_.get(), step_opts_));
+    SYMTP_RETURN_IF_ERROR(WaitWithComm(model_->step_done_event()));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_.get(), model_->step_done_event()));
+    t->forward_ns = MonotonicNs() - t0;
+    t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
+    return absl::OkStatus();
+  }
+
+  // Waits for `ev` with the step deadline, polling the communicator so that a
+  // dead peer is an error instead of a hang.
+  absl::Status WaitWithComm(cudaEvent_t ev) {
+    Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
+    for (int i = 0;; ++i) {
+      cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
+      if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
+      if (d.Expired()) {
+        if (comm_) comm_->Abort();
+        return absl::DeadlineExceededError("GPU step did not complete before the step deadline");
+      }
+      if (i > 2000) usleep(50);
+    }
+    return model_->WaitForStep(Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000));
+  }
+
+  absl::Status SyncStream() {
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event ev, cuda::Event::Create());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.get(), stream_.get()));
+    Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
+    for (int i = 0;; ++i) {
+      cudaError_t e = cudaEventQuery(ev.get());
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
+      if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
+      if (d.Expired()) {
+        if (comm_) comm_->Abort();
+        return absl::DeadlineExceededError("broadcast did not complete before the step deadline");
+      }
+      if (i > 2000) usleep(50);
+    }
+  }
+
+  JobOptions opts_;
+  int device_ = 0;
+  std::unique_ptr<kernels::DeviceComm> comm_;
+  std::optional<model::GpuModel> model_;
+  cuda::Stream stream_;
+  cuda::Event start_;
+  cuda::DeviceBuffer bcast_;
+  model::StepOptions step_opts_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const JobOptions& opts,
+                                                           const model::ModelConfig& cfg,
+                                                           int rank, int device, JobHandle* job) {
+  SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b,
+                         CudaBackend::Create(opts, cfg, rank, device, job));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace symtp::runtime
