@@ -24,7 +24,6 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -398,7 +397,8 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name, size_t by
   return seg;
 }
 
-absl::StatusOr<ShmSegment> ShmSegment::Attach(const std::string& name) {
+absl::StatusOr<ShmSegment> ShmSegment::AttachInternal(const std::string& name, bool* retryable) {
+  *retryable = false;
   SYMTP_RETURN_IF_ERROR(ValidateName(name));
   auto mapping = std::make_unique<Mapping>();
   try {
@@ -408,31 +408,35 @@ absl::StatusOr<ShmSegment> ShmSegment::Attach(const std::string& name) {
       return ErrnoToStatus(errno, "fstat", __FILE__, __LINE__);
     }
     if (static_cast<uint64_t>(size) < kHeaderBytes) {
+      *retryable = true;  // the creator may not have sized it yet
       return absl::FailedPreconditionError(absl::StrFormat(
           "shm '%s' is not initialized or not a symtp segment: %d bytes, the header alone is %u",
           name, size, kHeaderBytes));
     }
     mapping->region = bip::mapped_region(shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
-    return BoostError(e, "shm_open/mmap", name, __FILE__, __LINE__);
+    absl::Status s = BoostError(e, "shm_open/mmap", name, __FILE__, __LINE__);
+    *retryable = s.code() == absl::StatusCode::kNotFound;
+    return s;
   }
   const auto* h = static_cast<const SegmentHeader*>(mapping->region.get_address());
-  SYMTP_RETURN_IF_ERROR(CheckHeader(*h, mapping->region.get_size(), name, nullptr));
+  SYMTP_RETURN_IF_ERROR(CheckHeader(*h, mapping->region.get_size(), name, retryable));
   return ShmSegment(name, std::move(mapping), 0);
+}
+
+absl::StatusOr<ShmSegment> ShmSegment::Attach(const std::string& name) {
+  bool retryable;
+  return AttachInternal(name, &retryable);
 }
 
 absl::StatusOr<ShmSegment> ShmSegment::Attach(const std::string& name, Deadline deadline) {
   while (true) {
-    absl::StatusOr<ShmSegment> seg = Attach(name);
-    if (seg.ok()) return seg;
-    const absl::Status& s = seg.status();
-    bool retry = s.code() == absl::StatusCode::kNotFound ||
-                 (s.code() == absl::StatusCode::kFailedPrecondition &&
-                  absl::StrContains(s.message(), "is not initialized"));
-    if (!retry) return s;
+    bool retryable = false;
+    absl::StatusOr<ShmSegment> seg = AttachInternal(name, &retryable);
+    if (seg.ok() || !retryable) return seg;
     if (deadline.Expired()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("attaching shm '", name, "' before the deadline: ", s.message()));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "attaching shm '", name, "' before the deadline: ", seg.status().message()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -501,9 +505,9 @@ absl::StatusOr<void*> ShmSegment::Allocate(absl::string_view region, size_t byte
   e.offset = h->next_free;
   e.bytes = bytes;
   h->next_free += footprint;
+  // Zero-filled: regions are carved once from memory that ftruncate zeroed and
+  // never reused, so there is nothing to clear (and no page is touched here).
   char* addr = static_cast<char*>(base()) + e.offset;
-  // Fresh memory from ftruncate is already zero; keep the guarantee explicit.
-  std::memset(addr, 0, footprint);
   std::atomic_ref<uint32_t>(h->num_regions).store(n + 1, std::memory_order_release);
   return static_cast<void*>(addr);
 }

@@ -108,7 +108,7 @@ class ShmSegment {
   ~ShmSegment();
 
   // Carves a named region of `bytes` (creator only), kRegionAlignment-aligned
-  // and zero-filled. InvalidArgument for an empty name or one longer than
+  // and zero-filled (fresh memory; no page is touched by Allocate). InvalidArgument for an empty name or one longer than
   // kMaxRegionNameLength; AlreadyExists for a duplicate name;
   // ResourceExhausted when the segment or the region table (kMaxRegions) is
   // full; FailedPrecondition when called by a process that only attached.
@@ -132,6 +132,9 @@ class ShmSegment {
  private:
   struct Mapping;
   ShmSegment(std::string name, std::unique_ptr<Mapping> mapping, pid_t owner_pid);
+  // Attach(); *retryable says whether the failure may go away (the segment
+  // does not exist yet or its creator has not finished the header).
+  static absl::StatusOr<ShmSegment> AttachInternal(const std::string& name, bool* retryable);
   internal::SegmentHeader* header() const;
 
   std::string name_;

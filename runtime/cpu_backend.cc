@@ -72,7 +72,11 @@ int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
   int cap = cfg.max_seq_len;
   int per_seq;
   if (opts.steady_batch > 0) {
-    per_seq = opts.steady_context + opts.warmup_steps + opts.steady_steps + 8;
+    const int64_t prefill_steps =
+        (static_cast<int64_t>(opts.steady_batch) * opts.steady_context + opts.max_batched_tokens - 1) /
+        opts.max_batched_tokens;
+    per_seq = opts.steady_context + opts.warmup_steps + opts.steady_steps +
+              static_cast<int>(prefill_steps) + 8;
   } else {
     per_seq = MaxLen(opts.prompt_len, cap) + MaxLen(opts.output_len, cap);
   }

@@ -34,7 +34,11 @@ std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const mode
     int plen, olen;
     if (steady) {
       plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
-      olen = opts.warmup_steps + opts.steady_steps + 1;
+      // Enough decode steps that, after the chunked prefill of the whole
+      // batch, warmup + steady_steps steps run with all B sequences decoding.
+      const int64_t prefill_steps =
+          (static_cast<int64_t>(n) * plen + opts.max_batched_tokens - 1) / opts.max_batched_tokens;
+      olen = opts.warmup_steps + opts.steady_steps + static_cast<int>(prefill_steps) + 2;
     } else {
       plen = Draw(opts.prompt_len, rng, cfg.max_seq_len - 1);
       olen = Draw(opts.output_len, rng, cfg.max_seq_len);
