@@ -70,10 +70,14 @@ ProcState ProbeProcess(pid_t pid) {
 
 const char* ProcStateName(ProcState state) {
   switch (state) {
-    case ProcState::kAlive: return "alive";
-    case ProcState::kStopped: return "stopped";
-    case ProcState::kZombie: return "zombie";
-    case ProcState::kDead: return "dead";
+    case ProcState::kAlive:
+      return "alive";
+    case ProcState::kStopped:
+      return "stopped";
+    case ProcState::kZombie:
+      return "zombie";
+    case ProcState::kDead:
+      return "dead";
   }
   return "unknown";
 }
@@ -161,8 +165,8 @@ std::string DescribePeer(absl::string_view role, const HeartbeatSlot& slot) {
     case HeartbeatSlot::kFree:
     default:
       if (pid == 0) return absl::StrFormat("%s (never attached)", name);
-      return absl::StrFormat("%s (not attached; last held by pid %d, %s, heartbeat %s)", name,
-                             pid, ProcStateName(ProbeHolder(slot)), beat);
+      return absl::StrFormat("%s (not attached; last held by pid %d, %s, heartbeat %s)", name, pid,
+                             ProcStateName(ProbeHolder(slot)), beat);
   }
 }
 

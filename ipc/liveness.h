@@ -69,12 +69,12 @@ struct alignas(64) HeartbeatSlot {
   };
 
   std::atomic<uint32_t> state;
-  std::atomic<int32_t> pid;            // current or last holder; 0 = never held
-  std::atomic<int64_t> beat_ns;        // MonotonicNs() of the last beat; 0 = never
-  std::atomic<uint64_t> start_ticks;   // ProcessStartTicks(pid) at claim time
-  std::atomic<uint32_t> claims;        // how many times the slot was claimed
+  std::atomic<int32_t> pid;           // current or last holder; 0 = never held
+  std::atomic<int64_t> beat_ns;       // MonotonicNs() of the last beat; 0 = never
+  std::atomic<uint64_t> start_ticks;  // ProcessStartTicks(pid) at claim time
+  std::atomic<uint32_t> claims;       // how many times the slot was claimed
   uint32_t reserved0;
-  char label[48];                      // NUL-terminated; accessed bytewise through atomic_ref
+  char label[48];  // NUL-terminated; accessed bytewise through atomic_ref
 
   // Holder side. PublishHolder() stores this process's pid, start time, the
   // label and a first beat, then publishes `state = kHeld` (release). The caller

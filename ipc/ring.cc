@@ -191,14 +191,14 @@ void WakeAll(std::atomic<uint32_t>* word) {
 
 absl::Status ValidateConfig(const RingConfig& c) {
   if (c.num_consumers < 1 || c.num_consumers > kMaxRingConsumers) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ring num_consumers must be 1..%u, got %u", kMaxRingConsumers, c.num_consumers));
+    return absl::InvalidArgumentError(absl::StrFormat("ring num_consumers must be 1..%u, got %u",
+                                                      kMaxRingConsumers, c.num_consumers));
   }
   if (!IsPowerOfTwo(c.capacity_bytes) || c.capacity_bytes < kMinRingCapacity ||
       c.capacity_bytes > kMaxRingCapacity) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ring capacity_bytes must be a power of two in [%u, 2^32], got %u", kMinRingCapacity,
-        c.capacity_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring capacity_bytes must be a power of two in [%u, 2^32], got %u",
+                        kMinRingCapacity, c.capacity_bytes));
   }
   return absl::OkStatus();
 }
@@ -227,9 +227,9 @@ absl::StatusOr<SpmcRing> SpmcRing::Format(void* mem, size_t bytes, const RingCon
   }
   const size_t need = RequiredBytes(config);
   if (bytes < need) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ring with %u consumers and capacity %u needs %u bytes, got %u", config.num_consumers,
-        config.capacity_bytes, need, bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring with %u consumers and capacity %u needs %u bytes, got %u",
+                        config.num_consumers, config.capacity_bytes, need, bytes));
   }
   auto* ctl = new (mem) RingControl();  // value-initialized: every atomic is 0
   ctl->header.version = kRingLayoutVersion;
@@ -260,15 +260,15 @@ absl::StatusOr<SpmcRing> SpmcRing::Attach(void* mem, size_t bytes) {
     return absl::FailedPreconditionError("ring memory is not formatted (magic 0)");
   }
   if (magic != internal::kRingMagic) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "memory does not hold a symtp ring: magic 0x%016x, expected 0x%016x", magic,
-        internal::kRingMagic));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("memory does not hold a symtp ring: magic 0x%016x, expected 0x%016x", magic,
+                        internal::kRingMagic));
   }
   const internal::HeaderLine& h = ctl->header;
   if (h.version != kRingLayoutVersion) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "ring layout version %u, this build understands %u (mixed binaries?)", h.version,
-        kRingLayoutVersion));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("ring layout version %u, this build understands %u (mixed binaries?)",
+                        h.version, kRingLayoutVersion));
   }
   RingConfig cfg{h.num_consumers, h.capacity};
   absl::Status s = ValidateConfig(cfg);
@@ -374,9 +374,9 @@ absl::StatusOr<RingProducer> RingProducer::Create(SpmcRing ring, std::string lab
   uint32_t expected = HeartbeatSlot::kFree;
   if (!hb.state.compare_exchange_strong(expected, HeartbeatSlot::kClaiming,
                                         std::memory_order_acq_rel)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot become producer '", label, "': the ring already has ",
-        DescribePeer("producer", hb)));
+    return absl::FailedPreconditionError(absl::StrCat("cannot become producer '", label,
+                                                      "': the ring already has ",
+                                                      DescribePeer("producer", hb)));
   }
   RingProducer p(ring, std::move(label), policy);
   p.write_ = ring.ctl_->producer.write_cursor.load(std::memory_order_acquire);
@@ -437,9 +437,9 @@ absl::Status RingProducer::CheckBlockingConsumers(uint64_t required, bool at_dea
   if (!at_deadline) return absl::OkStatus();
   if (slowest < 0) {
     // Space appeared between the last check and now; the caller re-checks.
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "producer '%s': ring full for %.1f ms publishing seq %u (%u bytes)", label_,
-        Ms(waited_ns), next_seq_, bytes));
+    return absl::DeadlineExceededError(
+        absl::StrFormat("producer '%s': ring full for %.1f ms publishing seq %u (%u bytes)", label_,
+                        Ms(waited_ns), next_seq_, bytes));
   }
   auto describe = [&](int i) {
     const ConsumerSlot& c = ctl.consumers[i];
@@ -490,8 +490,8 @@ absl::StatusOr<absl::Span<uint8_t>> RingProducer::Reserve(size_t bytes, Deadline
   }
   if (bytes > ring_.max_record_) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "producer '%s': record of %u bytes exceeds max_record_bytes %u (ring capacity %u)",
-        label_, bytes, ring_.max_record_, ring_.capacity_));
+        "producer '%s': record of %u bytes exceeds max_record_bytes %u (ring capacity %u)", label_,
+        bytes, ring_.max_record_, ring_.capacity_));
   }
   RingControl& ctl = *ring_.ctl_;
   ctl.producer_hb.Beat();
@@ -612,8 +612,8 @@ void RingConsumer::ReleaseRole() {
   ring_.ctl_->consumers[index_].hb.state.store(HeartbeatSlot::kFree, std::memory_order_release);
 }
 
-absl::StatusOr<RingConsumer> RingConsumer::Attach(SpmcRing ring, uint32_t index,
-                                                  std::string label, WaitPolicy policy) {
+absl::StatusOr<RingConsumer> RingConsumer::Attach(SpmcRing ring, uint32_t index, std::string label,
+                                                  WaitPolicy policy) {
   if (!ring.valid()) return absl::InvalidArgumentError("RingConsumer::Attach on an invalid ring");
   if (index >= ring.num_consumers_) {
     return absl::InvalidArgumentError(
@@ -684,9 +684,9 @@ absl::Status RingConsumer::WaitForData(Deadline deadline) {
 
 absl::StatusOr<RecordView> RingConsumer::Peek(Deadline deadline) {
   if (!active_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "consumer %u '%s': %s", index_, label_,
-        detached_ ? "detached from the ring" : "not attached (moved-from)"));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("consumer %u '%s': %s", index_, label_,
+                        detached_ ? "detached from the ring" : "not attached (moved-from)"));
   }
   RingControl& ctl = *ring_.ctl_;
   const uint64_t cap = ring_.capacity_;
@@ -723,8 +723,8 @@ absl::StatusOr<RecordView> RingConsumer::Peek(Deadline deadline) {
     if (h.kind == internal::kPadKind) {
       const uint64_t pad = cap - pos;
       if (h.length != pad - kRingRecordHeaderBytes || cached_write_ - read_ < pad) {
-        return corrupt(absl::StrFormat("bad pad record (length %u, %u bytes to the end)",
-                                       h.length, pad));
+        return corrupt(
+            absl::StrFormat("bad pad record (length %u, %u bytes to the end)", h.length, pad));
       }
       read_ += pad;  // published with the next Release()
       continue;
@@ -733,13 +733,12 @@ absl::StatusOr<RecordView> RingConsumer::Peek(Deadline deadline) {
       return corrupt(absl::StrFormat("bad record kind 0x%08x", h.kind));
     }
     if (h.length > ring_.max_record_ || pos + kRingRecordHeaderBytes + h.length > cap) {
-      return corrupt(absl::StrFormat("bad record length %u (max %u)", h.length,
-                                     ring_.max_record_));
+      return corrupt(absl::StrFormat("bad record length %u (max %u)", h.length, ring_.max_record_));
     }
     const uint64_t total = Align16(kRingRecordHeaderBytes + h.length);
     if (cached_write_ - read_ < total) {
-      return corrupt(absl::StrFormat("record of %u bytes extends past the published data",
-                                     h.length));
+      return corrupt(
+          absl::StrFormat("record of %u bytes extends past the published data", h.length));
     }
     if (h.seq != last_seq_ + 1) {
       return corrupt(absl::StrFormat("expected seq %u, found %u", last_seq_ + 1, h.seq));
@@ -773,9 +772,9 @@ absl::Status RingConsumer::Release() {
 absl::StatusOr<uint64_t> RingConsumer::Read(std::vector<uint8_t>* out, Deadline deadline) {
   if (out == nullptr) return absl::InvalidArgumentError("RingConsumer::Read: out is null");
   if (peeked_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "consumer %u '%s': Read() while a Peek() of seq %u is not released", index_, label_,
-        peek_seq_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("consumer %u '%s': Read() while a Peek() of seq %u is not released", index_,
+                        label_, peek_seq_));
   }
   SYMTP_ASSIGN_OR_RETURN(RecordView v, Peek(deadline));
   out->assign(v.payload.begin(), v.payload.end());

@@ -120,16 +120,16 @@ inline constexpr uint64_t kRingRecordHeaderBytes = 16;
 inline constexpr uint32_t kRingLayoutVersion = 1;
 
 struct RingConfig {
-  uint32_t num_consumers = 1;           // 1..kMaxRingConsumers
-  uint64_t capacity_bytes = 1 << 20;    // power of two in [kMinRingCapacity, kMaxRingCapacity]
+  uint32_t num_consumers = 1;         // 1..kMaxRingConsumers
+  uint64_t capacity_bytes = 1 << 20;  // power of two in [kMinRingCapacity, kMaxRingCapacity]
 };
 
 // How a waiter waits. Negative counts are 0; sleep_slice_ns is clamped to
 // [10 us, 1 s].
 struct WaitPolicy {
-  int spin_iters = 4000;                // busy polls (with a CPU pause) before yielding
-  int yield_iters = 200;                // sched_yield() polls before futex sleeps
-  int64_t sleep_slice_ns = 2'000'000;   // each futex sleep; liveness is re-checked every slice
+  int spin_iters = 4000;               // busy polls (with a CPU pause) before yielding
+  int yield_iters = 200;               // sched_yield() polls before futex sleeps
+  int64_t sleep_slice_ns = 2'000'000;  // each futex sleep; liveness is re-checked every slice
 };
 
 // A busy-polling policy (spins, then yields, never sleeps) for latency-critical
@@ -243,9 +243,9 @@ class RingProducer {
   SpmcRing ring_;
   std::string label_;
   WaitPolicy policy_;
-  bool active_ = false;       // holds the producer role
+  bool active_ = false;  // holds the producer role
   bool closed_ = false;
-  uint64_t write_ = 0;        // local copy of write_cursor (we are its only writer)
+  uint64_t write_ = 0;  // local copy of write_cursor (we are its only writer)
   uint64_t next_seq_ = 1;
   uint64_t cached_min_read_ = 0;
   bool reserved_ = false;
@@ -309,13 +309,13 @@ class RingConsumer {
   uint32_t index_ = 0;
   std::string label_;
   WaitPolicy policy_;
-  bool active_ = false;     // holds the slot
+  bool active_ = false;  // holds the slot
   bool detached_ = false;
-  uint64_t read_ = 0;       // local copy of read_cursor (we are its only writer)
+  uint64_t read_ = 0;  // local copy of read_cursor (we are its only writer)
   uint64_t cached_write_ = 0;
   uint64_t last_seq_ = 0;
   bool peeked_ = false;
-  uint64_t peek_end_ = 0;   // cursor just past the peeked record
+  uint64_t peek_end_ = 0;  // cursor just past the peeked record
   uint64_t peek_seq_ = 0;
   const uint8_t* peek_data_ = nullptr;
   uint64_t peek_len_ = 0;

@@ -11,18 +11,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <cctype>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
-
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -257,9 +256,9 @@ absl::Status CheckHeader(const SegmentHeader& h, uint64_t actual_size, const std
         name));
   }
   if (magic != ShmSegment::kMagic) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "shm '%s' is not a symtp segment: magic 0x%016x, expected 0x%016x", name, magic,
-        ShmSegment::kMagic));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("shm '%s' is not a symtp segment: magic 0x%016x, expected 0x%016x", name,
+                        magic, ShmSegment::kMagic));
   }
   if (h.layout_version != ShmSegment::kLayoutVersion) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -267,16 +266,15 @@ absl::Status CheckHeader(const SegmentHeader& h, uint64_t actual_size, const std
         h.layout_version, ShmSegment::kLayoutVersion));
   }
   if (h.header_bytes != ShmSegment::kHeaderBytes || h.max_regions != ShmSegment::kMaxRegions) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("shm '%s' header geometry mismatch: header %u bytes / %u regions, "
-                        "expected %u / %u",
-                        name, h.header_bytes, h.max_regions, ShmSegment::kHeaderBytes,
-                        ShmSegment::kMaxRegions));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "shm '%s' header geometry mismatch: header %u bytes / %u regions, "
+        "expected %u / %u",
+        name, h.header_bytes, h.max_regions, ShmSegment::kHeaderBytes, ShmSegment::kMaxRegions));
   }
   if (h.total_bytes != actual_size) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "shm '%s' size mismatch: header says %u bytes, the object has %u", name, h.total_bytes,
-        actual_size));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("shm '%s' size mismatch: header says %u bytes, the object has %u", name,
+                        h.total_bytes, actual_size));
   }
   uint32_t n = LoadNumRegions(h);
   if (n > ShmSegment::kMaxRegions) {
@@ -435,8 +433,8 @@ absl::StatusOr<ShmSegment> ShmSegment::Attach(const std::string& name, Deadline 
     absl::StatusOr<ShmSegment> seg = AttachInternal(name, &retryable);
     if (seg.ok() || !retryable) return seg;
     if (deadline.Expired()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "attaching shm '", name, "' before the deadline: ", seg.status().message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("attaching shm '", name, "' before the deadline: ", seg.status().message()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -459,8 +457,8 @@ size_t ShmSegment::bytes_free() const {
     uint32_t n = LoadNumRegions(*h);
     uint64_t end = kHeaderBytes;
     for (uint32_t i = 0; i < n; ++i) {
-      end = std::max<uint64_t>(end, h->regions[i].offset + RoundUp(h->regions[i].bytes,
-                                                                    kRegionAlignment));
+      end = std::max<uint64_t>(
+          end, h->regions[i].offset + RoundUp(h->regions[i].bytes, kRegionAlignment));
     }
     return size() - end;
   }
@@ -477,9 +475,9 @@ absl::StatusOr<void*> ShmSegment::Allocate(absl::string_view region, size_t byte
         name_, h->creator_pid, ::getpid()));
   }
   if (region.empty() || region.size() > kMaxRegionNameLength) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shm '%s': region name must be 1..%u characters, got '%s'", name_,
-        kMaxRegionNameLength, region));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shm '%s': region name must be 1..%u characters, got '%s'", name_,
+                        kMaxRegionNameLength, region));
   }
   std::lock_guard<std::mutex> lock(mapping_->allocate_mu);
   uint32_t n = LoadNumRegions(*h);
@@ -495,9 +493,9 @@ absl::StatusOr<void*> ShmSegment::Allocate(absl::string_view region, size_t byte
   }
   const uint64_t footprint = RegionFootprint(bytes);
   if (footprint > size() - h->next_free) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "shm '%s': region '%s' needs %u bytes, only %u of %u left", name_, region, footprint,
-        size() - h->next_free, size() - kHeaderBytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("shm '%s': region '%s' needs %u bytes, only %u of %u left", name_, region,
+                        footprint, size() - h->next_free, size() - kHeaderBytes));
   }
   internal::RegionEntry& e = h->regions[n];
   std::memset(e.name, 0, sizeof(e.name));
@@ -622,8 +620,7 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSegments(const std::string& 
     absl::Status s = RemoveSegmentByName(info.name);
     if (s.ok() || s.code() == absl::StatusCode::kNotFound) {
       SYMTP_LOG(INFO, "ipc") << "removed stale shm '" << info.name << "' (creator pid "
-                             << info.creator_pid << " " << ProcStateName(info.creator_state)
-                             << ")";
+                             << info.creator_pid << " " << ProcStateName(info.creator_state) << ")";
       if (s.ok()) removed.push_back(info.name);
     } else {
       failed.push_back(std::string(s.message()));

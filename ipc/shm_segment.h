@@ -55,14 +55,14 @@ struct SegmentHeader;
 // What ListSegments() knows about one /dev/shm entry.
 struct SegmentInfo {
   std::string name;
-  pid_t creator_pid = 0;         // 0 if the header could not be read
-  bool creator_alive = false;    // creator exists (alive or stopped) and is the same process
-  size_t bytes = 0;              // size of the shm object
-  int64_t created_unix_ns = 0;   // from the header; the file's mtime if the header is invalid
+  pid_t creator_pid = 0;        // 0 if the header could not be read
+  bool creator_alive = false;   // creator exists (alive or stopped) and is the same process
+  size_t bytes = 0;             // size of the shm object
+  int64_t created_unix_ns = 0;  // from the header; the file's mtime if the header is invalid
   // Additions: why the entry is what it is.
-  bool header_valid = false;     // magic, version and size check out
+  bool header_valid = false;  // magic, version and size check out
   ProcState creator_state = ProcState::kDead;
-  std::string problem;           // empty when header_valid; else e.g. "bad magic"
+  std::string problem;  // empty when header_valid; else e.g. "bad magic"
 };
 
 class ShmSegment {
@@ -108,8 +108,8 @@ class ShmSegment {
   ~ShmSegment();
 
   // Carves a named region of `bytes` (creator only), kRegionAlignment-aligned
-  // and zero-filled (fresh memory; no page is touched by Allocate). InvalidArgument for an empty name or one longer than
-  // kMaxRegionNameLength; AlreadyExists for a duplicate name;
+  // and zero-filled (fresh memory; no page is touched by Allocate). InvalidArgument for an empty
+  // name or one longer than kMaxRegionNameLength; AlreadyExists for a duplicate name;
   // ResourceExhausted when the segment or the region table (kMaxRegions) is
   // full; FailedPrecondition when called by a process that only attached.
   absl::StatusOr<void*> Allocate(absl::string_view region, size_t bytes);
@@ -118,12 +118,12 @@ class ShmSegment {
   // the region and lists the regions that exist.
   absl::StatusOr<std::pair<void*, size_t>> Find(absl::string_view region) const;
 
-  void* base() const;                // the mapping (the header is at offset 0)
-  size_t size() const;               // the whole mapping, header included
-  size_t bytes_free() const;         // room left for regions
+  void* base() const;         // the mapping (the header is at offset 0)
+  size_t size() const;        // the whole mapping, header included
+  size_t bytes_free() const;  // room left for regions
   const std::string& name() const { return name_; }
-  bool is_creator() const;           // created by this object, in this process
-  pid_t creator_pid() const;         // from the header
+  bool is_creator() const;    // created by this object, in this process
+  pid_t creator_pid() const;  // from the header
 
   // Creator: unlinks the name now (idempotent; the mapping stays valid).
   // FailedPrecondition for an attached (non-creator) segment.

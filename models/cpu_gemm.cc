@@ -3,6 +3,7 @@
 #include "models/cpu_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -11,6 +12,32 @@
 #endif
 
 namespace symtp::model::cpu {
+
+Isa DetectedIsa() {
+  static const Isa isa = [] {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+    return Isa::kBaseline;
+  }();
+  return isa;
+}
+
+namespace {
+std::atomic<int> g_isa_cap{static_cast<int>(Isa::kAvx512)};
+}  // namespace
+
+Isa ActiveIsa() {
+  return static_cast<Isa>(std::min(static_cast<int>(DetectedIsa()), g_isa_cap.load(std::memory_order_relaxed)));
+}
+
+bool SetIsaCap(Isa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(DetectedIsa())) return false;
+  g_isa_cap.store(static_cast<int>(isa), std::memory_order_relaxed);
+  return true;
+}
+
 namespace {
 
 typedef double v4d __attribute__((vector_size(32)));
@@ -267,10 +294,7 @@ SYMTP_AVX512 void DotRowsAvx512(const double* a, int K, const Row* rows, int64_t
   if (j < n) DotRowsBody(a, K, rows + j * row_stride, row_stride, n - j, out + j);
 }
 
-bool HaveAvx512() {
-  static const bool have = __builtin_cpu_supports("avx512f");
-  return have;
-}
+bool HaveAvx512() { return ActiveIsa() >= Isa::kAvx512; }
 
 __attribute__((target("avx2,fma"))) void MatMulAvx2(const float* x, int64_t ldx, int T, int K,
                                                     const float* w, int N, float* y, int64_t ldy,
@@ -282,10 +306,7 @@ __attribute__((target("avx2,fma"))) void DotRowsAvx2(const double* a, int K, con
                                                      int64_t row_stride, int n, double* out) {
   DotRowsBody(a, K, rows, row_stride, n, out);
 }
-bool HaveAvx2() {
-  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return have;
-}
+bool HaveAvx2() { return ActiveIsa() >= Isa::kAvx2; }
 #endif
 
 void MatMulBaseline(const float* x, int64_t ldx, int T, int K, const float* w, int N, float* y,
@@ -343,10 +364,14 @@ double ReferenceDot(const float* a, const float* b, int K) {
 }
 
 const char* KernelIsa() {
-#ifdef SYMTP_X86_DISPATCH
-  if (HaveAvx512()) return "avx512f";
-  if (HaveAvx2()) return "avx2+fma";
-#endif
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return "avx512f";
+    case Isa::kAvx2:
+      return "avx2+fma";
+    case Isa::kBaseline:
+      break;
+  }
   return "baseline";
 }
 

@@ -38,7 +38,14 @@ void DotRows(const double* a, int K, const double* rows, int64_t row_stride, int
 // The reference semantics in plain scalar code (for tests).
 double ReferenceDot(const float* a, const float* b, int K);
 
-// Instruction set the kernels dispatch to on this machine ("avx2+fma" or "baseline").
+// Kernel variants, picked at run time. All of them compute the same bits.
+enum class Isa { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+Isa DetectedIsa();  // the best this machine supports
+Isa ActiveIsa();    // min(DetectedIsa(), the cap)
+// Caps the variant used by every kernel (tests compare the variants; benches).
+// Returns false, changing nothing, if this machine lacks `isa`.
+bool SetIsaCap(Isa isa);
+// Name of ActiveIsa(): "avx512f", "avx2+fma" or "baseline".
 const char* KernelIsa();
 
 }  // namespace symtp::model::cpu

@@ -215,8 +215,7 @@ __attribute__((target("avx2"))) void AttendOneAvx2(const float* q, int num_q_hea
 void AttendOne(const float* q, int num_q_heads, const int* q_to_kv, const PagedKvView& kv,
                const int32_t* block_table, int context, float* out, AttentionScratch* s) {
 #ifdef SYMTP_X86_DISPATCH
-  static const bool have_avx2 = __builtin_cpu_supports("avx2");
-  if (have_avx2) return AttendOneAvx2(q, num_q_heads, q_to_kv, kv, block_table, context, out, s);
+  if (ActiveIsa() >= Isa::kAvx2) return AttendOneAvx2(q, num_q_heads, q_to_kv, kv, block_table, context, out, s);
 #endif
   AttendOneBody(q, num_q_heads, q_to_kv, kv, block_table, context, out, s);
 }

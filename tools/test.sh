@@ -15,15 +15,14 @@ cmake --build --preset default -j "$J"
 ctest --preset default -j "$J" --timeout 300
 
 if [[ ${SYMTP_SKIP_SANITIZERS:-0} != 1 ]]; then
+  # The shared-memory ring, the diff decoder (with its corruption test) and the
+  # scheduler/worker state under ASan+UBSan and TSan (host code only).
+  SAN_TARGETS=(common_test ipc_test protocol_test scheduler_test)
+  SAN_FILTER='^(StatusMacros|Histogram|Deadline|Log|Ring|Spmc|Spsc|Shm|Segment|Liveness|Futex|Crc32c|Varint|Diff|Result|Corruption|BlockManager|Scheduler|WorkerState|Simulation)'
   for san in asan tsan; do
-    echo "=== ring tests under $san ==="
+    echo "=== sanitizer build: $san ==="
     cmake --preset "$san" >/dev/null
-    if cmake --build --preset "$san" -j "$J" --target help | grep -q '^ipc_test'; then
-      cmake --build --preset "$san" -j "$J" --target ipc_test common_test
-      ctest --test-dir "build-$san" -j "$J" --timeout 300 -R '^(Ring|Spmc|Spsc|Shm|Segment|Liveness|Futex|Common|StatusMacros|Histogram|Deadline|Log)' --output-on-failure
-    else
-      cmake --build --preset "$san" -j "$J" --target common_test
-      ctest --test-dir "build-$san" --timeout 300 -R '^(StatusMacros|Histogram|Deadline|Log)' --output-on-failure
-    fi
+    cmake --build --preset "$san" -j "$J" --target "${SAN_TARGETS[@]}"
+    ctest --test-dir "build-$san" -j "$J" --timeout 600 -R "$SAN_FILTER" --output-on-failure
   done
 fi

@@ -23,6 +23,7 @@
 //
 // On a 2-core machine the cases with more consumer processes than cores
 // measure the OS scheduler, not the ring: busy-polling consumers time-share.
+#include <benchmark/benchmark.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -38,8 +39,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "common/clock.h"
 #include "common/histogram.h"
@@ -60,10 +59,10 @@ constexpr uint64_t kRingCapacity = 1 << 20;
 
 // One per consumer, in shared memory.
 struct alignas(64) DoneSlot {
-  std::atomic<uint64_t> seq;      // last seq fully consumed
-  std::atomic<int64_t> done_ns;   // MonotonicNs() when it was consumed
-  std::atomic<uint32_t> ready;    // attached and polling
-  std::atomic<uint32_t> failed;   // the child hit an error (details on stderr)
+  std::atomic<uint64_t> seq;     // last seq fully consumed
+  std::atomic<int64_t> done_ns;  // MonotonicNs() when it was consumed
+  std::atomic<uint32_t> ready;   // attached and polling
+  std::atomic<uint32_t> failed;  // the child hit an error (details on stderr)
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -135,9 +134,9 @@ absl::StatusOr<BenchJob> MakeJob(uint32_t consumers) {
   RingConfig cfg{consumers, kRingCapacity};
   const size_t ring_bytes = SpmcRing::RequiredBytes(cfg);
   const size_t done_bytes = sizeof(DoneSlot) * kMaxRingConsumers;
-  absl::StatusOr<ShmSegment> seg = ShmSegment::Create(
-      ShmSegment::NewJobName(),
-      ShmSegment::RegionFootprint(ring_bytes) + ShmSegment::RegionFootprint(done_bytes));
+  absl::StatusOr<ShmSegment> seg =
+      ShmSegment::Create(ShmSegment::NewJobName(), ShmSegment::RegionFootprint(ring_bytes) +
+                                                       ShmSegment::RegionFootprint(done_bytes));
   if (!seg.ok()) return seg.status();
   absl::StatusOr<void*> ring_mem = seg->Allocate("ring", ring_bytes);
   if (!ring_mem.ok()) return ring_mem.status();
@@ -213,10 +212,14 @@ int64_t LatencyRecords(uint32_t consumers) {
   if (g_options.latency_records > 0) return g_options.latency_records;
   if (g_options.quick) return 100;
   switch (consumers) {
-    case 1: return 20'000;
-    case 2: return 3'000;
-    case 4: return 1'500;
-    default: return 1'000;
+    case 1:
+      return 20'000;
+    case 2:
+      return 3'000;
+    case 4:
+      return 1'500;
+    default:
+      return 1'000;
   }
 }
 
@@ -347,11 +350,10 @@ void BM_Stream(benchmark::State& state, uint32_t consumers, size_t bytes) {
 void RegisterAll() {
   for (uint32_t n : {1u, 2u, 4u, 8u}) {
     for (size_t bytes : {size_t{64}, size_t{4096}, size_t{65536}}) {
-      std::string name = "BM_Latency/consumers:" + std::to_string(n) +
-                         "/bytes:" + std::to_string(bytes);
-      benchmark::RegisterBenchmark(name.c_str(), [n, bytes](benchmark::State& st) {
-        BM_Latency(st, n, bytes);
-      })
+      std::string name =
+          "BM_Latency/consumers:" + std::to_string(n) + "/bytes:" + std::to_string(bytes);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [n, bytes](benchmark::State& st) { BM_Latency(st, n, bytes); })
           ->UseManualTime()
           ->Iterations(LatencyRecords(n))
           ->Unit(benchmark::kMicrosecond);
@@ -361,9 +363,8 @@ void RegisterAll() {
     for (size_t bytes : {size_t{64}, size_t{4096}, size_t{65536}}) {
       std::string name =
           "BM_Stream/consumers:" + std::to_string(n) + "/bytes:" + std::to_string(bytes);
-      benchmark::RegisterBenchmark(name.c_str(), [n, bytes](benchmark::State& st) {
-        BM_Stream(st, n, bytes);
-      })
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [n, bytes](benchmark::State& st) { BM_Stream(st, n, bytes); })
           ->UseManualTime()
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);

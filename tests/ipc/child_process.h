@@ -65,8 +65,7 @@ class ChildProcess {
     return ChildProcess(pid);
   }
 
-  ChildProcess(ChildProcess&& o) noexcept
-      : pid_(std::exchange(o.pid_, -1)), status_(o.status_) {}
+  ChildProcess(ChildProcess&& o) noexcept : pid_(std::exchange(o.pid_, -1)), status_(o.status_) {}
   ChildProcess& operator=(ChildProcess&& o) noexcept {
     if (this != &o) {
       KillAndReap();

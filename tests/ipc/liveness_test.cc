@@ -90,10 +90,10 @@ TEST(LivenessTest, DescribePeerNamesRoleLabelPidStateAndHeartbeat) {
   EXPECT_EQ(DescribePeer("consumer 2", *slot), "consumer 2 (never attached)");
 
   slot->PublishHolder("worker rank 2");
-  EXPECT_THAT(DescribePeer("consumer 2", *slot),
-              AllOf(HasSubstr("consumer 2 'worker rank 2' (pid "),
-                    HasSubstr(std::to_string(::getpid())), HasSubstr(", alive, heartbeat "),
-                    HasSubstr(" s ago)")));
+  EXPECT_THAT(
+      DescribePeer("consumer 2", *slot),
+      AllOf(HasSubstr("consumer 2 'worker rank 2' (pid "), HasSubstr(std::to_string(::getpid())),
+            HasSubstr(", alive, heartbeat "), HasSubstr(" s ago)")));
   EXPECT_EQ(slot->Label(), "worker rank 2");
 
   slot->state.store(HeartbeatSlot::kFree);

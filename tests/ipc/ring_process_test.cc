@@ -166,8 +166,8 @@ TEST_F(SpmcProcessTest, MillionRecordsToFourConsumerProcesses) {
           payload = buf;
         }
         if (seq != expect) {
-          return Fail(rep, "got seq " + std::to_string(seq) + ", expected " +
-                               std::to_string(expect));
+          return Fail(rep,
+                      "got seq " + std::to_string(seq) + ", expected " + std::to_string(expect));
         }
         uint64_t h;
         std::string why;
@@ -268,11 +268,11 @@ TEST_F(SpmcProcessTest, KilledConsumerIsReportedToTheProducerWithinOneSecond) {
   const int64_t error_ns = MonotonicNs();
   killer.join();
 
-  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable,
-                          AllOf(HasSubstr("consumer 1 'victim' (pid " +
-                                          std::to_string(victim_pid) + ", "),
-                                AnyOf(HasSubstr("zombie"), HasSubstr("dead")),
-                                HasSubstr("unread records"))));
+  EXPECT_THAT(
+      s,
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("consumer 1 'victim' (pid " + std::to_string(victim_pid) + ", "),
+                     AnyOf(HasSubstr("zombie"), HasSubstr("dead")), HasSubstr("unread records"))));
   EXPECT_GE(error_ns, kill_ns.load()) << "the producer failed before the consumer was killed";
   EXPECT_LT(error_ns - kill_ns.load(), 1'000'000'000) << "detected after more than 1 s";
 
@@ -393,12 +393,12 @@ TEST_F(SpmcProcessTest, KilledProducerIsReportedToConsumersWithinOneSecond) {
   absl::StatusOr<uint64_t> r = c.Read(&buf, Deadline::AfterMs(30'000));
   const int64_t error_ns = MonotonicNs();
   killer.join();
-  EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable,
-                          AllOf(HasSubstr("consumer 0 'worker 0'"),
-                                HasSubstr("producer 'sched' (pid " + std::to_string(producer_pid) +
-                                          ", "),
-                                AnyOf(HasSubstr("zombie"), HasSubstr("dead")),
-                                HasSubstr("read up to seq 10"))));
+  EXPECT_THAT(
+      r, StatusIs(
+             absl::StatusCode::kUnavailable,
+             AllOf(HasSubstr("consumer 0 'worker 0'"),
+                   HasSubstr("producer 'sched' (pid " + std::to_string(producer_pid) + ", "),
+                   AnyOf(HasSubstr("zombie"), HasSubstr("dead")), HasSubstr("read up to seq 10"))));
   EXPECT_GE(error_ns, kill_ns.load());
   EXPECT_LT(error_ns - kill_ns.load(), 1'000'000'000) << "detected after more than 1 s";
 

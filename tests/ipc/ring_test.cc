@@ -63,7 +63,7 @@ WaitPolicy NoSpin() {
 }
 
 Deadline Soon() { return Deadline::AfterMs(10'000); }  // for waits that must not block
-Deadline Now() { return Deadline::AfterNs(0); }          // poll
+Deadline Now() { return Deadline::AfterNs(0); }        // poll
 
 absl::Status PublishPattern(RingProducer& p, uint64_t seq, size_t len, Deadline d) {
   std::vector<uint8_t> buf(len);
@@ -244,12 +244,12 @@ void RoundTripEverySize(uint64_t capacity, size_t step) {
       if (!got.ok()) return ::testing::AssertionFailure() << got.status();
       size_t want_len = sizes[*got - 1];
       if (out.size() != want_len) {
-        return ::testing::AssertionFailure() << "seq " << *got << " has " << out.size()
-                                             << " bytes, want " << want_len;
+        return ::testing::AssertionFailure()
+               << "seq " << *got << " has " << out.size() << " bytes, want " << want_len;
       }
       if (long bad = FirstPatternMismatch(*got, out); bad != -1) {
-        return ::testing::AssertionFailure() << "seq " << *got << " (size " << want_len
-                                             << ") wrong at byte " << bad;
+        return ::testing::AssertionFailure()
+               << "seq " << *got << " (size " << want_len << ") wrong at byte " << bad;
       }
     }
     return ::testing::AssertionSuccess();
@@ -526,9 +526,9 @@ TEST(RingCorruptionTest, GarbageRecordIsDataLossNotACrash) {
     uint32_t value;
     const char* expect;
   };
-  for (const Corruption& k : {Corruption{8, 100000, "bad record length"},
-                              Corruption{12, 0xdeadbeef, "bad record kind"},
-                              Corruption{0, 7, "expected seq 1, found 7"}}) {
+  for (const Corruption& k :
+       {Corruption{8, 100000, "bad record length"}, Corruption{12, 0xdeadbeef, "bad record kind"},
+        Corruption{0, 7, "expected seq 1, found 7"}}) {
     uint8_t saved[16];
     std::memcpy(saved, data, 16);
     std::memcpy(data + k.offset, &k.value, 4);

@@ -113,8 +113,7 @@ TEST_F(ShmSegmentTest, InvalidNamesAreRejected) {
   EXPECT_THAT(ShmSegment::Create("", 4096), StatusIs(absl::StatusCode::kInvalidArgument, _));
   EXPECT_THAT(ShmSegment::Create("a/b", 4096),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a/b")));
-  EXPECT_THAT(ShmSegment::Create(".hidden", 4096),
-              StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_THAT(ShmSegment::Create(".hidden", 4096), StatusIs(absl::StatusCode::kInvalidArgument, _));
   EXPECT_THAT(ShmSegment::Create(std::string(300, 'a'), 4096),
               StatusIs(absl::StatusCode::kInvalidArgument, _));
 }
@@ -127,8 +126,8 @@ TEST_F(ShmSegmentTest, AttachMissingIsNotFound) {
 TEST_F(ShmSegmentTest, AttachForeignObjectIsFailedPrecondition) {
   const std::string name = SegName("foreign");
   MakeRawShm(name, 8192, 0xAB);
-  EXPECT_THAT(ShmSegment::Attach(name), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                                 HasSubstr("not a symtp segment")));
+  EXPECT_THAT(ShmSegment::Attach(name),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a symtp segment")));
   ASSERT_OK(RemoveSegmentByName(name));
 }
 

@@ -55,9 +55,9 @@ TEST_F(ShmToolTest, ListShowsCreatorStateAndCleanRemovesOnlyStale) {
 
   ToolResult list = RunTool("list --prefix " + prefix_);
   EXPECT_EQ(list.exit_code, 0) << list.output;
-  EXPECT_THAT(list.output, AllOf(HasSubstr(live), HasSubstr(stale), HasSubstr("alive"),
-                                 HasSubstr("dead"), HasSubstr(std::to_string(::getpid())),
-                                 HasSubstr("1.0 MiB")));
+  EXPECT_THAT(list.output,
+              AllOf(HasSubstr(live), HasSubstr(stale), HasSubstr("alive"), HasSubstr("dead"),
+                    HasSubstr(std::to_string(::getpid())), HasSubstr("1.0 MiB")));
 
   ToolResult clean = RunTool("clean --prefix " + prefix_);
   EXPECT_EQ(clean.exit_code, 0) << clean.output;
