@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "models/cpu_gemm.h"
 #include "models/sampling.h"
 #include "models/sharding.h"
 #include "tests/testing/status_matchers.h"
@@ -180,6 +181,18 @@ TEST(CpuModelTest, ChunkedPrefillAndDecodeMatchFullPrefill) {
   // Permuted, non-contiguous physical blocks in a bigger cache.
   EXPECT_LT(MaxRelDiff(RunChunked(c, tokens, 40, {9, 2, 7}, 12), full, c.vocab), 1e-5);
   EXPECT_LT(MaxRelDiff(RunChunked(c, tokens, 17, {11, 0, 5}, 12), full, c.vocab), 1e-5);
+}
+
+TEST(CpuModelTest, LogitsIdenticalOnEveryKernelVariant) {
+  const ModelConfig c = Tiny();
+  const std::vector<int32_t> tokens = RandomTokens(23, c.vocab, 4);
+  const cpu::Isa best = cpu::DetectedIsa();
+  const std::vector<float> want = RunChunked(c, tokens, 7, {1, 0}, 2);
+  for (cpu::Isa isa : {cpu::Isa::kBaseline, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (!cpu::SetIsaCap(isa)) continue;
+    EXPECT_EQ(RunChunked(c, tokens, 7, {1, 0}, 2), want) << cpu::KernelIsa();
+  }
+  ASSERT_TRUE(cpu::SetIsaCap(best));
 }
 
 TEST(CpuModelTest, PrefillThenDecodeWritesTheSameCache) {

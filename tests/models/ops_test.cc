@@ -14,6 +14,18 @@
 namespace symtp::model::cpu {
 namespace {
 
+// Every kernel variant this machine can run (restores the cap when done).
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(DetectedIsa())) out.push_back(isa);
+  }
+  return out;
+}
+struct IsaCapGuard {
+  ~IsaCapGuard() { SetIsaCap(DetectedIsa()); }
+};
+
 std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(lo, hi);
@@ -23,6 +35,9 @@ std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.f, float hi = 1
 }
 
 TEST(OpsTest, MatMulMatchesNaiveAndReferenceOrder) {
+  IsaCapGuard guard;
+  for (Isa isa : SupportedIsas()) {
+  ASSERT_TRUE(SetIsaCap(isa));
   SCOPED_TRACE(KernelIsa());
   MatMulScratch scratch;
   for (int T : {1, 2, 3, 4, 5, 7, 9, 33}) {
@@ -48,6 +63,7 @@ TEST(OpsTest, MatMulMatchesNaiveAndReferenceOrder) {
       }
     }
   }
+  }
 }
 
 TEST(OpsTest, MatMulRowsIndependentOfBatch) {
@@ -65,6 +81,10 @@ TEST(OpsTest, MatMulRowsIndependentOfBatch) {
 }
 
 TEST(OpsTest, DotRowsMatchesReference) {
+  IsaCapGuard guard;
+  for (Isa isa : SupportedIsas()) {
+  ASSERT_TRUE(SetIsaCap(isa));
+  SCOPED_TRACE(KernelIsa());
   for (int K : {1, 2, 6, 32, 33, 128}) {
     for (int n : {1, 3, 8, 9, 17}) {
       const int stride = K + 5;
@@ -72,10 +92,14 @@ TEST(OpsTest, DotRowsMatchesReference) {
       const std::vector<float> rows = Random(static_cast<size_t>(n) * stride, 12 + n);
       std::vector<double> ad(a.begin(), a.end()), out(n);
       DotRows(ad.data(), K, rows.data(), stride, n, out.data());
+      std::vector<double> rows_d(rows.begin(), rows.end()), out_d(n);
+      DotRows(ad.data(), K, rows_d.data(), stride, n, out_d.data());
       for (int j = 0; j < n; ++j) {
         EXPECT_EQ(out[j], ReferenceDot(a.data(), &rows[j * stride], K)) << K << " " << n << " " << j;
+        EXPECT_EQ(out_d[j], out[j]) << K << " " << n << " " << j;
       }
     }
+  }
   }
 }
 
@@ -159,6 +183,19 @@ TEST(OpsTest, PagedAttentionMatchesDense) {
     AttentionScratch scratch;
     AttendOne(q.data(), q_heads, q_to_kv.data(), PagedKvView{kc.data(), vc.data(), B, kv_heads, D},
               table.data(), context, out.data(), &scratch);
+    {
+      // Every kernel variant gives the same bits.
+      IsaCapGuard guard;
+      for (Isa isa : SupportedIsas()) {
+        ASSERT_TRUE(SetIsaCap(isa));
+        std::vector<float> again(out.size(), -2.f);
+        AttentionScratch fresh;
+        AttendOne(q.data(), q_heads, q_to_kv.data(),
+                  PagedKvView{kc.data(), vc.data(), B, kv_heads, D}, table.data(), context,
+                  again.data(), &fresh);
+        EXPECT_EQ(again, out) << KernelIsa();
+      }
+    }
     for (int h = 0; h < q_heads; ++h) {
       const int g = q_to_kv[h];
       std::vector<double> s(context);
