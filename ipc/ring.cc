@@ -296,11 +296,11 @@ absl::StatusOr<SpmcRing> SpmcRing::Attach(void* mem, size_t bytes) {
 }
 
 uint64_t SpmcRing::write_cursor() const {
-  return ctl_ ? ctl_->producer.write_cursor.load(std::memory_order_acquire) : 0;
+  return ctl_ != nullptr ? ctl_->producer.write_cursor.load(std::memory_order_acquire) : 0;
 }
 
 bool SpmcRing::closed() const {
-  return ctl_ ? ctl_->producer.closed.load(std::memory_order_acquire) != 0 : false;
+  return ctl_ != nullptr && ctl_->producer.closed.load(std::memory_order_acquire) != 0;
 }
 
 std::string SpmcRing::DebugString() const {
@@ -312,11 +312,11 @@ std::string SpmcRing::DebugString() const {
       DescribePeer("producer", ctl_->producer_hb));
   for (uint32_t i = 0; i < num_consumers_; ++i) {
     const ConsumerSlot& c = ctl_->consumers[i];
-    absl::StrAppendFormat(&out, "; %s at cursor %u (seq %u)%s",
-                          DescribePeer(absl::StrCat("consumer ", i), c.hb),
-                          c.cursor.read_cursor.load(std::memory_order_acquire),
-                          c.cursor.read_seq.load(std::memory_order_relaxed),
-                          c.cursor.detached.load(std::memory_order_acquire) ? " [detached]" : "");
+    absl::StrAppendFormat(
+        &out, "; %s at cursor %u (seq %u)%s", DescribePeer(absl::StrCat("consumer ", i), c.hb),
+        c.cursor.read_cursor.load(std::memory_order_acquire),
+        c.cursor.read_seq.load(std::memory_order_relaxed),
+        c.cursor.detached.load(std::memory_order_acquire) != 0 ? " [detached]" : "");
   }
   return out;
 }

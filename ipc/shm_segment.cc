@@ -112,13 +112,13 @@ void OnTerminationSignal(int sig, siginfo_t* info, void* ucontext) {
   int saved_errno = errno;
   UnlinkOwned();
   // A handler installed after ours that chains back to us must not loop.
-  if (g_in_handler) {
+  if (g_in_handler != 0) {
     errno = saved_errno;
     return;
   }
   g_in_handler = 1;
   const struct sigaction& prev = sig == SIGINT ? g_prev_sigint : g_prev_sigterm;
-  if (prev.sa_flags & SA_SIGINFO) {
+  if ((prev.sa_flags & SA_SIGINFO) != 0) {
     if (prev.sa_sigaction != nullptr) prev.sa_sigaction(sig, info, ucontext);
   } else if (prev.sa_handler == SIG_IGN) {
     // Not reached: we do not install over SIG_IGN.
@@ -139,7 +139,7 @@ void OnTerminationSignal(int sig, siginfo_t* info, void* ucontext) {
 }
 
 bool IsOurs(const struct sigaction& sa) {
-  return (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == &OnTerminationSignal;
+  return (sa.sa_flags & SA_SIGINFO) != 0 && sa.sa_sigaction == &OnTerminationSignal;
 }
 
 // Puts our handler in front of whatever handles `sig` now (unless that is
@@ -148,10 +148,11 @@ void InstallOne(int sig, struct sigaction* prev) {
   struct sigaction current;
   if (::sigaction(sig, nullptr, &current) != 0) return;
   if (IsOurs(current)) return;
-  if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) return;
+  if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_IGN) return;
   // Block the signal while `prev` is rewritten so that a concurrent delivery
   // never sees a half-written struct.
-  sigset_t block, old;
+  sigset_t block;
+  sigset_t old;
   sigemptyset(&block);
   sigaddset(&block, sig);
   pthread_sigmask(SIG_BLOCK, &block, &old);
@@ -215,7 +216,7 @@ absl::Status ValidateName(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat("shm name must not start with '.': ", name));
   }
   for (char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+    if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '_' && c != '-' && c != '.') {
       return absl::InvalidArgumentError(
           absl::StrCat("shm name may only contain [A-Za-z0-9._-]: '", name, "'"));
     }
@@ -447,7 +448,7 @@ SegmentHeader* ShmSegment::header() const {
 void* ShmSegment::base() const { return mapping_ ? mapping_->region.get_address() : nullptr; }
 size_t ShmSegment::size() const { return mapping_ ? mapping_->region.get_size() : 0; }
 bool ShmSegment::is_creator() const { return owner_pid_ != 0 && owner_pid_ == ::getpid(); }
-pid_t ShmSegment::creator_pid() const { return header() ? header()->creator_pid : 0; }
+pid_t ShmSegment::creator_pid() const { return header() != nullptr ? header()->creator_pid : 0; }
 
 size_t ShmSegment::bytes_free() const {
   SegmentHeader* h = header();

@@ -193,8 +193,22 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     // noticed a death first may have raised it: reap again so that the root
     // cause (the process that died) is what gets reported.
     if (absl::Status s = CheckAbort(cb); !s.ok()) {
-      usleep(20000);
-      reap();
+      // A killed multi-threaded process shows as a zombie before waitpid can
+      // collect it (its other threads are still exiting): wait for that,
+      // bounded, so the dead process is named rather than the peer that
+      // noticed it.
+      int64_t until = MonotonicNs() + 500'000'000;
+      for (;;) {
+        reap();
+        bool dying = false;
+        for (const Child& c : children) {
+          if (c.exited) continue;
+          ipc::ProcState ps = ipc::ProbeProcess(c.pid);
+          dying |= ps == ipc::ProcState::kZombie || ps == ipc::ProcState::kDead;
+        }
+        if (signaled || !dying || MonotonicNs() > until) break;
+        usleep(5000);
+      }
       if (failure.empty()) failure = std::string(s.message());
       else failure = absl::StrCat(failure, " (", s.message(), ")");
       exit_code = 1;

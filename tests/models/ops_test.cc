@@ -26,6 +26,17 @@ struct IsaCapGuard {
   ~IsaCapGuard() { SetIsaCap(DetectedIsa()); }
 };
 
+// Values spread over ~2^-20 .. 2^20, so that double sums round and the
+// summation order shows in the result bits.
+std::vector<float> RandomWide(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> e(-20, 20);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(u(rng), e(rng));
+  return v;
+}
+
 std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(lo, hi);
@@ -45,8 +56,8 @@ TEST(OpsTest, MatMulMatchesNaiveAndReferenceOrder) {
       for (int N : {1, 3, 4, 8, 9, 33}) {
         SCOPED_TRACE(::testing::Message() << "T=" << T << " K=" << K << " N=" << N);
         const int ldx = K + 3, ldy = N + 2;  // strided rows
-        const std::vector<float> x = Random(static_cast<size_t>(T) * ldx, T * 1000 + K);
-        const std::vector<float> w = Random(static_cast<size_t>(N) * K, N * 7 + K);
+        const std::vector<float> x = RandomWide(static_cast<size_t>(T) * ldx, T * 1000 + K);
+        const std::vector<float> w = RandomWide(static_cast<size_t>(N) * K, N * 7 + K);
         std::vector<float> y(static_cast<size_t>(T) * ldy, -7.f);
         MatMulTransB(x.data(), ldx, T, K, w.data(), N, y.data(), ldy, &scratch);
         for (int t = 0; t < T; ++t) {
@@ -54,7 +65,9 @@ TEST(OpsTest, MatMulMatchesNaiveAndReferenceOrder) {
             double naive = 0;
             for (int k = 0; k < K; ++k) naive += static_cast<double>(x[t * ldx + k]) * w[n * K + k];
             const float got = y[t * ldy + n];
-            ASSERT_NEAR(got, naive, 1e-6 * (1 + std::abs(naive)));
+            double mag = 0;
+            for (int k = 0; k < K; ++k) mag += std::abs(static_cast<double>(x[t * ldx + k]) * w[n * K + k]);
+            ASSERT_NEAR(got, naive, 1e-6 * std::abs(naive) + 1e-12 * mag);
             // Bitwise: the documented lane order, whatever T and blocking.
             ASSERT_EQ(got, static_cast<float>(ReferenceDot(&x[t * ldx], &w[n * K], K)));
           }
@@ -66,11 +79,53 @@ TEST(OpsTest, MatMulMatchesNaiveAndReferenceOrder) {
   }
 }
 
+// Products of +-1, +-2^30 and +-2^60 cancel and absorb each other, so any
+// deviation from the documented lane order / reduction changes the float
+// result itself (e.g. 0 vs 2).
+std::vector<float> Cancelling(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = ((rng() & 1) ? 1.f : -1.f) * ((rng() % 3 == 0) ? 0x1p30f : 1.f);
+  return v;
+}
+
+TEST(OpsTest, MatMulFollowsTheDocumentedOrderExactly) {
+  IsaCapGuard guard;
+  for (Isa isa : SupportedIsas()) {
+    ASSERT_TRUE(SetIsaCap(isa));
+    SCOPED_TRACE(KernelIsa());
+    MatMulScratch scratch;
+    int differs_from_sequential = 0;
+    for (int T : {1, 3, 4, 6, 9}) {
+      for (int K : {4, 7, 8, 13, 24}) {
+        const int N = 19;
+        const std::vector<float> x = Cancelling(static_cast<size_t>(T) * K, 7 * T + K);
+        const std::vector<float> w = Cancelling(static_cast<size_t>(N) * K, 11 * T + K);
+        std::vector<float> y(static_cast<size_t>(T) * N);
+        MatMulTransB(x.data(), K, T, K, w.data(), N, y.data(), N, &scratch);
+        std::vector<double> xd(x.begin(), x.end()), out(N);
+        for (int t = 0; t < T; ++t) {
+          DotRows(&xd[t * K], K, w.data(), K, N, out.data());
+          for (int n = 0; n < N; ++n) {
+            const double ref = ReferenceDot(&x[t * K], &w[n * K], K);
+            ASSERT_EQ(y[t * N + n], static_cast<float>(ref)) << "T=" << T << " K=" << K << " t=" << t << " n=" << n;
+            ASSERT_EQ(out[n], ref) << "T=" << T << " K=" << K << " t=" << t << " n=" << n;
+            double seq = 0;
+            for (int k = 0; k < K; ++k) seq += static_cast<double>(x[t * K + k]) * w[n * K + k];
+            differs_from_sequential += seq != ref;
+          }
+        }
+      }
+    }
+    EXPECT_GT(differs_from_sequential, 20) << "inputs do not exercise the summation order";
+  }
+}
+
 TEST(OpsTest, MatMulRowsIndependentOfBatch) {
   // A row's output is bitwise the same alone or among others (batch independence).
   const int K = 96, N = 40, T = 13;
-  const std::vector<float> x = Random(static_cast<size_t>(T) * K, 5);
-  const std::vector<float> w = Random(static_cast<size_t>(N) * K, 6);
+  const std::vector<float> x = RandomWide(static_cast<size_t>(T) * K, 5);
+  const std::vector<float> w = RandomWide(static_cast<size_t>(N) * K, 6);
   std::vector<float> all(static_cast<size_t>(T) * N), one(N);
   MatMulScratch s;
   MatMulTransB(x.data(), K, T, K, w.data(), N, all.data(), N, &s);
@@ -88,8 +143,8 @@ TEST(OpsTest, DotRowsMatchesReference) {
   for (int K : {1, 2, 6, 32, 33, 128}) {
     for (int n : {1, 3, 8, 9, 17}) {
       const int stride = K + 5;
-      const std::vector<float> a = Random(K, 11 + K);
-      const std::vector<float> rows = Random(static_cast<size_t>(n) * stride, 12 + n);
+      const std::vector<float> a = RandomWide(K, 11 + K);
+      const std::vector<float> rows = RandomWide(static_cast<size_t>(n) * stride, 12 + n);
       std::vector<double> ad(a.begin(), a.end()), out(n);
       DotRows(ad.data(), K, rows.data(), stride, n, out.data());
       std::vector<double> rows_d(rows.begin(), rows.end()), out_d(n);
