@@ -97,6 +97,7 @@ class CudaBackend : public Backend {
     mo.num_buckets = opts.buckets;
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
+    mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, rank, opts.tp, b->device_,
                                                                        mo, b->comm_.get()));
     b->model_.emplace(std::move(m));

@@ -163,6 +163,7 @@ const std::map<std::string, Flag>& Flags() {
       {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},
       {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
       {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
+      {"bench-skip-allreduce", {Bool(&JobOptions::bench_skip_allreduce), Get(&JobOptions::bench_skip_allreduce), "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)"}},
       {"step-timeout-ms", {I64(&JobOptions::step_timeout_ms, 1, int64_t{1} << 40), Get(&JobOptions::step_timeout_ms), "deadline of any wait inside a step"}},
       {"hang-timeout-ms", {I64(&JobOptions::hang_timeout_ms, 50, int64_t{1} << 40), Get(&JobOptions::hang_timeout_ms), "heartbeat staleness that ends the job"}},
       {"out", {Str(&JobOptions::out_dir), Get(&JobOptions::out_dir), "output directory (summary.json, tokens.jsonl)"}},
@@ -219,7 +220,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
     if (it == Flags().end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
-    bool is_bool = name == "cuda-graphs" || name == "progress";
+    bool is_bool = name == "cuda-graphs" || name == "progress" || name == "bench-skip-allreduce";
     if (!has_value && !(is_bool && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0))) {
       SYMTP_RETURN_IF_ERROR(take_value());
     }

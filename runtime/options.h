@@ -55,6 +55,7 @@ struct JobOptions {
   bool cuda_graphs = true;
   std::string allreduce = "auto";  // auto | nccl | custom
   int64_t crossover_bytes = 1 << 20;
+  bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 
   // Robustness.
   int64_t step_timeout_ms = 60000;  // any single wait in a step

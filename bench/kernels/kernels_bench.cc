@@ -30,8 +30,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_check.h"
 #include "common/clock.h"
+#include "common/cuda_check.h"
 #include "common/cuda_raii.h"
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
@@ -126,8 +126,7 @@ absl::StatusOr<Ceilings> MeasureCeilings(kernels::CublasLtHandle& h, void* ws, c
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer dst, cuda::DeviceBuffer::Create(bytes));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(src.get(), 0x3c, bytes, s));
   auto copy = [&](int) -> absl::Status {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s));
     return absl::OkStatus();
   };
   SYMTP_ASSIGN_OR_RETURN(double cus, TimeUs(s, 2, 10, copy));
@@ -189,8 +188,8 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 4, 1.f, s));
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
   std::printf("\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s\n", "model", "tp", "layer", "N", "K",
-              "M", "us", "TFLOP/s", "%peak", "W GB/s");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s\n", "model", "tp", "layer", "N", "K", "M",
+              "us", "TFLOP/s", "%peak", "W GB/s");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     const size_t slots = arena / wbytes;
@@ -211,17 +210,16 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                         g.k * 2, cudaMemcpyDeviceToHost));
         CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(), static_cast<char*>(wbuf.get()) + col * g.k * 2,
                                         g.k * 2, cudaMemcpyDeviceToHost));
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2,
-                                        cudaMemcpyDeviceToHost));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2, cudaMemcpyDeviceToHost));
         double ref = 0, mag = 0;
         for (int64_t k = 0; k < g.k; ++k) {
           ref += static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]);
           mag += std::fabs(static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]));
         }
         if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
-          return absl::InternalError(absl::StrFormat(
-              "GEMM check failed for %s %s M=%d: %g vs %g", g.model, g.layer, m,
-              Bf16ToFloat(cv), ref));
+          return absl::InternalError(absl::StrFormat("GEMM check failed for %s %s M=%d: %g vs %g",
+                                                     g.model, g.layer, m, Bf16ToFloat(cv), ref));
         }
       }
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
@@ -247,114 +245,128 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   } cfgs[] = {{"llama-8b-shape tp1", 32, 8, 128}, {"llama-70b-shape tp2", 32, 4, 128}};
   const int ctx = 1024, B = 16, chunk = 256;
   std::printf("\ndecode attention (bf16 cache, context %d, split-K chunk %d)\n", ctx, chunk);
-  std::printf("%-20s %5s %9s %9s %7s\n", "shape", "batch", "us", "GB/s", "%copy");
+  std::printf("%-20s %-13s %5s %9s %9s %7s\n", "shape", "kernel", "batch", "us", "GB/s", "%copy");
   for (const Cfg& cf : cfgs) {
-    for (int batch : {32, 64, 128, 256, 512}) {
-      const int blocks_per_seq = ctx / B;
-      const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
-      const int64_t cache_elems = blocks * B * cf.nkv * cf.d;
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer kc, cuda::DeviceBuffer::Create(cache_elems * 2));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer vc, cuda::DeviceBuffer::Create(cache_elems * 2));
-      SYMTP_RETURN_IF_ERROR(FillRandom(kc.get(), cache_elems, 5, 1.f, s));
-      SYMTP_RETURN_IF_ERROR(FillRandom(vc.get(), cache_elems, 6, 1.f, s));
-      const int64_t qstride = static_cast<int64_t>(cf.nq + 2 * cf.nkv) * cf.d;
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer q, cuda::DeviceBuffer::Create(batch * qstride * 2));
-      SYMTP_RETURN_IF_ERROR(FillRandom(q.get(), batch * qstride, 7, 1.f, s));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
-                             cuda::DeviceBuffer::Create(static_cast<size_t>(batch) * cf.nq * cf.d * 2));
-      // Scattered block tables: a random permutation of the blocks.
-      std::vector<int32_t> perm(blocks);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), std::mt19937(batch));
-      std::vector<int32_t> pos(batch, ctx - 1);
-      std::vector<kernels::AttentionItem> items(batch);
-      for (int i = 0; i < batch; ++i) items[i] = {i, i, 1, 0};
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, cuda::DeviceBuffer::Create(perm.size() * 4));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, cuda::DeviceBuffer::Create(pos.size() * 4));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
-                             cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tab.get(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos.get(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(), items.size() * sizeof(items[0]),
-                                      cudaMemcpyHostToDevice));
-      const int splits = (ctx + chunk - 1) / chunk;
-      const size_t ws_bytes = kernels::PagedAttentionWorkspaceBytes(batch, cf.nq, cf.d, splits);
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wsb, cuda::DeviceBuffer::Create(ws_bytes));
-      kernels::PagedAttentionArgs a;
-      a.q = q.get();
-      a.q_row_stride = qstride;
-      a.k_cache = kc.get();
-      a.v_cache = vc.get();
-      a.out = out.get();
-      a.positions = d_pos.as<int32_t>();
-      a.block_tables = d_tab.as<int32_t>();
-      a.block_table_stride = blocks_per_seq;
-      a.block_size = B;
-      a.items = d_items.as<kernels::AttentionItem>();
-      a.num_items = batch;
-      a.max_item_tokens = 1;
-      a.num_tokens = batch;
-      a.num_q_heads = cf.nq;
-      a.num_kv_heads = cf.nkv;
-      a.head_dim = cf.d;
-      a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
-      a.num_splits = splits;
-      a.split_chunk = chunk;
-      a.workspace = wsb.get();
-      a.workspace_bytes = ws_bytes;
-      auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
-      SYMTP_RETURN_IF_ERROR(run(0));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      {  // Verify sequence `batch-1`, q head 1, against a CPU softmax.
-        const int seq = batch - 1, h = 1, kvh = h / (cf.nq / cf.nkv);
-        std::vector<uint16_t> qh(cf.d), o(cf.d), kr(cf.d), vr(cf.d);
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(qh.data(),
-                                        static_cast<char*>(q.get()) + (seq * qstride + h * cf.d) * 2,
-                                        cf.d * 2, cudaMemcpyDeviceToHost));
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(o.data(),
-                                        static_cast<char*>(out.get()) + ((int64_t)seq * cf.nq + h) * cf.d * 2,
-                                        cf.d * 2, cudaMemcpyDeviceToHost));
-        std::vector<double> sc(ctx), acc(cf.d, 0.0);
-        std::vector<std::vector<uint16_t>> vs(ctx);
-        double mx = -1e300;
-        for (int j = 0; j < ctx; ++j) {
-          const int64_t slot = static_cast<int64_t>(perm[seq * blocks_per_seq + j / B]) * B + j % B;
-          const size_t off = ((slot * cf.nkv + kvh) * cf.d) * 2;
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(kr.data(), static_cast<char*>(kc.get()) + off, cf.d * 2,
-                                          cudaMemcpyDeviceToHost));
-          vs[j].resize(cf.d);
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(vs[j].data(), static_cast<char*>(vc.get()) + off,
-                                          cf.d * 2, cudaMemcpyDeviceToHost));
-          double dot = 0;
-          for (int d = 0; d < cf.d; ++d) dot += static_cast<double>(Bf16ToFloat(qh[d])) * Bf16ToFloat(kr[d]);
-          sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
-          mx = std::max(mx, sc[j]);
+    for (kernels::DecodeKernel dk :
+         {kernels::DecodeKernel::kTiled, kernels::DecodeKernel::kWarpStreamed}) {
+      const char* kname = dk == kernels::DecodeKernel::kTiled ? "tiled" : "warp-streamed";
+      for (int batch : {32, 64, 128, 256, 512}) {
+        const int blocks_per_seq = ctx / B;
+        const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
+        const int64_t cache_elems = blocks * B * cf.nkv * cf.d;
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer kc, cuda::DeviceBuffer::Create(cache_elems * 2));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer vc, cuda::DeviceBuffer::Create(cache_elems * 2));
+        SYMTP_RETURN_IF_ERROR(FillRandom(kc.get(), cache_elems, 5, 1.f, s));
+        SYMTP_RETURN_IF_ERROR(FillRandom(vc.get(), cache_elems, 6, 1.f, s));
+        const int64_t qstride = static_cast<int64_t>(cf.nq + 2 * cf.nkv) * cf.d;
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer q,
+                               cuda::DeviceBuffer::Create(batch * qstride * 2));
+        SYMTP_RETURN_IF_ERROR(FillRandom(q.get(), batch * qstride, 7, 1.f, s));
+        SYMTP_ASSIGN_OR_RETURN(
+            cuda::DeviceBuffer out,
+            cuda::DeviceBuffer::Create(static_cast<size_t>(batch) * cf.nq * cf.d * 2));
+        // Scattered block tables: a random permutation of the blocks.
+        std::vector<int32_t> perm(blocks);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(batch));
+        std::vector<int32_t> pos(batch, ctx - 1);
+        std::vector<kernels::AttentionItem> items(batch);
+        for (int i = 0; i < batch; ++i) items[i] = {i, i, 1, 0};
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab,
+                               cuda::DeviceBuffer::Create(perm.size() * 4));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos,
+                               cuda::DeviceBuffer::Create(pos.size() * 4));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
+                               cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(d_tab.get(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(d_pos.get(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(),
+                                        items.size() * sizeof(items[0]), cudaMemcpyHostToDevice));
+        const int splits = (ctx + chunk - 1) / chunk;
+        const size_t ws_bytes = kernels::PagedAttentionWorkspaceBytes(batch, cf.nq, cf.d, splits);
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wsb, cuda::DeviceBuffer::Create(ws_bytes));
+        kernels::PagedAttentionArgs a;
+        a.q = q.get();
+        a.q_row_stride = qstride;
+        a.k_cache = kc.get();
+        a.v_cache = vc.get();
+        a.out = out.get();
+        a.positions = d_pos.as<int32_t>();
+        a.block_tables = d_tab.as<int32_t>();
+        a.block_table_stride = blocks_per_seq;
+        a.block_size = B;
+        a.items = d_items.as<kernels::AttentionItem>();
+        a.num_items = batch;
+        a.max_item_tokens = 1;
+        a.num_tokens = batch;
+        a.num_q_heads = cf.nq;
+        a.num_kv_heads = cf.nkv;
+        a.head_dim = cf.d;
+        a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+        a.num_splits = splits;
+        a.split_chunk = chunk;
+        a.workspace = wsb.get();
+        a.workspace_bytes = ws_bytes;
+        a.decode_kernel = dk;
+        auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
+        SYMTP_RETURN_IF_ERROR(run(0));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        {  // Verify sequence `batch-1`, q head 1, against a CPU softmax.
+          const int seq = batch - 1, h = 1, kvh = h / (cf.nq / cf.nkv);
+          std::vector<uint16_t> qh(cf.d), o(cf.d), kr(cf.d), vr(cf.d);
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpy(qh.data(), static_cast<char*>(q.get()) + (seq * qstride + h * cf.d) * 2,
+                         cf.d * 2, cudaMemcpyDeviceToHost));
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(
+              o.data(), static_cast<char*>(out.get()) + ((int64_t)seq * cf.nq + h) * cf.d * 2,
+              cf.d * 2, cudaMemcpyDeviceToHost));
+          std::vector<double> sc(ctx), acc(cf.d, 0.0);
+          std::vector<std::vector<uint16_t>> vs(ctx);
+          double mx = -1e300;
+          for (int j = 0; j < ctx; ++j) {
+            const int64_t slot =
+                static_cast<int64_t>(perm[seq * blocks_per_seq + j / B]) * B + j % B;
+            const size_t off = ((slot * cf.nkv + kvh) * cf.d) * 2;
+            CUDA_RETURN_IF_ERROR(cudaMemcpy(kr.data(), static_cast<char*>(kc.get()) + off, cf.d * 2,
+                                            cudaMemcpyDeviceToHost));
+            vs[j].resize(cf.d);
+            CUDA_RETURN_IF_ERROR(cudaMemcpy(vs[j].data(), static_cast<char*>(vc.get()) + off,
+                                            cf.d * 2, cudaMemcpyDeviceToHost));
+            double dot = 0;
+            for (int d = 0; d < cf.d; ++d)
+              dot += static_cast<double>(Bf16ToFloat(qh[d])) * Bf16ToFloat(kr[d]);
+            sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
+            mx = std::max(mx, sc[j]);
+          }
+          double sum = 0;
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          for (int j = 0; j < ctx; ++j) {
+            for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vs[j][d]);
+          }
+          double err = 0, ref = 0;
+          for (int d = 0; d < cf.d; ++d) {
+            err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
+            ref = std::max(ref, std::fabs(acc[d]));
+          }
+          if (err > 2e-2 * ref + 1e-3) {
+            return absl::InternalError(
+                absl::StrFormat("attention check failed (%s, batch %d): max error %g, max |ref| %g",
+                                kname, batch, err, ref));
+          }
         }
-        double sum = 0;
-        for (double& x : sc) sum += (x = std::exp(x - mx));
-        for (int j = 0; j < ctx; ++j) {
-          for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vs[j][d]);
-        }
-        double err = 0, ref = 0;
-        for (int d = 0; d < cf.d; ++d) {
-          err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
-          ref = std::max(ref, std::fabs(acc[d]));
-        }
-        if (err > 2e-2 * ref + 1e-3) {
-          return absl::InternalError(absl::StrFormat(
-              "attention check failed (batch %d): max error %g, max |ref| %g", batch, err, ref));
-        }
+        SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+        const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
+        const double gbps = bytes / (us * 1e-6) / 1e9;
+        std::printf("%-20s %-13s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname, batch, us, gbps,
+                    100.0 * gbps / c.copy_gbps);
+        js->attn.push_back(absl::StrFormat(
+            "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
+            "\"head_dim\": %d, \"batch\": %d, \"context\": %d, \"split_chunk\": %d, \"us\": %.2f, "
+            "\"kv_gbps\": %.1f, \"frac_of_copy_bw\": %.4f}",
+            cf.name, kname, cf.nq, cf.nkv, cf.d, batch, ctx, chunk, us, gbps, gbps / c.copy_gbps));
       }
-      SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
-      const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%-20s %5d %9.1f %9.0f %6.1f%%\n", cf.name, batch, us, gbps,
-                  100.0 * gbps / c.copy_gbps);
-      js->attn.push_back(absl::StrFormat(
-          "{\"shape\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"batch\": %d, "
-          "\"context\": %d, \"split_chunk\": %d, \"us\": %.2f, \"kv_gbps\": %.1f, "
-          "\"frac_of_copy_bw\": %.4f}",
-          cf.name, cf.nq, cf.nkv, cf.d, batch, ctx, chunk, us, gbps, gbps / c.copy_gbps));
     }
   }
   return absl::OkStatus();
@@ -365,13 +377,24 @@ absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
                          model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
   const int ctx = 1024, B = cfg.block_size, bps = ctx / B;
   const std::vector<int> batches = {32, 64, 128, 256, 512};
-  std::printf("\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
-              "cache zero-filled (timing does not depend on its values)\n",
-              cfg.name.c_str(), layers, ctx);
-  std::printf("%6s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "batch", "gpu us", "wall us",
-              "gemm", "attn", "rowpar", "other");
-  for (bool graphs : {true, false}) {
+  std::printf(
+      "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
+      "cache zero-filled (timing does not depend on its values)\n",
+      cfg.name.c_str(), layers, ctx);
+  std::printf("%6s %-13s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "attention", "batch", "gpu us",
+              "wall us", "gemm", "attn", "rowpar", "other");
+  struct Mode {
+    bool graphs;
+    kernels::DecodeKernel dk;
+  };
+  for (const Mode& mode :
+       {Mode{true, kernels::DecodeKernel::kTiled}, Mode{false, kernels::DecodeKernel::kTiled},
+        Mode{true, kernels::DecodeKernel::kWarpStreamed},
+        Mode{false, kernels::DecodeKernel::kWarpStreamed}}) {
+    const bool graphs = mode.graphs;
+    const char* kname = mode.dk == kernels::DecodeKernel::kTiled ? "tiled" : "warp-streamed";
     model::GpuModelOptions o;
+    o.attention_decode_kernel = mode.dk;
     o.dtype = DType::kBF16;
     o.max_seqs = 512;
     o.max_batch_tokens = 512;
@@ -426,16 +449,18 @@ absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
         m.set_profiling(false);
       }
       const double g = Median(gpu_us), w = Median(wall_us);
-      std::printf("%6s %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n", graphs ? "on" : "off", batch,
-                  g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms);
+      std::printf("%6s %-13s %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n", graphs ? "on" : "off",
+                  kname, batch, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
+                  prof.other_ms);
       const auto st = m.graph_stats();
       js->model.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"layers\": %d, \"dtype\": \"bfloat16\", \"tp\": 1, \"batch\": %d, "
-          "\"context\": %d, \"cuda_graphs\": %s, \"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
+          "\"context\": %d, \"cuda_graphs\": %s, \"attention_decode_kernel\": \"%s\", "
+          "\"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
           "\"graph_replays\": %d, \"profile_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
           "\"row_parallel_gemm\": %.4f, \"other\": %.4f, \"total\": %.4f}}",
-          cfg.name, layers, batch, ctx, graphs ? "true" : "false", g, w, st.replays, prof.gemm_ms,
-          prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
+          cfg.name, layers, batch, ctx, graphs ? "true" : "false", kname, g, w, st.replays,
+          prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
     }
   }
   return absl::OkStatus();
@@ -460,9 +485,9 @@ absl::Status Run(int argc, char** argv) {
     } else if (a == "--skip-model") {
       skip_model = true;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown argument '", a, "'; usage: kernels_bench [--json FILE] "
-                       "[--layers N] [--skip-model]"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", a,
+                                                     "'; usage: kernels_bench [--json FILE] "
+                                                     "[--layers N] [--skip-model]"));
     }
   }
   std::string why;

@@ -1,11 +1,10 @@
 // Paged attention: argument checks, item planning, dtype dispatch and the
 // split-K merge (kernels/ops/attention.h).
-#include "kernels/ops/attention.h"
-
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
+#include "kernels/ops/attention.h"
 #include "kernels/ops/internal/device_utils.cuh"
 
 namespace symtp::kernels {
@@ -46,8 +45,7 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   return group > 64 ? 0 : 64 / group;
 }
 
-size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim,
-                                    int num_splits) {
+size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits) {
   if (num_splits <= 1) return 0;
   return static_cast<size_t>(num_tokens) * num_q_heads * num_splits *
          (static_cast<size_t>(head_dim) + 2) * sizeof(float);
@@ -71,14 +69,12 @@ void BuildAttentionItems(absl::Span<const int32_t> seq_start, int max_tokens_per
 absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.num_kv_heads <= 0 || a.num_q_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedAttention: q heads %d not a multiple of kv heads %d", a.num_q_heads,
-        a.num_kv_heads));
+        "PagedAttention: q heads %d not a multiple of kv heads %d", a.num_q_heads, a.num_kv_heads));
   }
   const int max_tokens = MaxAttentionItemTokens(a.num_q_heads, a.num_kv_heads);
   if (a.max_item_tokens < 1 || a.max_item_tokens > max_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("PagedAttention: max_item_tokens %d outside [1, %d]", a.max_item_tokens,
-                        max_tokens));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention: max_item_tokens %d outside [1, %d]", a.max_item_tokens, max_tokens));
   }
   if (a.num_items < 0 || a.num_tokens < 0 || a.block_size <= 0 || a.block_table_stride <= 0 ||
       a.q_row_stride < static_cast<int64_t>(a.num_q_heads) * a.head_dim) {
@@ -103,11 +99,15 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
   if (a.num_items == 0 || a.num_tokens == 0) return absl::OkStatus();
   if (a.num_kv_heads > 65535) return absl::InvalidArgumentError("PagedAttention: too many heads");
 
-  absl::Status st = dtype == DType::kF32    ? internal::LaunchPagedAttentionF32(a, stream)
-                    : dtype == DType::kBF16 ? internal::LaunchPagedAttentionBF16(a, stream)
-                                            : absl::InvalidArgumentError(absl::StrCat(
-                                                  "PagedAttention: unsupported dtype ",
-                                                  DTypeName(dtype)));
+  const bool warp_decode = a.decode_kernel == DecodeKernel::kWarpStreamed &&
+                           a.max_item_tokens == 1 && a.num_q_heads / a.num_kv_heads <= 8;
+  absl::Status st =
+      dtype == DType::kF32    ? (warp_decode ? internal::LaunchWarpDecodeF32(a, stream)
+                                             : internal::LaunchPagedAttentionF32(a, stream))
+      : dtype == DType::kBF16 ? (warp_decode ? internal::LaunchWarpDecodeBF16(a, stream)
+                                             : internal::LaunchPagedAttentionBF16(a, stream))
+                              : absl::InvalidArgumentError(absl::StrCat(
+                                    "PagedAttention: unsupported dtype ", DTypeName(dtype)));
   if (!st.ok() || a.num_splits <= 1) return st;
 
   const float* part = static_cast<const float*>(a.workspace);
@@ -115,9 +115,9 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
       part + static_cast<int64_t>(a.num_tokens) * a.num_q_heads * a.num_splits * a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
   if (dtype == DType::kF32) {
-    MergeSplitsKernel<float><<<grid, a.head_dim, 0, stream>>>(
-        part, ml, a.positions, static_cast<float*>(a.out), a.num_q_heads, a.head_dim,
-        a.num_splits, a.split_chunk);
+    MergeSplitsKernel<float>
+        <<<grid, a.head_dim, 0, stream>>>(part, ml, a.positions, static_cast<float*>(a.out),
+                                          a.num_q_heads, a.head_dim, a.num_splits, a.split_chunk);
   } else {
     MergeSplitsKernel<internal::bf16><<<grid, a.head_dim, 0, stream>>>(
         part, ml, a.positions, static_cast<internal::bf16*>(a.out), a.num_q_heads, a.head_dim,

@@ -37,6 +37,16 @@ struct AttentionItem {
   int32_t reserved = 0;
 };
 
+// Which kernel runs decode launches (max_item_tokens == 1, group <= 8):
+//  - kTiled: the block-tiled kernel that also runs prefill (16-key tiles in
+//    shared memory, 4 barriers per tile). Verified on an H200; 25-40% of the
+//    copy bandwidth at context 1024.
+//  - kWarpStreamed: each warp streams its own 32-key chunks with no block
+//    barrier in the loop (internal/decode_attention_kernel.cuh). Covered by
+//    the same tests, but NOT YET RUN ON A GPU: opt-in until it has been.
+// Other launches always use the tiled kernel.
+enum class DecodeKernel { kTiled, kWarpStreamed };
+
 struct PagedAttentionArgs {
   // q head h of token t: q + t * q_row_stride + h * head_dim (elements).
   const void* q = nullptr;
@@ -58,7 +68,7 @@ struct PagedAttentionArgs {
   int num_tokens = 0;
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;  // 32, 64 or 128
+  int head_dim = 0;   // 32, 64 or 128
   float scale = 0.f;  // softmax scale, 1 / sqrt(head_dim)
   // Split-K: the keys of a sequence are cut into chunks of split_chunk
   // positions ([s*chunk, (s+1)*chunk)); split s of every item runs in its own
@@ -71,14 +81,14 @@ struct PagedAttentionArgs {
   int split_chunk = 256;
   void* workspace = nullptr;  // PagedAttentionWorkspaceBytes(...) bytes when num_splits > 1
   size_t workspace_bytes = 0;
+  DecodeKernel decode_kernel = DecodeKernel::kTiled;
 };
 
 // Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 
 // Workspace of a split-K launch (fp32 partial outputs and softmax stats).
-size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim,
-                                    int num_splits);
+size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits);
 
 // Cuts every sequence s (tokens [seq_start[s], seq_start[s+1])) into items of
 // at most max_tokens_per_item tokens, appending to `items` (cleared first).
@@ -94,6 +104,9 @@ namespace internal {
 // Per-dtype launchers (attention_f32.cu, attention_bf16.cu).
 absl::Status LaunchPagedAttentionF32(const PagedAttentionArgs& a, cudaStream_t stream);
 absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+// Warp-streamed decode kernel (decode_attention_f32.cu, decode_attention_bf16.cu).
+absl::Status LaunchWarpDecodeF32(const PagedAttentionArgs& a, cudaStream_t stream);
+absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace symtp::kernels

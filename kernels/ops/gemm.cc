@@ -131,8 +131,8 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
     return fail(absl::UnimplementedError(absl::StrFormat(
         "cuBLASLt has no algorithm for C[%d,%d] = A[%d,%d]·W[%d,%d]ᵀ (%s -> %s, ld %d/%d/%d): %s",
-        g.m, g.n, g.m, g.k, g.n, g.k, DTypeName(g.in_dtype), DTypeName(g.out_dtype), lda, ldw,
-        ldc, cublasGetStatusString(hs))));
+        g.m, g.n, g.m, g.k, g.n, g.k, DTypeName(g.in_dtype), DTypeName(g.out_dtype), lda, ldw, ldc,
+        cublasGetStatusString(hs))));
   }
   p.algo = result.algo;
   return p;
@@ -150,13 +150,12 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
     return absl::InvalidArgumentError(absl::StrFormat(
         "Gemm: bad shape m=%d n=%d k=%d lda=%d ldw=%d ldc=%d", g.m, g.n, g.k, lda, ldw, ldc));
   }
-  const bool ok_types = (g.in_dtype == DType::kF32 && g.out_dtype == DType::kF32) ||
-                        (g.in_dtype == DType::kBF16 &&
-                         (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32));
+  const bool ok_types =
+      (g.in_dtype == DType::kF32 && g.out_dtype == DType::kF32) ||
+      (g.in_dtype == DType::kBF16 && (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32));
   if (!ok_types) {
-    return absl::InvalidArgumentError(absl::StrFormat("Gemm: unsupported dtypes %s -> %s",
-                                                      DTypeName(g.in_dtype),
-                                                      DTypeName(g.out_dtype)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Gemm: unsupported dtypes %s -> %s", DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
   if (g.m == 0) return absl::OkStatus();
   const PlanKey key{g.m,

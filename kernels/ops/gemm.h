@@ -64,9 +64,9 @@ struct GemmArgs {
 absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& args, cudaStream_t stream);
 
 // Convenience for contiguous operands.
-inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, void* c,
-                         int64_t m, int64_t n, int64_t k, DType dtype, void* workspace,
-                         size_t workspace_bytes, cudaStream_t stream) {
+inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, void* c, int64_t m,
+                         int64_t n, int64_t k, DType dtype, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
   GemmArgs g;
   g.a = a;
   g.w = w;

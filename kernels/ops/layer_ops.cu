@@ -171,8 +171,8 @@ absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DTyp
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "SiluMul", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
-    SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(
-        static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
+    SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(static_cast<const T*>(gate_up),
+                                                                   static_cast<T*>(out), rows, ffn);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
@@ -182,9 +182,8 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
                         int64_t dst_ld, int64_t rows, int64_t cols, DType dtype,
                         cudaStream_t stream) {
   if (rows < 0 || cols <= 0 || src_ld < cols || dst_ld < cols) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("GatherRows: bad shape rows=%d cols=%d src_ld=%d dst_ld=%d", rows, cols,
-                        src_ld, dst_ld));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GatherRows: bad shape rows=%d cols=%d src_ld=%d dst_ld=%d", rows, cols, src_ld, dst_ld));
   }
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "GatherRows", [&](auto tag) -> absl::Status {
@@ -196,8 +195,8 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
   });
 }
 
-absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows,
-                                 int vocab_local, int tp, cudaStream_t stream) {
+absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows, int vocab_local,
+                                 int tp, cudaStream_t stream) {
   if (rows < 0 || vocab_local <= 0 || tp <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "AssembleVocabShards: bad shape rows=%d vocab_local=%d tp=%d", rows, vocab_local, tp));

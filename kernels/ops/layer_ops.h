@@ -45,8 +45,8 @@ absl::Status BuildRopeTable(double2* table, int max_pos, int head_dim, float the
 // (bitwise what the CPU reference computes in fp32). Rows with a negative
 // position are left unchanged (padding); positions >= max_pos likewise.
 absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
-                       const int32_t* positions, int64_t rows, const double2* table,
-                       int max_pos, DType dtype, cudaStream_t stream);
+                       const int32_t* positions, int64_t rows, const double2* table, int max_pos,
+                       DType dtype, cudaStream_t stream);
 
 // Paged KV-cache write: for each row r with slot = slot_mapping[r] >= 0,
 //   k_cache[slot, :, :] = k[r, :num_kv_heads*head_dim],  same for v,
@@ -69,8 +69,8 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
 // Vocab-parallel logits after an AllGather: gathered is [tp][rows][vocab_local]
 // (rank-major); out is [rows][tp * vocab_local] with rank r's slice at columns
 // [r * vocab_local, (r+1) * vocab_local).
-absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows,
-                                 int vocab_local, int tp, cudaStream_t stream);
+absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows, int vocab_local,
+                                 int tp, cudaStream_t stream);
 
 // tokens[r] = prev_tokens[prev_row[r]] where prev_row[r] >= 0 (the token was
 // sampled on the device by the previous step); others keep the host value.

@@ -29,8 +29,8 @@ __global__ void RopeTableKernel(double2* __restrict__ table, int max_pos, int he
 
 template <typename T>
 __global__ void RopeKernel(T* __restrict__ x, int64_t row_stride, int num_heads, int head_dim,
-                           const int32_t* __restrict__ positions,
-                           const double2* __restrict__ table, int max_pos) {
+                           const int32_t* __restrict__ positions, const double2* __restrict__ table,
+                           int max_pos) {
   const int64_t r = blockIdx.x;
   const int pos = positions[r];
   if (pos < 0 || pos >= max_pos) return;
@@ -87,15 +87,14 @@ absl::Status BuildRopeTable(double2* table, int max_pos, int head_dim, float the
   }
   const int64_t total = static_cast<int64_t>(max_pos) * (head_dim / 2);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
-  RopeTableKernel<<<blocks, 256, 0, stream>>>(table, max_pos, head_dim,
-                                              static_cast<double>(theta));
+  RopeTableKernel<<<blocks, 256, 0, stream>>>(table, max_pos, head_dim, static_cast<double>(theta));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
-                       const int32_t* positions, int64_t rows, const double2* table,
-                       int max_pos, DType dtype, cudaStream_t stream) {
+                       const int32_t* positions, int64_t rows, const double2* table, int max_pos,
+                       DType dtype, cudaStream_t stream) {
   if (rows < 0 || num_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
       row_stride < static_cast<int64_t>(num_heads) * head_dim || max_pos <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(

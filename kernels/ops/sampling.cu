@@ -1,8 +1,7 @@
 // Device sampling (kernels/ops/sampling.h). One 1024-thread block per row.
-#include "kernels/ops/sampling.h"
-
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
+#include "kernels/ops/sampling.h"
 
 namespace symtp::kernels {
 namespace {

@@ -39,7 +39,6 @@ struct DeviceSamplingParams {
 // tokens[r] = the token drawn from logits[r, 0:vocab] (fp32, row-major, row
 // stride `vocab`) with params[r]. All pointers are device pointers.
 absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
-                          const DeviceSamplingParams* params, int32_t* tokens,
-                          cudaStream_t stream);
+                          const DeviceSamplingParams* params, int32_t* tokens, cudaStream_t stream);
 
 }  // namespace symtp::kernels

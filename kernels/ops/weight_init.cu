@@ -1,8 +1,7 @@
-#include "kernels/ops/weight_init.h"
-
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "kernels/ops/internal/device_utils.cuh"
+#include "kernels/ops/weight_init.h"
 
 namespace symtp::kernels {
 namespace {
@@ -55,10 +54,10 @@ absl::Status InitSyntheticWeight(void* dst, DType dtype, const SyntheticBlock& b
   if (b.dst_ld == 0) b.dst_ld = b.cols;
   if (b.rows < 0 || b.cols < 0 || b.row_begin < 0 || b.col_begin < 0 ||
       b.col_begin + b.cols > b.global_cols || b.dst_ld < b.cols) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "InitSyntheticWeight: bad block rows=%d cols=%d row_begin=%d col_begin=%d "
-        "global_cols=%d dst_ld=%d",
-        b.rows, b.cols, b.row_begin, b.col_begin, b.global_cols, b.dst_ld));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("InitSyntheticWeight: bad block rows=%d cols=%d row_begin=%d col_begin=%d "
+                        "global_cols=%d dst_ld=%d",
+                        b.rows, b.cols, b.row_begin, b.col_begin, b.global_cols, b.dst_ld));
   }
   if (b.rows == 0 || b.cols == 0) return absl::OkStatus();
   if (dst == nullptr) return absl::InvalidArgumentError("InitSyntheticWeight: null dst");

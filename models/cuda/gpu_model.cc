@@ -120,8 +120,8 @@ struct GpuModel::State {
   DType dt = DType::kBF16;
   size_t esz = 2;
   int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
-  int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0,
-      max_splits = 1, num_blocks = 0;
+  int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
+      num_blocks = 0;
   std::vector<int> graph_sizes;
   size_t weight_bytes = 0, kv_bytes = 0;
 
@@ -143,8 +143,8 @@ struct GpuModel::State {
   void* lm_head = nullptr;
   double2* rope = nullptr;
 
-  void *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr, *proj = nullptr,
-       *gu = nullptr, *act = nullptr, *hs = nullptr;
+  void *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr, *proj = nullptr, *gu = nullptr,
+       *act = nullptr, *hs = nullptr;
   float *logits_local = nullptr, *gathered = nullptr, *logits = nullptr;
   int32_t* sampled = nullptr;
   void* attn_ws = nullptr;
@@ -228,8 +228,8 @@ absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out,
-                                          int rows, cudaStream_t s) {
+absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out, int rows,
+                                          cudaStream_t s) {
   // A size-1 comm is still called (identity): exercises the bucketing on one GPU.
   const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
   const int nb = reduce ? std::min(opt.num_buckets, rows) : 1;
@@ -285,8 +285,8 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
                                              cfg.max_seq_len, dt, s));
     SYMTP_RETURN_IF_ERROR(kernels::WriteKvCache(Offset(qkv, static_cast<size_t>(QW) * esz),
                                                 Offset(qkv, static_cast<size_t>(QW + KVW) * esz),
-                                                QKVW, d_slots, w.k_cache, w.v_cache, rows, NKVl,
-                                                D, dt, s));
+                                                QKVW, d_slots, w.k_cache, w.v_cache, rows, NKVl, D,
+                                                dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     kernels::PagedAttentionArgs a;
     a.q = qkv;
@@ -310,6 +310,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.split_chunk = opt.attention_split_chunk;
     a.workspace = attn_ws;
     a.workspace_bytes = attn_ws_bytes;
+    a.decode_kernel = opt.attention_decode_kernel;
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
     SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, s));
@@ -324,10 +325,9 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
   }
   if (sh.num_sampled == 0) return absl::OkStatus();
-  SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, cfg.layers > 0 ? proj : nullptr, final_norm, h,
-                                            rows, H, eps, dt, s));
   SYMTP_RETURN_IF_ERROR(
-      kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
+      kernels::AddRmsNorm(x, cfg.layers > 0 ? proj : nullptr, final_norm, h, rows, H, eps, dt, s));
+  SYMTP_RETURN_IF_ERROR(kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, sh.num_sampled, VL, H, DType::kF32, s));
   if (tp > 1) {
@@ -340,15 +340,13 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   }
   SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
   if (sh.sample) {
-    SYMTP_RETURN_IF_ERROR(
-        kernels::SampleTokens(logits, sh.num_sampled, V, d_params, sampled, s));
+    SYMTP_RETURN_IF_ERROR(kernels::SampleTokens(logits, sh.num_sampled, V, d_params, sampled, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   }
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::State::Capture(const StepShape& sh, cudaStream_t s,
-                                      cudaGraphExec_t* exec) {
+absl::Status GpuModel::State::Capture(const StepShape& sh, cudaStream_t s, cudaGraphExec_t* exec) {
   CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   const bool was_prof = prof_active;
   prof_active = false;
@@ -389,9 +387,8 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   }
   const bool sample = !so.sampling.empty();
   if (sample && static_cast<int>(so.sampling.size()) != NS) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("GpuModel::Forward: %d sampling params for %d sampled rows",
-                        so.sampling.size(), NS));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GpuModel::Forward: %d sampling params for %d sampled rows", so.sampling.size(), NS));
   }
   for (const SamplingParams& p : so.sampling) SYMTP_RETURN_IF_ERROR(ValidateSamplingParams(p));
   const bool fwd = !so.token_from_prev_sample.empty();
@@ -445,8 +442,8 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   }
   sh.num_items = static_cast<int>(items_scratch.size());
   if (sh.num_items > max_items) {
-    return absl::InternalError(absl::StrFormat("GpuModel: %d attention items > capacity %d",
-                                               sh.num_items, max_items));
+    return absl::InternalError(
+        absl::StrFormat("GpuModel: %d attention items > capacity %d", sh.num_items, max_items));
   }
 
   // ---- stage (pinned slot, then async copies into the persistent inputs)
@@ -514,9 +511,9 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   SYMTP_RETURN_IF_ERROR(
       h2d(d_sample_rows, h_rows, static_cast<size_t>(sh.num_sampled) * sizeof(int32_t)));
   if (sample) {
-    SYMTP_RETURN_IF_ERROR(h2d(d_params, h_params,
-                              static_cast<size_t>(sh.num_sampled) *
-                                  sizeof(kernels::DeviceSamplingParams)));
+    SYMTP_RETURN_IF_ERROR(
+        h2d(d_params, h_params,
+            static_cast<size_t>(sh.num_sampled) * sizeof(kernels::DeviceSamplingParams)));
   }
   if (S > 0 && width > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
@@ -649,11 +646,11 @@ absl::Status GpuModel::State::Init() {
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
   if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
       opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "
-        "attention_split_chunk=%d max_sampled_rows=%d",
-        opt.max_batch_tokens, opt.max_seqs, opt.num_buckets, opt.attention_split_chunk,
-        opt.max_sampled_rows));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "
+                        "attention_split_chunk=%d max_sampled_rows=%d",
+                        opt.max_batch_tokens, opt.max_seqs, opt.num_buckets,
+                        opt.attention_split_chunk, opt.max_sampled_rows));
   }
   max_tokens = opt.max_batch_tokens;
   max_seqs = opt.max_seqs;
@@ -661,8 +658,8 @@ absl::Status GpuModel::State::Init() {
   max_items = std::max(max_tokens, max_seqs);
   cap_blocks = (cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size;
   max_splits = (cfg.max_seq_len + opt.attention_split_chunk - 1) / opt.attention_split_chunk;
-  std::vector<int> sizes = opt.graph_batch_sizes.empty() ? DefaultGraphSizes()
-                                                         : opt.graph_batch_sizes;
+  std::vector<int> sizes =
+      opt.graph_batch_sizes.empty() ? DefaultGraphSizes() : opt.graph_batch_sizes;
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   const int gmax = std::min({max_seqs, max_tokens, max_sampled});
@@ -708,8 +705,7 @@ absl::Status GpuModel::State::Init() {
     lm_head = At<void>(weights, o_lm);
     rope = At<double2>(weights, o_rope);
     SYMTP_RETURN_IF_ERROR(InitWeights(s));
-    SYMTP_RETURN_IF_ERROR(
-        kernels::BuildRopeTable(rope, cfg.max_seq_len, D, cfg.rope_theta, s));
+    SYMTP_RETURN_IF_ERROR(kernels::BuildRopeTable(rope, cfg.max_seq_len, D, cfg.rope_theta, s));
   }
 
   // ---- activations and workspaces
@@ -724,8 +720,7 @@ absl::Status GpuModel::State::Init() {
     const size_t o_ll = c.Take(static_cast<size_t>(max_sampled) * VL * sizeof(float));
     const size_t o_ga =
         tp > 1 ? c.Take(static_cast<size_t>(tp) * max_sampled * VL * sizeof(float)) : 0;
-    const size_t o_lg =
-        tp > 1 ? c.Take(static_cast<size_t>(max_sampled) * V * sizeof(float)) : 0;
+    const size_t o_lg = tp > 1 ? c.Take(static_cast<size_t>(max_sampled) * V * sizeof(float)) : 0;
     const size_t o_smp = c.Take(static_cast<size_t>(max_sampled) * sizeof(int32_t));
     attn_ws_bytes =
         max_splits > 1 ? kernels::PagedAttentionWorkspaceBytes(max_seqs, NHl, D, max_splits) : 0;
@@ -779,8 +774,8 @@ absl::Status GpuModel::State::Init() {
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
                            cuda::PinnedBuffer::Create(static_cast<size_t>(max_sampled) * 4));
     if (opt.host_logits) {
-      SYMTP_ASSIGN_OR_RETURN(host_logits_buf, cuda::PinnedBuffer::Create(
-                                                  static_cast<size_t>(max_sampled) * V * 4));
+      SYMTP_ASSIGN_OR_RETURN(host_logits_buf,
+                             cuda::PinnedBuffer::Create(static_cast<size_t>(max_sampled) * V * 4));
     }
   }
 
@@ -800,9 +795,8 @@ absl::Status GpuModel::State::Init() {
     }
     blocks = std::min<int64_t>(blocks, INT32_MAX / cfg.block_size);
     if (blocks < 1) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("GpuModel: no device memory left for the KV cache (%d bytes a block)",
-                          per_block));
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "GpuModel: no device memory left for the KV cache (%d bytes a block)", per_block));
     }
     num_blocks = static_cast<int>(blocks);
     kv_bytes = per_block * static_cast<size_t>(blocks);
@@ -861,8 +855,8 @@ absl::StatusOr<GpuModel> GpuModel::Create(const ModelConfig& cfg, int tp_rank, i
   s->comm = comm;
   s->device = device;
   s->tp = tp_size;
-  SYMTP_RETURN_IF_ERROR_CTX(s->Init(), absl::StrFormat("GpuModel::Create(%s, rank %d/%d)",
-                                                       cfg.name, tp_rank, tp_size));
+  SYMTP_RETURN_IF_ERROR_CTX(
+      s->Init(), absl::StrFormat("GpuModel::Create(%s, rank %d/%d)", cfg.name, tp_rank, tp_size));
   return GpuModel(std::move(s));
 }
 
@@ -923,10 +917,18 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
     float ms = 0.f;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, st.prof_ev[i - 1].get(), st.prof_ev[i].get()));
     switch (st.prof_cls[i - 1]) {
-      case kClsGemm: p.gemm_ms += ms; break;
-      case kClsAttn: p.attention_ms += ms; break;
-      case kClsRowPar: p.row_parallel_ms += ms; break;
-      default: p.other_ms += ms; break;
+      case kClsGemm:
+        p.gemm_ms += ms;
+        break;
+      case kClsAttn:
+        p.attention_ms += ms;
+        break;
+      case kClsRowPar:
+        p.row_parallel_ms += ms;
+        break;
+      default:
+        p.other_ms += ms;
+        break;
     }
     p.total_ms += ms;
   }

@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "kernels/comm.h"
+#include "kernels/ops/attention.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/sampling.h"
@@ -77,6 +78,9 @@ struct GpuModelOptions {
   bool host_logits = true;
   // Split-K chunk of decode attention, in positions.
   int attention_split_chunk = 256;
+  // Decode attention kernel (kernels/ops/attention.h): kTiled (verified on
+  // an H200) or kWarpStreamed (faster by design, not yet run on a GPU).
+  kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTiled;
   size_t gemm_workspace_bytes = size_t{32} << 20;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.
@@ -99,10 +103,10 @@ struct StepOptions {
 
 // Per-class device time of the last profiled step (eager steps only).
 struct StepProfile {
-  double gemm_ms = 0;       // column-parallel GEMMs and the LM head
-  double attention_ms = 0;  // paged attention (+ split-K merge)
+  double gemm_ms = 0;          // column-parallel GEMMs and the LM head
+  double attention_ms = 0;     // paged attention (+ split-K merge)
   double row_parallel_ms = 0;  // wo / w_down GEMMs and their all-reduces
-  double other_ms = 0;      // norms, RoPE, KV write, SiLU, sampling, gathers
+  double other_ms = 0;         // norms, RoPE, KV write, SiLU, sampling, gathers
   double total_ms = 0;
 };
 
@@ -145,7 +149,7 @@ class GpuModel {
 
   // The last step's outputs (host: after WaitForStep).
   int num_sampled() const;
-  absl::Span<const float> host_logits() const;   // [num_sampled, vocab] if copied
+  absl::Span<const float> host_logits() const;    // [num_sampled, vocab] if copied
   absl::Span<const int32_t> host_tokens() const;  // [num_sampled] if sampled
   const float* device_logits() const;             // [num_sampled, vocab], fp32
   const int32_t* device_tokens() const;           // [num_sampled]

@@ -41,6 +41,14 @@ inline std::string DescribeWaitStatus(int status) {
   return absl::StrCat("wait status ", status);
 }
 
+// Blocks until a signal kills the process. Sleeps in short naps rather than
+// pause(): ThreadSanitizer delivers signals to handlers at its own interception
+// points, and a signal that arrives just before pause() would leave the child
+// blocked with the handler never run.
+[[noreturn]] inline void SleepForever() {
+  while (true) ::usleep(10'000);
+}
+
 class ChildProcess {
  public:
   static absl::StatusOr<ChildProcess> Spawn(std::function<int()> body) {

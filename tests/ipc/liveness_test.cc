@@ -17,6 +17,7 @@ namespace symtp::ipc {
 namespace {
 
 using ::symtp::ipc::testing::ChildProcess;
+using ::symtp::ipc::testing::SleepForever;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -54,7 +55,7 @@ TEST(LivenessTest, InvalidAndMissingPidsAreDead) {
 
 TEST(LivenessTest, ChildThroughStoppedZombieDead) {
   auto child = ChildProcess::Spawn([] {
-    while (true) ::pause();
+    SleepForever();
     return 0;
   });
   ASSERT_OK(child);

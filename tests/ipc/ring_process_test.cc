@@ -30,6 +30,7 @@ using ::symtp::ipc::testing::FillPattern;
 using ::symtp::ipc::testing::FirstPatternMismatch;
 using ::symtp::ipc::testing::IpcTest;
 using ::symtp::ipc::testing::ReadyPipe;
+using ::symtp::ipc::testing::SleepForever;
 using ::symtp::ipc::testing::SplitMix64;
 using ::symtp::testing::StatusIs;
 using ::testing::AllOf;
@@ -246,7 +247,7 @@ TEST_F(SpmcProcessTest, KilledConsumerIsReportedToTheProducerWithinOneSecond) {
     auto c = RingConsumer::Attach(j->ring, 1, "victim");
     if (!c.ok()) return Fail(&j->reports[1], c.status().ToString());
     ready.Notify();
-    while (true) ::pause();  // attached, never reads
+    SleepForever();  // attached, never reads
   });
   ASSERT_NE(healthy, nullptr);
   ASSERT_NE(victim, nullptr);
@@ -351,7 +352,7 @@ TEST_F(SpmcProcessTest, KilledProducerIsReportedToConsumersWithinOneSecond) {
       if (!s.ok()) return Fail(&j->reports[2], s.ToString());
     }
     ready.Notify();
-    while (true) ::pause();  // never closes
+    SleepForever();  // never closes
   });
   ASSERT_NE(producer, nullptr);
   const pid_t producer_pid = producer->pid();

@@ -20,6 +20,7 @@ namespace {
 using ::symtp::ipc::testing::DescribeWaitStatus;
 using ::symtp::ipc::testing::IpcTest;
 using ::symtp::ipc::testing::ReadyPipe;
+using ::symtp::ipc::testing::SleepForever;
 using ::symtp::testing::IsOk;
 using ::symtp::testing::StatusIs;
 using ::testing::_;
@@ -294,7 +295,7 @@ TEST_F(ShmStaleTest, SigkilledCreatorIsStaleEvenBeforeReaping) {
     auto seg = ShmSegment::Create(name, 4096);
     if (!seg.ok()) return 1;
     ready.Notify();
-    while (true) ::pause();
+    SleepForever();
   });
   ASSERT_NE(child, nullptr);
   ASSERT_OK(ready.Wait(Deadline::AfterMs(10'000)));
@@ -341,7 +342,7 @@ class ShmSignalTest : public IpcTest {
       auto seg = ShmSegment::Create(name, 4096);
       if (!seg.ok()) return 1;
       ready.Notify();
-      while (true) ::pause();
+      SleepForever();
     });
     ASSERT_NE(child, nullptr);
     ASSERT_OK(ready.Wait(Deadline::AfterMs(10'000)));
@@ -368,7 +369,7 @@ TEST_F(ShmSignalTest, ForkedChildDoesNotRemoveParentSegments) {
   ReadyPipe ready;
   testing::ChildProcess* child = Spawn([&] {
     ready.Notify();
-    while (true) ::pause();
+    SleepForever();
     return 0;
   });
   ASSERT_NE(child, nullptr);

@@ -1,13 +1,14 @@
 // Paged GQA attention (decode with and without split-K, prefill / chunked
 // prefill, padding rows) against a double-precision CPU reference over a
 // random paged cache with scattered block tables.
+#include "kernels/ops/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <tuple>
 
-#include "kernels/ops/attention.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -77,12 +78,13 @@ class AttnProblem {
   }
 
   // max_per_item: tokens per item (<= MaxAttentionItemTokens).
-  std::vector<float> Run(int num_splits, int chunk, int max_per_item, cudaStream_t stream) {
+  std::vector<float> Run(int num_splits, int chunk, int max_per_item, cudaStream_t stream,
+                         DecodeKernel dk = DecodeKernel::kTiled) {
     std::vector<AttentionItem> items;
     BuildAttentionItems(seq_start_, max_per_item, &items);
     for (int t = seq_start_.back(); t < T_; ++t) {
-      items.push_back(AttentionItem{static_cast<int32_t>(seqs_.size()) + (t - seq_start_.back()),
-                                    t, 1, 0});
+      items.push_back(
+          AttentionItem{static_cast<int32_t>(seqs_.size()) + (t - seq_start_.back()), t, 1, 0});
     }
     cuda::DeviceBuffer d_items = testing::UploadRaw(items);
     DevArray out(static_cast<size_t>(T_) * nq_ * D_, dt_);
@@ -114,6 +116,7 @@ class AttnProblem {
     a.split_chunk = chunk;
     a.workspace = ws->get();
     a.workspace_bytes = ws_bytes;
+    a.decode_kernel = dk;
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -182,12 +185,28 @@ class AttentionTest : public testing::GpuTest, public ::testing::WithParamInterf
   double Tol() const { return std::get<0>(GetParam()) == DType::kF32 ? 1e-5 : 1e-2; }
 };
 
+const char* Name(DecodeKernel dk) { return dk == DecodeKernel::kTiled ? "tiled" : "warp-streamed"; }
+
 TEST_P(AttentionTest, DecodeNoSplitMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();
-  AttnProblem p(dt, D, nq, nkv, {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {299, 1}, {700, 1}}, 11,
-                /*pad_rows=*/2);
-  const std::vector<float> got = p.Run(1, 256, 1, stream());
-  testing::CheckClose(got, p.Reference(), Tol(), "decode");
+  AttnProblem p(dt, D, nq, nkv,
+                {{0, 1},
+                 {14, 1},
+                 {15, 1},
+                 {16, 1},
+                 {299, 1},
+                 {700, 1},
+                 {31, 1},
+                 {32, 1},
+                 {33, 1},
+                 {127, 1},
+                 {128, 1},
+                 {129, 1}},
+                11, /*pad_rows=*/2);
+  for (DecodeKernel dk : {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed}) {
+    const std::vector<float> got = p.Run(1, 256, 1, stream(), dk);
+    testing::CheckClose(got, p.Reference(), Tol(), std::string("decode ") + Name(dk));
+  }
 }
 
 TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
@@ -196,12 +215,20 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
                 /*pad_rows=*/1);
   const int chunk = 64;
   const int splits = (p.max_ctx() + chunk - 1) / chunk;
-  const std::vector<float> got = p.Run(splits, chunk, 1, stream());
-  testing::CheckClose(got, p.Reference(), Tol(), "decode split-K");
-  // A CUDA graph uses a larger grid (capacity-sized): same partition, same bits.
-  const std::vector<float> got_big = p.Run(splits + 37, chunk, 1, stream());
-  ASSERT_EQ(got.size(), got_big.size());
-  EXPECT_EQ(0, std::memcmp(got.data(), got_big.data(), got.size() * sizeof(float)));
+  for (DecodeKernel dk : {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed}) {
+    SCOPED_TRACE(Name(dk));
+    const std::vector<float> got = p.Run(splits, chunk, 1, stream(), dk);
+    testing::CheckClose(got, p.Reference(), Tol(), std::string("decode split-K ") + Name(dk));
+    // A CUDA graph uses a larger grid (capacity-sized): same partition, same bits.
+    const std::vector<float> got_big = p.Run(splits + 37, chunk, 1, stream(), dk);
+    ASSERT_EQ(got.size(), got_big.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), got_big.data(), got.size() * sizeof(float)));
+    // One active split merges to exactly the unsplit result (eager vs graph).
+    AttnProblem shortp(dt, D, nq, nkv, {{5, 1}, {40, 1}, {63, 1}}, 14);
+    const std::vector<float> one = shortp.Run(1, chunk, 1, stream(), dk);
+    const std::vector<float> merged = shortp.Run(16, chunk, 1, stream(), dk);
+    EXPECT_EQ(0, std::memcmp(one.data(), merged.data(), one.size() * sizeof(float)));
+  }
 }
 
 TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
@@ -217,15 +244,17 @@ TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
   testing::CheckClose(p.Run(splits, 64, per, stream()), p.Reference(), Tol(), "prefill split-K");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, AttentionTest,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16), ::testing::Values(32, 64, 128),
-                       ::testing::Values(8), ::testing::Values(1, 2, 8)),
-    [](const ::testing::TestParamInfo<AttnParam>& i) {
-      return std::string(std::get<0>(i.param) == DType::kF32 ? "F32" : "BF16") + "_D" +
-             std::to_string(std::get<1>(i.param)) + "_Q" + std::to_string(std::get<2>(i.param)) +
-             "_KV" + std::to_string(std::get<3>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(32, 64, 128), ::testing::Values(8),
+                                            ::testing::Values(1, 2, 8)),
+                         [](const ::testing::TestParamInfo<AttnParam>& i) {
+                           return std::string(std::get<0>(i.param) == DType::kF32 ? "F32"
+                                                                                  : "BF16") +
+                                  "_D" + std::to_string(std::get<1>(i.param)) + "_Q" +
+                                  std::to_string(std::get<2>(i.param)) + "_KV" +
+                                  std::to_string(std::get<3>(i.param));
+                         });
 
 class AttentionArgsTest : public testing::GpuTest {};
 

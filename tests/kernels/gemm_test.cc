@@ -1,8 +1,9 @@
 // cuBLASLt GEMM wrapper: C = A · Wᵀ against a double reference, fp32 (true
 // fp32, no TF32), bf16 -> bf16 and bf16 -> fp32, contiguous and strided.
+#include "kernels/ops/gemm.h"
+
 #include <tuple>
 
-#include "kernels/ops/gemm.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {

@@ -2,12 +2,13 @@
 // prefill and decode steps (fp32 tight, bf16 loose), greedy decode with
 // device-resident sampled tokens, device sampling, CUDA-graph decode vs eager
 // decode bitwise, and the bucketed row-parallel path through a 1-rank comm.
+#include "models/cuda/gpu_model.h"
+
 #include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "models/cpu_model.h"
-#include "models/cuda/gpu_model.h"
 #include "models/sampling.h"
 #include "tests/kernels/gpu_test_util.h"
 #include "tests/kernels/model_harness.h"
@@ -33,8 +34,9 @@ model::ModelConfig Cfg(const char* preset, const char* overrides = "") {
   return *c;
 }
 
-GpuModelOptions Opts(DType dt, bool graphs) {
+GpuModelOptions Opts(DType dt, bool graphs, DecodeKernel dk = DecodeKernel::kTiled) {
   GpuModelOptions o;
+  o.attention_decode_kernel = dk;
   o.dtype = dt;
   o.num_kv_blocks = kBlocks;
   o.max_batch_tokens = 256;
@@ -54,11 +56,12 @@ class GpuModelTest : public testing::GpuTest {
   // Runs prompts (chunked prefill, then greedy decode on the CPU's tokens)
   // through both models; per step, the GPU logits must be within `rtol` of
   // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
-  void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts,
-                      int chunk, int decode_steps, double rtol, double norm_tol) {
+  void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
+                      int decode_steps, double rtol, double norm_tol,
+                      DecodeKernel dk = DecodeKernel::kTiled) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
-    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false), nullptr);
+    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
     ASSERT_OK(gpu);
     SimBatch sim(cfg, kBlocks, 42);
     for (int p : prompts) sim.AddSequence(p, cfg.vocab);
@@ -105,6 +108,16 @@ TEST_F(GpuModelTest, TinyFp32LogitsMatchCpu) {
 
 TEST_F(GpuModelTest, SmallTwoLayersFp32LogitsMatchCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 23}, 16, 3, 1e-4, 0);
+}
+
+TEST_F(GpuModelTest, TinyFp32WarpStreamedDecodeLogitsMatchCpu) {
+  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 12, 6, 1e-4, 0,
+                 DecodeKernel::kWarpStreamed);
+}
+
+TEST_F(GpuModelTest, SmallTwoLayersFp32WarpStreamedDecodeLogitsMatchCpu) {
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 23}, 64, 3, 1e-4, 0,
+                 DecodeKernel::kWarpStreamed);
 }
 
 TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
@@ -180,9 +193,10 @@ TEST_F(GpuModelTest, SmallTwoLayersGreedyDecode16StepsMatchesCpu) {
 
 // Two models, graphs on and off, fed the same steps (each forwards its own
 // device samples): logits and tokens must be bitwise equal at every step.
-void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream) {
-  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true), nullptr);
-  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false), nullptr);
+void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
+                  DecodeKernel dk = DecodeKernel::kTiled) {
+  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
+  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
   ASSERT_OK(b);
   SimBatch sim(cfg, kBlocks, 3);
@@ -231,6 +245,9 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
   GraphVsEager(Cfg("tiny"), DType::kF32, stream());
 }
+TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseWarpStreamedBf16) {
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kWarpStreamed);
+}
 TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());
 }
@@ -261,9 +278,9 @@ TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
   ASSERT_EQ(static_cast<int>(toks.size()), n);
   for (int i = 0; i < n; ++i) {
     const uint64_t pos = batch->positions[batch->sample_index[i]] + 1;
-    EXPECT_EQ(toks[i], model::SampleToken(logits.subspan(static_cast<size_t>(i) * cfg.vocab,
-                                                         cfg.vocab),
-                                          so.sampling[i], pos))
+    EXPECT_EQ(toks[i],
+              model::SampleToken(logits.subspan(static_cast<size_t>(i) * cfg.vocab, cfg.vocab),
+                                 so.sampling[i], pos))
         << "row " << i;
   }
 }
@@ -290,8 +307,8 @@ TEST_F(GpuModelTest, RejectsBadStepsAndOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("previous")));
   EXPECT_THAT(gpu->Forward(*small, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("stream")));
-  auto bad = GpuModel::Create(Cfg("tiny", "heads=4,kv_heads=2"), 0, 1, 0,
-                              Opts(DType::kF32, false), nullptr);  // head_dim 64: fine
+  auto bad = GpuModel::Create(Cfg("tiny", "heads=4,kv_heads=2"), 0, 1, 0, Opts(DType::kF32, false),
+                              nullptr);  // head_dim 64: fine
   EXPECT_OK(bad);
   auto bad2 = GpuModel::Create(Cfg("tiny", "hidden=384,heads=4,kv_heads=2"), 0, 1, 0,
                                Opts(DType::kF32, false), nullptr);  // head_dim 96

@@ -140,9 +140,12 @@ TEST_F(GpuModelTp2Test, TwoProcessesAgreeAndMatchCpuTp1) {
     ASSERT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
         << "rank " << r << " failed (status " << status[r] << ")";
   }
-  const std::vector<char> l0 = ReadAll(PathFor(self, "logits0")), l1 = ReadAll(PathFor(self, "logits1"));
-  const std::vector<char> t0 = ReadAll(PathFor(self, "tokens0")), t1 = ReadAll(PathFor(self, "tokens1"));
-  for (const char* w : {"logits0", "logits1", "tokens0", "tokens1"}) std::remove(PathFor(self, w).c_str());
+  const std::vector<char> l0 = ReadAll(PathFor(self, "logits0")),
+                          l1 = ReadAll(PathFor(self, "logits1"));
+  const std::vector<char> t0 = ReadAll(PathFor(self, "tokens0")),
+                          t1 = ReadAll(PathFor(self, "tokens1"));
+  for (const char* w : {"logits0", "logits1", "tokens0", "tokens1"})
+    std::remove(PathFor(self, w).c_str());
   ASSERT_FALSE(l0.empty());
   EXPECT_TRUE(l0 == l1) << "ranks' logits differ";
   EXPECT_TRUE(t0 == t1) << "ranks' tokens differ";

@@ -159,9 +159,9 @@ inline double CheckClose(const std::vector<float>& got, const std::vector<double
       worst_i = i;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
-                     << " elements over rtol " << rtol << "; worst at " << worst_i << ": got "
-                     << got[worst_i] << " want " << want[worst_i] << " (error " << worst << ")";
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements over rtol "
+                     << rtol << "; worst at " << worst_i << ": got " << got[worst_i] << " want "
+                     << want[worst_i] << " (error " << worst << ")";
   return worst;
 }
 

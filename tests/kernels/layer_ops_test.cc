@@ -1,11 +1,12 @@
 // Embedding, add+RMSNorm, RoPE, KV write, SiLU-mul, gathers: each against a
 // small double-precision CPU reference on random inputs, outputs poisoned.
+#include "kernels/ops/layer_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "kernels/ops/layer_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -29,8 +30,8 @@ TEST_P(LayerOpsTest, EmbeddingLookup) {
   DevArray d_table(table.size(), dt), d_out(static_cast<size_t>(T) * H, dt);
   d_table.Upload(table);
   cuda::DeviceBuffer d_tok = testing::UploadRaw(tokens);
-  ASSERT_OK(EmbeddingLookup(d_tok.as<int32_t>(), d_table.get(), d_out.get(), T, H, V, dt,
-                            stream()));
+  ASSERT_OK(
+      EmbeddingLookup(d_tok.as<int32_t>(), d_table.get(), d_out.get(), T, H, V, dt, stream()));
   Sync();
   std::vector<float> got = d_out.Download();
   for (int t = 0; t < T; ++t) {
@@ -60,8 +61,8 @@ TEST_P(LayerOpsTest, AddRmsNormWithAndWithoutDelta) {
       d_res.Upload(res);
       d_del.Upload(del);
       d_w.Upload(w);
-      ASSERT_OK(AddRmsNorm(d_res.get(), with_delta ? d_del.get() : nullptr, d_w.get(),
-                           d_out.get(), T, H, eps, dt, stream()));
+      ASSERT_OK(AddRmsNorm(d_res.get(), with_delta ? d_del.get() : nullptr, d_w.get(), d_out.get(),
+                           T, H, eps, dt, stream()));
       Sync();
       std::vector<float> new_res = d_res.Download();
       std::vector<double> want(res.size());
@@ -100,8 +101,8 @@ TEST_P(LayerOpsTest, RopeRotatesHeadsAtTheirPositions) {
     DevArray d_x(x.size(), dt);
     d_x.Upload(x);
     cuda::DeviceBuffer d_pos = testing::UploadRaw(pos);
-    ASSERT_OK(ApplyRope(d_x.get(), stride, heads, D, d_pos.as<int32_t>(), T,
-                        table->as<double2>(), max_pos, dt, stream()));
+    ASSERT_OK(ApplyRope(d_x.get(), stride, heads, D, d_pos.as<int32_t>(), T, table->as<double2>(),
+                        max_pos, dt, stream()));
     Sync();
     std::vector<double> want(x.begin(), x.end());
     const int half = D / 2;
@@ -228,8 +229,8 @@ TEST_F(SmallOpsTest, ForwardSampledTokens) {
   std::vector<int32_t> map = {-1, 2, 0, -1, 1};
   cuda::DeviceBuffer d_t = testing::UploadRaw(tokens), d_p = testing::UploadRaw(prev),
                      d_m = testing::UploadRaw(map);
-  ASSERT_OK(ForwardSampledTokens(d_t.as<int32_t>(), d_p.as<int32_t>(), d_m.as<int32_t>(), 5,
-                                 stream()));
+  ASSERT_OK(
+      ForwardSampledTokens(d_t.as<int32_t>(), d_p.as<int32_t>(), d_m.as<int32_t>(), 5, stream()));
   Sync();
   EXPECT_EQ(testing::DownloadRaw<int32_t>(d_t.get(), 5),
             (std::vector<int32_t>{10, 102, 100, 13, 101}));
@@ -237,9 +238,9 @@ TEST_F(SmallOpsTest, ForwardSampledTokens) {
 
 TEST_F(SmallOpsTest, RejectsBadShapes) {
   using symtp::testing::StatusIs;
-  EXPECT_THAT(AddRmsNorm(nullptr, nullptr, nullptr, nullptr, 1, 20000, 1e-5f, DType::kF32,
-                         stream()),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(
+      AddRmsNorm(nullptr, nullptr, nullptr, nullptr, 1, 20000, 1e-5f, DType::kF32, stream()),
+      StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_THAT(ApplyRope(nullptr, 10, 1, 31, nullptr, 1, nullptr, 16, DType::kF32, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_THAT(SiluMul(nullptr, nullptr, 1, 4, DType::kF16, stream()),

@@ -25,7 +25,8 @@ struct SimSeq {
 class SimBatch {
  public:
   SimBatch(const model::ModelConfig& cfg, int num_blocks, uint64_t seed)
-      : B_(cfg.block_size), max_blocks_((cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size),
+      : B_(cfg.block_size),
+        max_blocks_((cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size),
         rng_(seed) {
     pool_.resize(num_blocks);
     for (int i = 0; i < num_blocks; ++i) pool_[i] = i;
@@ -60,8 +61,8 @@ class SimBatch {
         s.blocks.push_back(pool_[next_++]);
       }
       const bool sample = s.cached + n >= s.prompt_len;
-      absl::Status st = b.Add(absl::MakeConstSpan(s.tokens.data() + s.cached, n), s.cached,
-                              s.blocks, sample);
+      absl::Status st =
+          b.Add(absl::MakeConstSpan(s.tokens.data() + s.cached, n), s.cached, s.blocks, sample);
       if (!st.ok()) return st;
       if (sample) (*rows_of_seq)[i] = rows++;
       pending_.push_back({static_cast<int>(i), n});

@@ -1,11 +1,12 @@
 // Device sampling vs model::SampleToken (the CPU reference) on the same
 // logits: greedy, top-k, top-p, plain temperature, ties, NaN and -inf, over
 // vocabularies on both sides of the exact path's cap.
+#include "kernels/ops/sampling.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include "kernels/ops/sampling.h"
 #include "models/sampling.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -16,8 +17,9 @@ class SamplingTest : public testing::GpuTest {
  protected:
   // Samples every row of `logits` [rows, V] with params[r] on the device and
   // on the CPU; expects the same tokens.
-  void Compare(const std::vector<float>& logits, int V, const std::vector<model::SamplingParams>& ps,
-               const std::vector<uint64_t>& positions, const std::string& what) {
+  void Compare(const std::vector<float>& logits, int V,
+               const std::vector<model::SamplingParams>& ps, const std::vector<uint64_t>& positions,
+               const std::string& what) {
     const int rows = static_cast<int>(ps.size());
     std::vector<DeviceSamplingParams> dp(rows);
     for (int r = 0; r < rows; ++r) {
@@ -40,8 +42,8 @@ class SamplingTest : public testing::GpuTest {
           absl::MakeConstSpan(logits.data() + static_cast<size_t>(r) * V, V), ps[r], positions[r]);
       if (got[r] != want && bad++ < 8) {
         ADD_FAILURE() << what << " row " << r << ": device " << got[r] << ", cpu " << want
-                      << " (T=" << ps[r].temperature << " k=" << ps[r].top_k
-                      << " p=" << ps[r].top_p << ")";
+                      << " (T=" << ps[r].temperature << " k=" << ps[r].top_k << " p=" << ps[r].top_p
+                      << ")";
       }
     }
     EXPECT_EQ(bad, 0) << what;
@@ -95,7 +97,7 @@ TEST_F(SamplingTest, DegenerateRows) {
   std::vector<float> logits(static_cast<size_t>(4) * V, -std::numeric_limits<float>::infinity());
   for (int i = 0; i < V; ++i) logits[V + i] = std::numeric_limits<float>::quiet_NaN();  // all NaN
   for (int i = 0; i < V; ++i) logits[2 * V + i] = 1.f;                                  // all equal
-  for (int i = 0; i < V; ++i) logits[3 * V + i] = i == 123 ? 50.f : -50.f;             // one-hot
+  for (int i = 0; i < V; ++i) logits[3 * V + i] = i == 123 ? 50.f : -50.f;              // one-hot
   std::vector<model::SamplingParams> ps(4);
   for (auto& p : ps) {
     p.temperature = 0.8f;

@@ -1,8 +1,9 @@
 // Device synthetic weights vs model::SyntheticWeight: bit-exact in fp32, the
 // round-to-nearest-even of those bits in bf16.
+#include "kernels/ops/weight_init.h"
+
 #include <cstring>
 
-#include "kernels/ops/weight_init.h"
 #include "models/config.h"
 #include "models/sharding.h"
 #include "models/weights.h"

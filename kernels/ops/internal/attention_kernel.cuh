@@ -72,8 +72,7 @@ __device__ __forceinline__ float DotQK(const float* __restrict__ q, const T* __r
 }
 
 template <typename T, int D, int kMaxRows>
-__global__ void __launch_bounds__(kAttnThreads)
-    PagedAttentionKernel(const PagedAttentionArgs a) {
+__global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const PagedAttentionArgs a) {
   static_assert(D % 8 == 0 && kAttnThreads % D == 0, "head_dim must divide 128");
   using S = AttnSmem<T, D, kMaxRows>;
   constexpr int kNrs = kAttnThreads / D;                  // row subsets
@@ -225,7 +224,8 @@ __global__ void __launch_bounds__(kAttnThreads)
       if (r < rows) {
         const float* prow = s_s + r * S::kSPitch;
         float x = acc[u] * alpha_s[r];
-        for (int j = 0; j < nvalid; ++j) x = fmaf(prow[j], ToFloat<T>(v_s[j * S::kRowPitch + d]), x);
+        for (int j = 0; j < nvalid; ++j)
+          x = fmaf(prow[j], ToFloat<T>(v_s[j * S::kRowPitch + d]), x);
         acc[u] = x;
       }
     }
@@ -242,7 +242,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int64_t t = item.token_begin + r / group;
         const int qh = kvh * group + r % group;
         const float l = l_s[r];
-        out[t * out_ld + static_cast<int64_t>(qh) * D + d] = FromFloat<T>(l > 0.f ? acc[u] / l : 0.f);
+        out[t * out_ld + static_cast<int64_t>(qh) * D + d] =
+            FromFloat<T>(l > 0.f ? acc[u] / l : 0.f);
       }
     }
   } else {
@@ -288,9 +289,9 @@ absl::Status LaunchPagedAttentionDispatch(const PagedAttentionArgs& a, cudaStrea
   const int rows = group * a.max_item_tokens;
   const bool small = rows <= 8;
   if (rows > 64) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedAttention: %d query rows per block (group %d x %d tokens) > 64", rows, group,
-        a.max_item_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: %d query rows per block (group %d x %d tokens) > 64", rows,
+                        group, a.max_item_tokens));
   }
   switch (a.head_dim) {
     case 32:

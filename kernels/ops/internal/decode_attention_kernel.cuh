@@ -46,7 +46,7 @@ struct VecOf<2> {
 };
 
 template <typename T, int D, int kMaxG>
-__global__ void __launch_bounds__(kWarpDecodeThreads, 3)
+__global__ void __launch_bounds__(kWarpDecodeThreads, kMaxG <= 4 ? 4 : 3)
     WarpDecodeAttentionKernel(const PagedAttentionArgs a) {
   constexpr int kElemsPerChunk = 16 / static_cast<int>(sizeof(T));  // per uint4
   constexpr int kChunksPerRow = D / kElemsPerChunk;
@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(kWarpDecodeThreads, 3)
   const T* q = static_cast<const T*>(a.q);
   for (int idx = tid; idx < group * D; idx += kWarpDecodeThreads) {
     const int g = idx / D, d = idx - (idx / D) * D;
-    q_s[idx] = ToFloat<T>(q[t * a.q_row_stride + static_cast<int64_t>(kvh * group + g) * D + d]) *
-               a.scale;
+    q_s[idx] =
+        ToFloat<T>(q[t * a.q_row_stride + static_cast<int64_t>(kvh * group + g) * D + d]) * a.scale;
   }
   __syncthreads();
 
@@ -252,8 +252,7 @@ absl::Status LaunchWarpDecodeDispatch(const PagedAttentionArgs& a, cudaStream_t 
     case 64:
       return g4 ? LaunchWarpDecodeT<T, 64, 4>(a, stream) : LaunchWarpDecodeT<T, 64, 8>(a, stream);
     case 128:
-      return g4 ? LaunchWarpDecodeT<T, 128, 4>(a, stream)
-                : LaunchWarpDecodeT<T, 128, 8>(a, stream);
+      return g4 ? LaunchWarpDecodeT<T, 128, 4>(a, stream) : LaunchWarpDecodeT<T, 128, 8>(a, stream);
     default:
       return absl::InvalidArgumentError(
           absl::StrFormat("PagedAttention: head_dim %d not supported (32, 64, 128)", a.head_dim));
