@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/out}
 R=$OUT/results
-mkdir -p "$R"
+mkdir -p "$R" "$R/launch"
 LOG=$OUT/gpu_run.log
 STEPS=${STEPS:-"build test ar ipc kernels launch report"}
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -58,12 +58,29 @@ if has kernels && [[ -x $B/bench/kernels/kernels_bench ]]; then
   tail -40 "$R/kernels.txt" | tee -a "$LOG"
 fi
 if has launch; then
-  step "launch: cuda backend end to end"
+  step "launch: cuda backend end to end (tokens vs the CPU backend)"
+  W="--model=tiny --num-requests=24 --prompt-len=uniform:8:80 --output-len=uniform:4:24 --max-batch=8 --progress=false"
+  timeout 60 $B/tools/symtp launch --backend=cpu --tp=1 $W --out="$R/launch/cpu_tp1" >"$R/launch/cpu_tp1.log" 2>&1 || true
   for tp in 1 2; do
-    timeout 120 $B/tools/symtp launch --backend=cuda --tp=$tp --model=tiny --num-requests=32 \
-      --output-len=16 --out="$R/launch_tiny_tp$tp" >"$R/launch_tiny_tp$tp.log" 2>&1
-    echo "tp=$tp exit $?" | tee -a "$LOG"
+    for ar in nccl custom; do
+      d=$R/launch/cuda_fp32_tp${tp}_$ar
+      timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --tp=$tp $W --out="$d" >"$d.log" 2>&1
+      echo "cuda fp32 tp=$tp allreduce=$ar exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+    done
   done
+  d=$R/launch/cuda_bf16_tp2
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=2 $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=2 v1 exit $?" | tee -a "$LOG"
+  d=$R/launch/cuda_bf16_tp2_v0
+  timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=2 $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=2 v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp2/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
+  tail -5 "$R"/launch/*.log >>"$LOG" 2>&1
+fi
+if has overlap; then
+  step "overlap"
+  SYMTP_BIN=$B/tools/symtp timeout 300 tools/overlap.sh --tp 2 --k 4 --model llama-70b-shape \
+    --overrides "${OVERLAP_OVERRIDES:-layers=4}" --out "$R/overlap" >"$R/overlap.log" 2>&1
+  tail -12 "$R/overlap.log" | tee -a "$LOG"
 fi
 if has report && [[ -x tools/report.sh ]]; then
   step "v0 vs v1 report"
