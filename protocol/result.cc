@@ -43,6 +43,7 @@ size_t EncodePayload(const StepResult& r, uint8_t* p) {
   w.Varint(r.timings.forward_ns);
   w.Varint(r.timings.sample_ns);
   w.Varint(r.timings.total_ns);
+  w.Varint(r.timings.gpu_idle_ns);
   w.Varint(r.sampled.size());
   uint64_t prev = 0;
   for (const SampledToken& t : r.sampled) {
@@ -65,6 +66,7 @@ absl::Status DecodePayload(Reader& rd, StepResult* r) {
   if (!(s = rd.Varint(&r->timings.forward_ns, "timings.forward_ns")).ok()) return s;
   if (!(s = rd.Varint(&r->timings.sample_ns, "timings.sample_ns")).ok()) return s;
   if (!(s = rd.Varint(&r->timings.total_ns, "timings.total_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.gpu_idle_ns, "timings.gpu_idle_ns")).ok()) return s;
   uint64_t n;
   if (!(s = rd.Count(&n, kMaxEntriesPerList, 2, "sampled.count")).ok()) return s;
   r->sampled.resize(n);

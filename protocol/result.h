@@ -29,6 +29,7 @@ struct PhaseTimings {
   uint64_t forward_ns = 0;
   uint64_t sample_ns = 0;
   uint64_t total_ns = 0;
+  uint64_t gpu_idle_ns = 0;  // GPU idle before this step by events (0: unknown / CPU)
   friend bool operator==(const PhaseTimings&, const PhaseTimings&) = default;
 };
 

@@ -63,6 +63,9 @@ class CudaBackend : public Backend {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
     SYMTP_ASSIGN_OR_RETURN(b->stream_, cuda::Stream::Create());
     SYMTP_ASSIGN_OR_RETURN(b->start_, cuda::Event::Create(/*timing=*/true));
+    for (cuda::Event& e : b->end_) {
+      SYMTP_ASSIGN_OR_RETURN(e, cuda::Event::Create(/*timing=*/true));
+    }
     const Deadline boot = Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
     ShmPeerExchange exchange(job->control, rank, opts.tp);
     if (opts.tp > 1) {
@@ -161,11 +164,20 @@ class CudaBackend : public Backend {
     const int64_t t0 = MonotonicNs();
     CUDA_RETURN_IF_ERROR(cudaEventRecord(start_.get(), stream_.get()));
     SYMTP_RETURN_IF_ERROR(model_->Forward(in, stream_.get(), step_opts_));
-    SYMTP_RETURN_IF_ERROR(WaitWithComm(model_->step_done_event()));
+    cudaEvent_t end = end_[steps_ & 1].get();
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(end, stream_.get()));
+    SYMTP_RETURN_IF_ERROR(WaitWithComm(end));  // after the model's step_done_event
     float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_.get(), model_->step_done_event()));
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_.get(), end));
     t->forward_ns = MonotonicNs() - t0;
     t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
+    // GPU idle between the previous step's last op and this step's first.
+    if (steps_ > 0) {
+      float idle_ms = 0;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&idle_ms, end_[(steps_ + 1) & 1].get(), start_.get()));
+      t->device_idle_ns = std::max<int64_t>(0, static_cast<int64_t>(idle_ms * 1e6));
+    }
+    ++steps_;
     return absl::OkStatus();
   }
 
@@ -173,6 +185,8 @@ class CudaBackend : public Backend {
   // dead peer is an error instead of a hang.
   absl::Status WaitWithComm(cudaEvent_t ev) {
     Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
+    const int64_t spin_start = MonotonicNs();
+    bool slow = false;
     for (int i = 0;; ++i) {
       cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) break;
@@ -182,7 +196,11 @@ class CudaBackend : public Backend {
         if (comm_) comm_->Abort();
         return absl::DeadlineExceededError("GPU step did not complete before the step deadline");
       }
-      if (i > 2000) usleep(50);
+      // Spin while a step is short (the host must notice completion within
+      // a microsecond or two: that latency is GPU idle time); back off only
+      // for long waits, where 50 us is noise.
+      if (!slow && (i & 63) == 63) slow = MonotonicNs() - spin_start > 20'000'000;
+      if (slow) usleep(50);
     }
     return model_->WaitForStep(Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000));
   }
@@ -210,6 +228,8 @@ class CudaBackend : public Backend {
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
   cuda::Event start_;
+  cuda::Event end_[2];  // alternating: this step's end and the previous one's
+  int64_t steps_ = 0;
   cuda::DeviceBuffer bcast_;
   model::StepOptions step_opts_;
 };

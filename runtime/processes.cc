@@ -150,11 +150,14 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
         rec.build_ns = std::max<int64_t>(rec.build_ns, res.timings.build_ns);
         rec.forward_ns = std::max<int64_t>(rec.forward_ns, res.timings.forward_ns);
         rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
+        rec.gpu_idle_ns = std::max<int64_t>(rec.gpu_idle_ns, res.timings.gpu_idle_ns);
         rec.worker_total_ns = std::max<int64_t>(rec.worker_total_ns, res.timings.total_ns);
         rec.worker_iter_ns = std::max<int64_t>(
             rec.worker_iter_ns, res.timings.recv_wait_ns + res.timings.total_ns);
       }
       rec.result_return_ns = std::max<int64_t>(0, done - (rec.published_at_ns + rec.worker_total_ns));
+      // The workers report GPU time by events as their forward time on CUDA.
+      if (opts.resolved_backend == "cuda") rec.device_forward_ns = rec.forward_ns;
       SYMTP_RETURN_IF_ERROR(sched.OnStepResults(rank_results, done));
       inflight.pop_front();
       for (const proto::SampledToken& t : rank_results[0].sampled) {
@@ -273,6 +276,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
     result.timings.build_ns = t3 - t2;
     result.timings.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
     result.timings.sample_ns = bt.sample_ns;
+    result.timings.gpu_idle_ns = bt.device_idle_ns;
     result.timings.total_ns = MonotonicNs() - t1;
     SYMTP_RETURN_IF_ERROR(proto::EncodeResult(result, &out));
     SYMTP_RETURN_IF_ERROR_CTX(results.Publish(out, Deadline::AfterNs(opts.step_timeout_ms * 1'000'000)),

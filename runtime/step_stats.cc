@@ -55,7 +55,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     measured.push_back(&s);
   }
   LatencyHistogram iter, sched, enc, pub, recv, apply, build, fwd, dfwd, samp, wtotal, ret, bytes,
-      idle;
+      idle, pf_fwd, dec_fwd;
   for (size_t i = 0; i < measured.size(); ++i) {
     const StepRecord& s = *measured[i];
     sched.Record(s.schedule_ns);
@@ -66,6 +66,8 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     build.Record(s.build_ns);
     fwd.Record(s.forward_ns);
     if (s.device_forward_ns > 0) dfwd.Record(s.device_forward_ns);
+    const double step_fwd = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
+    (s.decode_only ? dec_fwd : pf_fwd).Record(step_fwd);
     samp.Record(s.sample_ns);
     wtotal.Record(s.worker_total_ns);
     ret.Record(s.result_return_ns);
@@ -78,8 +80,10 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
                       ? static_cast<double>(s.worker_iter_ns)
                       : static_cast<double>(s.done_at_ns - measured[i - 1]->done_at_ns);
       iter.Record(it);
+      // GPU: measured by events between steps; CPU: the loop period minus
+      // the forward pass.
       double busy = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
-      idle.Record(std::max(0.0, it - busy));
+      idle.Record(s.gpu_idle_ns > 0 ? static_cast<double>(s.gpu_idle_ns) : std::max(0.0, it - busy));
     }
   }
 
@@ -108,7 +112,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       "    \"gpu_idle_us\": %s,\n    \"schedule_us\": %s,\n    \"encode_us\": %s,\n"
       "    \"publish_us\": %s,\n    \"recv_wait_us\": %s,\n    \"apply_us\": %s,\n"
       "    \"build_us\": %s,\n    \"forward_us\": %s,\n    \"device_forward_us\": %s,\n"
-      "    \"sample_us\": %s,\n    \"worker_total_us\": %s,\n    \"result_return_us\": %s,\n"
+      "    \"prefill_forward_us\": %s,\n    \"decode_forward_us\": %s,\n    \"sample_us\": %s,\n    \"worker_total_us\": %s,\n    \"result_return_us\": %s,\n"
       "    \"wire_bytes\": %s\n  }%s%s\n}\n",
       o.mode, o.resolved_backend, o.tp, in.model_json,
       JsonEscape(absl::StrJoin(ToArgs(o), " ")), wall_s, static_cast<int>(in.requests.size()),
@@ -116,7 +120,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       Hist(ttft, 1e6), Hist(tpot, 1e6), Hist(itl, 1e6), static_cast<int>(in.steps.size()),
       static_cast<int>(measured.size()), Hist(iter, 1e6), Hist(idle, 1e3), Hist(sched, 1e3),
       Hist(enc, 1e3), Hist(pub, 1e3), Hist(recv, 1e3), Hist(apply, 1e3), Hist(build, 1e3),
-      Hist(fwd, 1e3), Hist(dfwd, 1e3), Hist(samp, 1e3), Hist(wtotal, 1e3), Hist(ret, 1e3),
+      Hist(fwd, 1e3), Hist(dfwd, 1e3), Hist(pf_fwd, 1e3), Hist(dec_fwd, 1e3), Hist(samp, 1e3), Hist(wtotal, 1e3), Hist(ret, 1e3),
       Hist(bytes, 1), in.extra_json.empty() ? "" : ",\n  ", in.extra_json);
 
   if (!o.out_dir.empty()) {

@@ -26,6 +26,7 @@ struct StepRecord {
   int64_t recv_wait_ns = 0, apply_ns = 0, build_ns = 0, forward_ns = 0, sample_ns = 0,
           worker_total_ns = 0, device_forward_ns = 0;
   int64_t result_return_ns = 0;  // results in minus worker done (v1)
+  int64_t gpu_idle_ns = 0;       // GPU idle before the step by events, max over ranks (0: unknown)
   int64_t worker_iter_ns = 0;    // v1: max over ranks of one worker loop period (wait + work)
 };
 

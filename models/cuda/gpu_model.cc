@@ -150,6 +150,7 @@ struct GpuModel::State {
   void* attn_ws = nullptr;
   size_t attn_ws_bytes = 0;
   void* gemm_ws = nullptr;
+  void* bucket_tmp = nullptr;  // [rows, H] split in column buckets (num_buckets > 1)
 
   // Device inputs.
   int32_t *d_tokens = nullptr, *d_positions = nullptr, *d_slots = nullptr, *d_prev_row = nullptr,
@@ -232,7 +233,7 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
                                           cudaStream_t s) {
   // A size-1 comm is still called (identity): exercises the bucketing on one GPU.
   const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
-  const int nb = reduce ? std::min(opt.num_buckets, rows) : 1;
+  const int nb = comm != nullptr ? opt.num_buckets : 1;
   if (nb <= 1) {
     SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
     if (reduce) {
@@ -241,21 +242,35 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
     }
     return absl::OkStatus();
   }
-  const int per = (rows + nb - 1) / nb;
+  // Buckets split the output columns (the hidden dimension), not the tokens:
+  // bucket b computes out[:, n0:n1] from the weight rows n0..n1, so the
+  // weights are read once in total (a token split re-reads all of them per
+  // bucket, which costs more than it hides in weight-bound decode). Each
+  // bucket lands contiguous in bucket_tmp, is all-reduced there on the side
+  // stream while the next bucket's GEMM runs, and is copied into its columns
+  // of `out` on the side stream. With bench_skip_allreduce the split and the
+  // copies stay and only the all-reduce is left out (t_K,noAR).
+  const int per = ((H + nb - 1) / nb + 7) / 8 * 8;
   int last = -1;
   for (int b = 0; b < nb; ++b) {
-    const int r0 = b * per;
-    if (r0 >= rows) break;
-    const int r1 = std::min(rows, r0 + per);
-    void* ob = Offset(out, static_cast<size_t>(r0) * H * esz);
-    SYMTP_RETURN_IF_ERROR(
-        Gemm(Offset(in, static_cast<size_t>(r0) * k * esz), w, ob, r1 - r0, H, k, dt, s));
+    const int n0 = b * per;
+    if (n0 >= H) break;
+    const int n1 = std::min(H, n0 + per);
+    const int width = n1 - n0;
+    void* tb = Offset(bucket_tmp, static_cast<size_t>(rows) * n0 * esz);
+    SYMTP_RETURN_IF_ERROR(Gemm(in, Offset(w, static_cast<size_t>(n0) * k * esz), tb, rows, width,
+                               k, dt, s));
     // Edge in: the side stream waits for exactly this bucket's GEMM.
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_gemm[b].get(), s));
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_gemm[b].get(), 0));
-    SYMTP_RETURN_IF_ERROR_CTX(
-        comm->AllReduceSum(ob, static_cast<size_t>(r1 - r0) * H, dt, side.get()),
-        absl::StrCat("row-parallel all-reduce, bucket ", b));
+    if (reduce) {
+      SYMTP_RETURN_IF_ERROR_CTX(
+          comm->AllReduceSum(tb, static_cast<size_t>(rows) * width, dt, side.get()),
+          absl::StrCat("row-parallel all-reduce, bucket ", b));
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(Offset(out, static_cast<size_t>(n0) * esz), H * esz, tb,
+                                           width * esz, width * esz, rows,
+                                           cudaMemcpyDeviceToDevice, side.get()));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_ar[b].get(), side.get()));
     last = b;
   }
@@ -726,6 +741,7 @@ absl::Status GpuModel::State::Init() {
         max_splits > 1 ? kernels::PagedAttentionWorkspaceBytes(max_seqs, NHl, D, max_splits) : 0;
     const size_t o_aws = c.Take(attn_ws_bytes);
     const size_t o_gws = c.Take(opt.gemm_workspace_bytes);
+    const size_t o_bt = opt.num_buckets > 1 ? c.Take(T * H * esz) : 0;
     SYMTP_ASSIGN_OR_RETURN(acts, cuda::DeviceBuffer::Create(c.size()));
     x = At<void>(acts, o_x);
     h = At<void>(acts, o_h);
@@ -741,6 +757,7 @@ absl::Status GpuModel::State::Init() {
     sampled = At<int32_t>(acts, o_smp);
     attn_ws = attn_ws_bytes ? At<void>(acts, o_aws) : nullptr;
     gemm_ws = At<void>(acts, o_gws);
+    bucket_tmp = opt.num_buckets > 1 ? At<void>(acts, o_bt) : nullptr;
     CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(sampled, 0, static_cast<size_t>(max_sampled) * sizeof(int32_t), s));
   }

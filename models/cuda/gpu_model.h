@@ -18,10 +18,12 @@
 //      next step can read directly) and copies tokens / logits to pinned host
 //      memory asynchronously, then records the step's done-event.
 //
-// Row-parallel layers are one function that splits the token batch into K
-// buckets (GpuModelOptions::num_buckets): bucket i's GEMM runs on `stream`,
-// its all-reduce on a side stream that waits on the GEMM's event; `stream`
-// waits on the last all-reduce's event before anything reads the result. No
+// Row-parallel layers are one function that splits the output (hidden)
+// columns into K buckets (GpuModelOptions::num_buckets), so the weights are
+// read once whatever K: bucket i's GEMM runs on `stream` into a contiguous
+// bucket buffer, its all-reduce and the copy into its columns on a side
+// stream that waits on the GEMM's event; `stream` waits on the last bucket's
+// event before anything reads the result. No
 // device-wide synchronization anywhere in a step; at most K all-reduces in
 // flight. K = 1 is the no-overlap baseline.
 //

@@ -2,7 +2,8 @@
 # One command for a GPU run on the device machine (see docs/DEVICE.md):
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
-#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch report".
+#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch overlap report";
+#   GPU_TEST_REGEX limits the gpu tests (ctest -R).
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -38,7 +39,7 @@ if has build; then
 fi
 if has test; then
   step "gpu tests"
-  (cd $B && timeout 300 ctest -L gpu --output-on-failure --timeout 240) >"$R/gpu_tests.log" 2>&1
+  (cd $B && timeout 300 ctest -L gpu ${GPU_TEST_REGEX:+-R "$GPU_TEST_REGEX"} --output-on-failure --timeout 240) >"$R/gpu_tests.log" 2>&1
   tail -15 "$R/gpu_tests.log" | tee -a "$LOG"
 fi
 if has ar && [[ -x $B/bench/allreduce/allreduce_bench ]]; then
@@ -74,7 +75,7 @@ if has launch; then
   d=$R/launch/cuda_bf16_tp2_v0
   timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=2 $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=2 v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp2/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
-  tail -5 "$R"/launch/*.log >>"$LOG" 2>&1
+  tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has overlap; then
   step "overlap"
