@@ -682,6 +682,14 @@ absl::Status RingConsumer::WaitForData(Deadline deadline) {
   return WaitUntil(policy_, deadline, &pl.data_futex, &pl.consumer_sleepers, ready, check);
 }
 
+bool RingConsumer::Ready() {
+  if (!active_) return false;
+  if (peeked_ || read_ != cached_write_) return true;
+  const RingControl& ctl = *ring_.ctl_;
+  cached_write_ = ctl.producer.write_cursor.load(std::memory_order_acquire);
+  return read_ != cached_write_ || ctl.producer.closed.load(std::memory_order_acquire) != 0;
+}
+
 absl::StatusOr<RecordView> RingConsumer::Peek(Deadline deadline) {
   if (!active_) {
     return absl::FailedPreconditionError(

@@ -287,6 +287,11 @@ class RingConsumer {
   // Releases the record returned by Peek() (the producer may reuse its bytes).
   absl::Status Release();
 
+  // True when a Read()/Peek() would return at once: a record is published and
+  // unread, or the ring is closed (then Read() reports OutOfRange). Never
+  // blocks; false when detached.
+  bool Ready();
+
   // Leaves the ring for good: the producer stops waiting for this slot. An
   // unreleased Peek() is dropped. Further reads are FailedPrecondition.
   void Detach();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -33,12 +34,44 @@ class Backend {
                             absl::Span<const model::SamplingParams> params,
                             absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
                             BackendTimings* timings) = 0;
+
+  // Pipelined stepping (the v1 worker). Launch starts a step whose input
+  // tokens with prev_sample[i] >= 0 are replaced by the previous launched
+  // step's sampled token number prev_sample[i] (in its sample order): tokens
+  // that are still on the device when the step is launched. Collect waits for
+  // the oldest launched step and returns its sampled tokens. At most
+  // kMaxInFlight steps are launched and not collected. `prev_sample` is empty
+  // or has one entry per input token.
+  static constexpr int kMaxInFlight = 2;
+  virtual absl::Status Launch(const model::BatchInput& in,
+                              absl::Span<const model::SamplingParams> params,
+                              absl::Span<const int32_t> positions,
+                              absl::Span<const int32_t> prev_sample);
+  virtual absl::Status Collect(std::vector<int32_t>* tokens, BackendTimings* timings);
+  // Whether Collect would return at once (the oldest launched step is done,
+  // or failed). Never blocks.
+  virtual bool OldestDone() { return true; }
+  int in_flight() const { return in_flight_; }
+
   // v0 mode: only rank 0 samples; other ranks run the forward pass.
   virtual absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* timings) = 0;
   // v0 mode: root's `bytes` at `data` reach every rank's `data` (the padded
   // batch broadcast). CPU: through shared memory; CUDA: NCCL on the device.
   virtual absl::Status BroadcastBatch(void* data, size_t bytes, int root) = 0;
   virtual std::string Describe() const = 0;
+
+ protected:
+  int in_flight_ = 0;
+
+ private:
+  // The synchronous default of Launch/Collect (CPU): Launch runs Step.
+  struct Done {
+    std::vector<int32_t> tokens;
+    BackendTimings timings;
+  };
+  std::deque<Done> done_;
+  std::vector<int32_t> last_sampled_;
+  model::BatchInput substituted_;
 };
 
 // KV blocks every process derives from the same flags.

@@ -83,6 +83,51 @@ int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
   return std::min(per_seq, cap);
 }
 
+absl::Status Backend::Launch(const model::BatchInput& in,
+                             absl::Span<const model::SamplingParams> params,
+                             absl::Span<const int32_t> positions,
+                             absl::Span<const int32_t> prev_sample) {
+  if (in_flight_ >= kMaxInFlight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Launch with ", in_flight_, " steps in flight (at most ", kMaxInFlight, ")"));
+  }
+  const model::BatchInput* input = &in;
+  if (!prev_sample.empty()) {
+    if (prev_sample.size() != in.tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Launch: ", prev_sample.size(),
+                                                     " prev_sample entries for ",
+                                                     in.tokens.size(), " input tokens"));
+    }
+    substituted_ = in;
+    for (size_t i = 0; i < prev_sample.size(); ++i) {
+      const int32_t j = prev_sample[i];
+      if (j < 0) continue;
+      if (static_cast<size_t>(j) >= last_sampled_.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Launch: input token ", i, " takes sampled token ", j,
+                         " of the previous step, which sampled ", last_sampled_.size()));
+      }
+      substituted_.tokens[i] = last_sampled_[j];
+    }
+    input = &substituted_;
+  }
+  Done d;
+  SYMTP_RETURN_IF_ERROR(Step(*input, params, positions, &d.tokens, &d.timings));
+  last_sampled_ = d.tokens;
+  done_.push_back(std::move(d));
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::Collect(std::vector<int32_t>* tokens, BackendTimings* timings) {
+  if (done_.empty()) return absl::FailedPreconditionError("Collect with no step in flight");
+  *tokens = std::move(done_.front().tokens);
+  *timings = done_.front().timings;
+  done_.pop_front();
+  --in_flight_;
+  return absl::OkStatus();
+}
+
 int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg) {
   if (opts.num_kv_blocks > 0) return opts.num_kv_blocks;
   const int per_seq = JobMaxSeqLen(opts, cfg);

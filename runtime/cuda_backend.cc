@@ -62,9 +62,9 @@ class CudaBackend : public Backend {
     b->device_ = device < 0 ? rank : device;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
     SYMTP_ASSIGN_OR_RETURN(b->stream_, cuda::Stream::Create());
-    SYMTP_ASSIGN_OR_RETURN(b->start_, cuda::Event::Create(/*timing=*/true));
-    for (cuda::Event& e : b->end_) {
-      SYMTP_ASSIGN_OR_RETURN(e, cuda::Event::Create(/*timing=*/true));
+    for (Slot& sl : b->slots_) {
+      SYMTP_ASSIGN_OR_RETURN(sl.start, cuda::Event::Create(/*timing=*/true));
+      SYMTP_ASSIGN_OR_RETURN(sl.end, cuda::Event::Create(/*timing=*/true));
     }
     const Deadline boot = Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
     ShmPeerExchange exchange(job->control, rank, opts.tp);
@@ -110,19 +110,74 @@ class CudaBackend : public Backend {
   absl::Status Step(const model::BatchInput& in, absl::Span<const model::SamplingParams> params,
                     absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
                     BackendTimings* t) override {
-    (void)positions;  // the model derives them from the batch (same values)
-    step_opts_.sampling.assign(params.begin(), params.end());
-    step_opts_.copy_logits = false;
-    SYMTP_RETURN_IF_ERROR(RunAndWait(in, t));
-    absl::Span<const int32_t> out = model_->host_tokens();
-    tokens->assign(out.begin(), out.end());
-    return absl::OkStatus();
+    SYMTP_RETURN_IF_ERROR(Launch(in, params, positions, {}));
+    return Collect(tokens, t);
   }
 
   absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* t) override {
-    step_opts_.sampling.clear();
+    SYMTP_RETURN_IF_ERROR(Launch(in, {}, {}, {}));
+    std::vector<int32_t> none;
+    return Collect(&none, t);
+  }
+
+  // Enqueues the step and returns: the GPU may still be running the previous
+  // one. Input tokens with prev_sample[i] >= 0 come from the previous step's
+  // sampled tokens on the device (GpuModel's token_from_prev_sample).
+  absl::Status Launch(const model::BatchInput& in, absl::Span<const model::SamplingParams> params,
+                      absl::Span<const int32_t> positions,
+                      absl::Span<const int32_t> prev_sample) override {
+    (void)positions;  // the model derives them from the batch (same values)
+    if (in_flight_ >= kMaxInFlight) {
+      return absl::FailedPreconditionError(absl::StrCat("Launch with ", in_flight_,
+                                                        " steps in flight"));
+    }
+    Slot& sl = slots_[launched_ % kSlots];
+    step_opts_.sampling.assign(params.begin(), params.end());
     step_opts_.copy_logits = false;
-    return RunAndWait(in, t);
+    step_opts_.token_from_prev_sample.assign(prev_sample.begin(), prev_sample.end());
+    sl.host_t0 = MonotonicNs();
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(sl.start.get(), stream_.get()));
+    SYMTP_RETURN_IF_ERROR(model_->Forward(in, stream_.get(), step_opts_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(sl.end.get(), stream_.get()));
+    sl.model_step = model_->steps_enqueued() - 1;
+    sl.sampled = !params.empty();
+    ++launched_;
+    ++in_flight_;
+    return absl::OkStatus();
+  }
+
+  bool OldestDone() override {
+    if (in_flight_ == 0) return true;
+    return cudaEventQuery(slots_[collected_ % kSlots].end.get()) != cudaErrorNotReady;
+  }
+
+  absl::Status Collect(std::vector<int32_t>* tokens, BackendTimings* t) override {
+    if (in_flight_ == 0) return absl::FailedPreconditionError("Collect with no step in flight");
+    Slot& sl = slots_[collected_ % kSlots];
+    SYMTP_RETURN_IF_ERROR(WaitWithComm(sl.end.get()));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, sl.start.get(), sl.end.get()));
+    t->forward_ns = MonotonicNs() - sl.host_t0;
+    t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
+    t->device_idle_ns = 0;
+    // GPU idle between the previous step's last op and this step's first
+    // (negative, i.e. 0, when this step was queued before that one ended).
+    if (collected_ > 0) {
+      const Slot& prev = slots_[(collected_ - 1) % kSlots];
+      float idle_ms = 0;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&idle_ms, prev.end.get(), sl.start.get()));
+      // 1 ns: measured, none (0 means unknown).
+      t->device_idle_ns = std::max<int64_t>(1, static_cast<int64_t>(idle_ms * 1e6));
+    }
+    if (sl.sampled) {
+      absl::Span<const int32_t> out = model_->host_tokens_of(sl.model_step);
+      tokens->assign(out.begin(), out.end());
+    } else {
+      tokens->clear();
+    }
+    ++collected_;
+    --in_flight_;
+    return absl::OkStatus();
   }
 
   absl::Status BroadcastBatch(void* data, size_t bytes, int root) override {
@@ -160,27 +215,6 @@ class CudaBackend : public Backend {
  private:
   CudaBackend() = default;
 
-  absl::Status RunAndWait(const model::BatchInput& in, BackendTimings* t) {
-    const int64_t t0 = MonotonicNs();
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start_.get(), stream_.get()));
-    SYMTP_RETURN_IF_ERROR(model_->Forward(in, stream_.get(), step_opts_));
-    cudaEvent_t end = end_[steps_ & 1].get();
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(end, stream_.get()));
-    SYMTP_RETURN_IF_ERROR(WaitWithComm(end));  // after the model's step_done_event
-    float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_.get(), end));
-    t->forward_ns = MonotonicNs() - t0;
-    t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
-    // GPU idle between the previous step's last op and this step's first.
-    if (steps_ > 0) {
-      float idle_ms = 0;
-      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&idle_ms, end_[(steps_ + 1) & 1].get(), start_.get()));
-      t->device_idle_ns = std::max<int64_t>(0, static_cast<int64_t>(idle_ms * 1e6));
-    }
-    ++steps_;
-    return absl::OkStatus();
-  }
-
   // Waits for `ev` with the step deadline, polling the communicator so that a
   // dead peer is an error instead of a hang.
   absl::Status WaitWithComm(cudaEvent_t ev) {
@@ -202,7 +236,7 @@ class CudaBackend : public Backend {
       if (!slow && (i & 63) == 63) slow = MonotonicNs() - spin_start > 20'000'000;
       if (slow) usleep(50);
     }
-    return model_->WaitForStep(Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000));
+    return absl::OkStatus();
   }
 
   absl::Status SyncStream() {
@@ -227,9 +261,18 @@ class CudaBackend : public Backend {
   std::unique_ptr<kernels::DeviceComm> comm_;
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
-  cuda::Event start_;
-  cuda::Event end_[2];  // alternating: this step's end and the previous one's
-  int64_t steps_ = 0;
+  // Per launched step (a ring; at most kMaxInFlight in flight, and the
+  // previous collected step's events stay intact for the idle measurement).
+  struct Slot {
+    cuda::Event start, end;
+    int64_t model_step = 0;
+    int64_t host_t0 = 0;
+    bool sampled = false;
+  };
+  static constexpr int kSlots = 4;
+  static_assert(kSlots >= kMaxInFlight + 2);
+  Slot slots_[kSlots];
+  int64_t launched_ = 0, collected_ = 0;
   cuda::DeviceBuffer bcast_;
   model::StepOptions step_opts_;
 };

@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -243,45 +246,156 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
   SYMTP_LOG(INFO, "worker") << label << ": " << backend->Describe();
   job->SetPhase(ProcPhase::kRunning);
 
+  // The loop is pipelined: step t + 1 is applied, built and launched while
+  // step t still runs on the device (its sampled tokens feed step t + 1 on
+  // the device; the state holds placeholders for them), then step t is
+  // collected and its result published. When diff t + 1 is not there yet
+  // the worker collects and publishes step t first (the scheduler may need
+  // that result to plan). Placeholders are confirmed with the real tokens
+  // at a fixed point - after the next step's ApplySampledPending - so every
+  // rank's digest sequence is the same whichever order happened.
+  struct Launched {
+    uint64_t step = 0;
+    std::vector<uint64_t> ids;
+    std::vector<int32_t> positions;
+    uint64_t digest = 0;
+    int64_t recv_wait_ns = 0, apply_ns = 0, build_ns = 0, received_at = 0;
+  };
+  struct Confirm {
+    std::vector<uint64_t> ids;
+    std::vector<int32_t> positions;
+    std::vector<int32_t> tokens;
+  };
   std::vector<uint8_t> buf, out;
   proto::StepDiff diff;
   model::BatchInput batch;
-  std::vector<int32_t> tokens;
   proto::StepResult result;
   result.rank = static_cast<uint32_t>(rank);
-  for (;;) {
-    int64_t t0 = MonotonicNs();
-    absl::StatusOr<uint64_t> seq = diffs.Read(&buf, Deadline::AfterNs(opts.step_timeout_ms * 1'000'000));
-    if (!seq.ok()) {
-      if (absl::IsOutOfRange(seq.status())) return absl::OkStatus();  // closed and drained
-      return Annotate(seq.status(), "waiting for the next diff");
-    }
-    int64_t t1 = MonotonicNs();
-    SYMTP_RETURN_IF_ERROR_CTX(proto::DecodeDiffInto(buf, &diff), absl::StrCat("diff record ", *seq));
-    SYMTP_RETURN_IF_ERROR(state.ApplyDiff(diff));
-    if (diff.end_of_job()) return absl::OkStatus();
-    int64_t t2 = MonotonicNs();
-    SYMTP_RETURN_IF_ERROR(state.BuildInput(&batch));
-    int64_t t3 = MonotonicNs();
+  std::optional<Launched> inflight;
+  std::optional<Confirm> deferred;
+  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> prev_samples;  // id -> (position, index)
+  std::vector<int32_t> prev_rows;
+  int64_t last_publish_ns = 0;
+  int64_t launches = 0, overlapped = 0;
+  auto report = [&] {
+    SYMTP_LOG(INFO, "worker") << label << ": " << launches << " steps, " << overlapped
+                              << " launched while the previous step was still in flight";
+  };
+  auto step_deadline = [&] { return Deadline::AfterNs(opts.step_timeout_ms * 1'000'000); };
+
+  // Collects the oldest launched step and publishes its result; returns its
+  // tokens for ConfirmSampled.
+  auto finish = [&](Launched& l) -> absl::StatusOr<Confirm> {
+    Confirm c;
     BackendTimings bt;
-    SYMTP_RETURN_IF_ERROR_CTX(
-        backend->Step(batch, state.sample_params(), state.sample_positions(), &tokens, &bt),
-        absl::StrCat("step ", diff.step));
-    SYMTP_RETURN_IF_ERROR(state.ApplySampled(tokens));
-    result.step = diff.step;
-    result.digest = state.Digest();
-    result.sampled.assign(state.last_sampled().begin(), state.last_sampled().end());
-    result.timings.recv_wait_ns = t1 - t0;
-    result.timings.apply_ns = t2 - t1;
-    result.timings.build_ns = t3 - t2;
+    SYMTP_RETURN_IF_ERROR_CTX(backend->Collect(&c.tokens, &bt), absl::StrCat("step ", l.step));
+    if (c.tokens.size() != l.ids.size()) {
+      return absl::InternalError(absl::StrFormat("step %d: the backend sampled %d tokens, %d expected",
+                                                 l.step, c.tokens.size(), l.ids.size()));
+    }
+    result.step = l.step;
+    result.digest = l.digest;
+    result.sampled.resize(l.ids.size());
+    for (size_t i = 0; i < l.ids.size(); ++i) result.sampled[i] = {l.ids[i], c.tokens[i]};
+    const int64_t now = MonotonicNs();
+    result.timings.recv_wait_ns = l.recv_wait_ns;
+    result.timings.apply_ns = l.apply_ns;
+    result.timings.build_ns = l.build_ns;
     result.timings.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
     result.timings.sample_ns = bt.sample_ns;
     result.timings.gpu_idle_ns = bt.device_idle_ns;
-    result.timings.total_ns = MonotonicNs() - t1;
+    // The worker's period for this step (publish to publish) less the wait
+    // for its diff: the scheduler's iteration time is recv_wait + total.
+    result.timings.total_ns =
+        last_publish_ns > 0 ? std::max<int64_t>(0, now - last_publish_ns - l.recv_wait_ns)
+                            : now - l.received_at;
     SYMTP_RETURN_IF_ERROR(proto::EncodeResult(result, &out));
-    SYMTP_RETURN_IF_ERROR_CTX(results.Publish(out, Deadline::AfterNs(opts.step_timeout_ms * 1'000'000)),
-                              "publishing the step result");
-    job->self->step.store(static_cast<int64_t>(diff.step), std::memory_order_relaxed);
+    SYMTP_RETURN_IF_ERROR_CTX(results.Publish(out, step_deadline()), "publishing the step result");
+    last_publish_ns = MonotonicNs();
+    job->self->step.store(static_cast<int64_t>(l.step), std::memory_order_relaxed);
+    c.ids = std::move(l.ids);
+    c.positions = std::move(l.positions);
+    return c;
+  };
+
+  for (;;) {
+    if (inflight) {
+      // Diff t + 1 (launch it first) or step t done (publish it first).
+      const Deadline d = step_deadline();
+      for (uint32_t i = 0;; ++i) {
+        if (diffs.Ready()) break;
+        if (backend->OldestDone() || ((i & 4095) == 0 && d.Expired())) {
+          SYMTP_ASSIGN_OR_RETURN(Confirm c, finish(*inflight));
+          deferred = std::move(c);
+          inflight.reset();
+          break;
+        }
+        if ((i & 4095) == 0) SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
+      }
+    }
+    const int64_t t0 = MonotonicNs();
+    absl::StatusOr<uint64_t> seq = diffs.Read(&buf, step_deadline());
+    if (!seq.ok()) {
+      if (absl::IsOutOfRange(seq.status())) {  // closed and drained
+        if (inflight) SYMTP_RETURN_IF_ERROR(finish(*inflight).status());
+        report();
+        return absl::OkStatus();
+      }
+      return Annotate(seq.status(), "waiting for the next diff");
+    }
+    const int64_t t1 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR_CTX(proto::DecodeDiffInto(buf, &diff), absl::StrCat("diff record ", *seq));
+    SYMTP_RETURN_IF_ERROR(state.ApplyDiff(diff));
+    if (diff.end_of_job()) {
+      if (inflight) SYMTP_RETURN_IF_ERROR(finish(*inflight).status());
+      report();
+      return absl::OkStatus();
+    }
+    const int64_t t2 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR(state.BuildInput(&batch));
+    prev_rows.clear();
+    if (!state.input_pending().empty()) {
+      prev_rows.assign(batch.tokens.size(), -1);
+      for (const worker::PendingInput& p : state.input_pending()) {
+        auto it = prev_samples.find(p.request_id);
+        if (it == prev_samples.end() || it->second.first != p.position) {
+          return absl::InternalError(absl::StrFormat(
+              "step %d: request %d's input token at position %d is pending but the previous "
+              "step did not sample it",
+              diff.step, p.request_id, p.position));
+        }
+        prev_rows[p.token_index] = it->second.second;
+      }
+    }
+    const int64_t t3 = MonotonicNs();
+    SYMTP_RETURN_IF_ERROR_CTX(
+        backend->Launch(batch, state.sample_params(), state.sample_positions(), prev_rows),
+        absl::StrCat("step ", diff.step));
+    Launched l;
+    l.step = diff.step;
+    l.ids.assign(state.sample_request_ids().begin(), state.sample_request_ids().end());
+    l.positions.assign(state.sample_positions().begin(), state.sample_positions().end());
+    l.recv_wait_ns = t1 - t0;
+    l.apply_ns = t2 - t1;
+    l.build_ns = t3 - t2;
+    l.received_at = t1;
+    prev_samples.clear();
+    for (size_t i = 0; i < l.ids.size(); ++i) {
+      prev_samples[l.ids[i]] = {l.positions[i], static_cast<int32_t>(i)};
+    }
+    SYMTP_RETURN_IF_ERROR(state.ApplySampledPending());
+    l.digest = state.Digest();
+    if (deferred) {
+      SYMTP_RETURN_IF_ERROR(state.ConfirmSampled(deferred->ids, deferred->positions, deferred->tokens));
+      deferred.reset();
+    }
+    ++launches;
+    if (inflight) {
+      ++overlapped;
+      SYMTP_ASSIGN_OR_RETURN(Confirm c, finish(*inflight));
+      SYMTP_RETURN_IF_ERROR(state.ConfirmSampled(c.ids, c.positions, c.tokens));
+    }
+    inflight = std::move(l);
   }
 }
 

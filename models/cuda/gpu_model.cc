@@ -161,6 +161,7 @@ struct GpuModel::State {
   // Step bookkeeping.
   int64_t step = 0;
   int last_num_sampled = 0;
+  int half_num_sampled[2] = {-1, -1};  // tokens in host_tokens_buf half (step & 1); -1: none
   bool last_sampled = false;
   bool last_logits_copied = false;
   std::vector<kernels::AttentionItem> items_scratch;
@@ -580,7 +581,10 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
 
   // ---- outputs
   if (sample && NS > 0) {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens_buf.get(), sampled,
+    // Two halves by step parity: a pipelined caller reads step t's tokens
+    // while step t + 1 (which copies into the other half) runs.
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens_buf.as<int32_t>() + (step & 1) * max_sampled,
+                                         sampled,
                                          static_cast<size_t>(NS) * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream));
   }
@@ -591,6 +595,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done.get(), stream));
   last_num_sampled = NS;
+  half_num_sampled[step & 1] = sample ? NS : -1;
   last_sampled = sample;
   last_logits_copied = copy_logits;
   ++step;
@@ -789,7 +794,7 @@ absl::Status GpuModel::State::Init() {
     d_block_tables = At<int32_t>(inputs, il.block_tables);
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.device_bytes, s));
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
-                           cuda::PinnedBuffer::Create(static_cast<size_t>(max_sampled) * 4));
+                           cuda::PinnedBuffer::Create(2 * static_cast<size_t>(max_sampled) * 4));
     if (opt.host_logits) {
       SYMTP_ASSIGN_OR_RETURN(host_logits_buf,
                              cuda::PinnedBuffer::Create(static_cast<size_t>(max_sampled) * V * 4));
@@ -914,10 +919,17 @@ absl::Span<const float> GpuModel::host_logits() const {
                              static_cast<size_t>(s_->last_num_sampled) * s_->V);
 }
 absl::Span<const int32_t> GpuModel::host_tokens() const {
-  if (!s_->last_sampled) return {};
-  return absl::MakeConstSpan(s_->host_tokens_buf.as<int32_t>(),
-                             static_cast<size_t>(s_->last_num_sampled));
+  if (!s_->last_sampled || s_->step == 0) return {};
+  return host_tokens_of(s_->step - 1);
 }
+absl::Span<const int32_t> GpuModel::host_tokens_of(int64_t step) const {
+  if (step < 0 || step >= s_->step || step + 2 <= s_->step) return {};
+  const int n = s_->half_num_sampled[step & 1];
+  if (n < 0) return {};
+  return absl::MakeConstSpan(s_->host_tokens_buf.as<int32_t>() + (step & 1) * s_->max_sampled,
+                             static_cast<size_t>(n));
+}
+int64_t GpuModel::steps_enqueued() const { return s_->step; }
 const float* GpuModel::device_logits() const { return s_->logits; }
 const int32_t* GpuModel::device_tokens() const { return s_->sampled; }
 

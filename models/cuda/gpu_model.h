@@ -153,6 +153,13 @@ class GpuModel {
   int num_sampled() const;
   absl::Span<const float> host_logits() const;    // [num_sampled, vocab] if copied
   absl::Span<const int32_t> host_tokens() const;  // [num_sampled] if sampled
+  // Tokens of step `step` (0-based count of Forward calls) on the host, once
+  // an event recorded after that Forward completed; valid until Forward
+  // number step + 2 is enqueued (the two newest steps have their own
+  // buffers, so a caller can read step t while step t + 1 runs). Empty if
+  // the step did not sample or is out of that window.
+  absl::Span<const int32_t> host_tokens_of(int64_t step) const;
+  int64_t steps_enqueued() const;
   const float* device_logits() const;             // [num_sampled, vocab], fp32
   const int32_t* device_tokens() const;           // [num_sampled]
 

@@ -179,6 +179,34 @@ TEST(RingRoleTest, OneProducerAtATimeAndSeqContinues) {
   }
 }
 
+TEST(RingReadyTest, ReadyWhenARecordIsUnreadOrTheRingIsClosed) {
+  TestRing t({1, 4096});
+  std::vector<uint8_t> out;
+  ASSERT_OK_AND_ASSIGN(RingConsumer c, RingConsumer::Attach(t.ring, 0, "c"));
+  ASSERT_OK_AND_ASSIGN(RingProducer p, RingProducer::Create(t.ring, "p"));
+  EXPECT_FALSE(c.Ready());
+  const std::vector<uint8_t> rec = {1, 2, 3};
+  ASSERT_OK(p.Publish(rec, Soon()));
+  EXPECT_TRUE(c.Ready());
+  ASSERT_OK_AND_ASSIGN(RecordView v, c.Peek(Soon()));
+  EXPECT_EQ(v.seq, 1u);
+  EXPECT_TRUE(c.Ready());  // the peeked record is still there
+  ASSERT_OK(c.Release());
+  EXPECT_FALSE(c.Ready());
+  ASSERT_OK(p.Publish(rec, Soon()));
+  ASSERT_OK(p.Publish(rec, Soon()));
+  ASSERT_OK_AND_ASSIGN(uint64_t seq, c.Read(&out, Soon()));
+  EXPECT_EQ(seq, 2u);
+  EXPECT_TRUE(c.Ready());
+  ASSERT_OK(c.Read(&out, Soon()).status());
+  EXPECT_FALSE(c.Ready());
+  p.Close();
+  EXPECT_TRUE(c.Ready());  // Read() now reports the end at once
+  EXPECT_THAT(c.Read(&out, Soon()).status(), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("closed")));
+  c.Detach();
+  EXPECT_FALSE(c.Ready());
+}
+
 TEST(RingRoleTest, ConsumerSlotRules) {
   TestRing t({2, 4096});
   ASSERT_OK_AND_ASSIGN(RingConsumer c0, RingConsumer::Attach(t.ring, 0, "zero"));

@@ -282,3 +282,86 @@ TEST(WorkerState, EndOfJob) {
 
 }  // namespace
 }  // namespace symtp::worker
+
+namespace symtp::worker {
+namespace {
+
+// The pipelined worker: placeholders, input_pending, ConfirmSampled.
+TEST(WorkerStatePipelined, PlaceholderFeedsNextStepAndIsConfirmedLater) {
+  auto run = [](int32_t real_token, bool remove_second) {
+    WorkerState w = MakeState();
+    proto::StepDiff d0;
+    d0.step = 0;
+    d0.new_requests.push_back(NewReq(1, 5, 100, 5, {3}));
+    d0.new_requests.push_back(NewReq(2, 3, 200, 3, {4}));
+    EXPECT_OK(w.ApplyDiff(d0));
+    model::BatchInput in;
+    EXPECT_OK(w.BuildInput(&in));
+    EXPECT_TRUE(w.input_pending().empty());
+    const std::vector<uint64_t> ids(w.sample_request_ids().begin(), w.sample_request_ids().end());
+    const std::vector<int32_t> pos(w.sample_positions().begin(), w.sample_positions().end());
+    EXPECT_OK(w.ApplySampledPending());
+    EXPECT_EQ(w.last_sampled()[0].token, -1);
+    EXPECT_EQ(w.Find(1)->tokens.size(), 6u);
+    EXPECT_EQ(w.Find(1)->confirmed, 5);
+    // Step 1 decodes both (request 2 maybe finished instead) before step 0's tokens are known.
+    proto::StepDiff d1;
+    d1.step = 1;
+    d1.continuing.push_back(proto::ContinuingRequest{1, 1, 0, 0});
+    if (remove_second) {
+      d1.finished = {2};
+    } else {
+      d1.continuing.push_back(proto::ContinuingRequest{2, 1, 0, 0});
+    }
+    EXPECT_OK(w.ApplyDiff(d1));
+    EXPECT_OK(w.BuildInput(&in));
+    EXPECT_EQ(w.input_pending().size(), remove_second ? 1u : 2u);
+    EXPECT_EQ(w.input_pending()[0].token_index, 0);
+    EXPECT_EQ(w.input_pending()[0].request_id, 1u);
+    EXPECT_EQ(w.input_pending()[0].position, 5);
+    // A real sample while a placeholder is pending is refused.
+    EXPECT_THAT(w.ApplySampled(std::vector<int32_t>(remove_second ? 1 : 2, 7)),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("pending")));
+    EXPECT_OK(w.ApplySampledPending());
+    EXPECT_THAT(w.ConfirmSampled(ids, pos, std::vector<int32_t>{real_token, real_token + 1}),
+                ::symtp::testing::IsOk());
+    EXPECT_EQ(w.Find(1)->tokens[5], real_token);
+    EXPECT_EQ(w.Find(1)->confirmed, 6);
+    EXPECT_EQ(w.Find(1)->tokens.size(), 7u);
+    return w.Digest();
+  };
+  EXPECT_EQ(run(11, false), run(11, false));
+  EXPECT_NE(run(11, false), run(12, false));  // the confirmed values are in the digest
+  EXPECT_NE(run(11, true), run(11, false));
+}
+
+TEST(WorkerStatePipelined, ConfirmValidates) {
+  WorkerState w = MakeState();
+  proto::StepDiff d0;
+  d0.step = 0;
+  d0.new_requests.push_back(NewReq(1, 5, 100, 5, {3}));
+  ASSERT_OK(w.ApplyDiff(d0));
+  model::BatchInput in;
+  ASSERT_OK(w.BuildInput(&in));
+  EXPECT_THAT(w.ConfirmSampled(std::vector<uint64_t>{1}, std::vector<int32_t>{5},
+                               std::vector<int32_t>{1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("open")));
+  ASSERT_OK(w.ApplySampledPending());
+  EXPECT_THAT(w.ConfirmSampled(std::vector<uint64_t>{1}, std::vector<int32_t>{5},
+                               std::vector<int32_t>{-3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+  EXPECT_THAT(w.ConfirmSampled(std::vector<uint64_t>{1, 2}, std::vector<int32_t>{5},
+                               std::vector<int32_t>{1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 ids, 1 positions")));
+  // Unknown requests and stale positions are ignored.
+  ASSERT_OK(w.ConfirmSampled(std::vector<uint64_t>{99, 1}, std::vector<int32_t>{5, 2},
+                             std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(w.Find(1)->confirmed, 5);
+  ASSERT_OK(w.ConfirmSampled(std::vector<uint64_t>{1}, std::vector<int32_t>{5},
+                             std::vector<int32_t>{9}));
+  EXPECT_EQ(w.Find(1)->tokens[5], 9);
+  EXPECT_EQ(w.Find(1)->confirmed, 6);
+}
+
+}  // namespace
+}  // namespace symtp::worker

@@ -2,7 +2,7 @@
 # One command for a GPU run on the device machine (see docs/DEVICE.md):
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
-#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch overlap report";
+#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode overlap report";
 #   GPU_TEST_REGEX limits the gpu tests (ctest -R).
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
@@ -14,7 +14,7 @@ OUT=${OUT:-$PWD/out}
 R=$OUT/results
 mkdir -p "$R" "$R/launch"
 LOG=$OUT/gpu_run.log
-STEPS=${STEPS:-"build test ar ipc kernels launch report"}
+STEPS=${STEPS:-"build test ar ipc kernels launch ardecode overlap report"}
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 B=build-gpu
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -76,6 +76,42 @@ if has launch; then
   timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=2 $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=2 v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp2/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
+fi
+if has ardecode; then
+  step "decode step: custom all-reduce vs NCCL"
+  mkdir -p "$R/ardecode"
+  for b in 16 64 256; do
+    for ar in nccl custom; do
+      d=$R/ardecode/${ar}_b$b
+      timeout 120 $B/tools/symtp launch --backend=cuda --tp=2 --model=llama-70b-shape \
+        --model-overrides="${ARDECODE_OVERRIDES:-layers=4}" --allreduce=$ar --steady-batch=$b \
+        --max-batch=$b --steady-context=1024 --steady-steps=50 --warmup-steps=5 \
+        --max-batched-tokens=4096 --prefill-chunk=4096 --progress=false --out="$d" >"$d.log" 2>&1 \
+        || echo "ardecode $ar b=$b FAILED" | tee -a "$LOG"
+    done
+  done
+  python3 - "$R/ardecode" <<'PY' | tee -a "$LOG"
+import json, os, sys
+d = sys.argv[1]
+rows = ["| Batch | NCCL step (ms) | custom step (ms) | custom / NCCL | NCCL iteration (ms) | custom iteration (ms) |", "|---|---|---|---|---|---|"]
+res = {}
+for b in (16, 64, 256):
+    v = {}
+    for ar in ("nccl", "custom"):
+        p = os.path.join(d, f"{ar}_b{b}", "summary.json")
+        if os.path.exists(p):
+            st = json.load(open(p))["steps"]
+            v[ar] = (st["decode_forward_us"]["p50"] / 1e3, st["iteration_ms"]["p50"])
+    res[b] = v
+    if len(v) == 2:
+        rows.append(f"| {b} | {v['nccl'][0]:.3f} | {v['custom'][0]:.3f} | {v['custom'][0] / v['nccl'][0]:.3f} | {v['nccl'][1]:.3f} | {v['custom'][1]:.3f} |")
+    else:
+        rows.append(f"| {b} | (missing) | | | | |")
+md = "# Decode step: custom one-shot all-reduce vs NCCL (TP=2, llama-70b-shape, reduced layers)\n\nGPU forward time per step by CUDA events (median of the steady decode steps, context 1024, CUDA graphs on) and the iteration time.\n\n" + "\n".join(rows) + "\n"
+open(os.path.join(d, "ardecode.md"), "w").write(md)
+json.dump(res, open(os.path.join(d, "ardecode.json"), "w"), indent=1)
+print(md)
+PY
 fi
 if has overlap; then
   step "overlap"

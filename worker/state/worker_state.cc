@@ -45,7 +45,8 @@ inline uint64_t Contribution(const CachedRequest& r) {
   return Mix(h ^
              (static_cast<uint64_t>(static_cast<uint32_t>(r.num_computed)) << 32 |
               static_cast<uint32_t>(r.row)) ^
-             (static_cast<uint64_t>(static_cast<uint32_t>(r.num_sampled)) * 0x100000001b3ull));
+             (static_cast<uint64_t>(static_cast<uint32_t>(r.num_sampled)) * 0x100000001b3ull) ^
+             (static_cast<uint64_t>(static_cast<uint32_t>(r.confirmed)) << 17));
 }
 
 }  // namespace
@@ -252,6 +253,7 @@ absl::Status WorkerState::AddNew(const proto::NewRequest& n, size_t index, uint6
   r.static_hash = StaticHash(r);
   r.token_hash = r.static_hash;
   for (int32_t t : r.tokens) r.token_hash = ChainToken(r.token_hash, t);
+  r.confirmed = r.prompt_len;
   r.block_hash = 0;
   rows_.push_back(slot);
   index_.emplace(n.id, slot);
@@ -358,6 +360,7 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
   sample_ids_.clear();
   sample_params_.clear();
   sample_positions_.clear();
+  input_pending_.clear();
 
   int32_t* tok = out->tokens.data();
   int32_t* pos = out->positions.data();
@@ -377,6 +380,7 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
       const int32_t p = start + j;
       pos[t + j] = p;
       slotmap[t + j] = table[p / B] * B + p % B;
+      if (p >= r.confirmed) input_pending_.push_back(PendingInput{t + j, r.id, p});
     }
     t += n;
     out->context_len[s] = r.num_computed;
@@ -399,13 +403,19 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
 }
 
 absl::Status WorkerState::ApplySampled(absl::Span<const int32_t> tokens) {
+  return CloseStep(tokens, /*pending=*/false);
+}
+
+absl::Status WorkerState::ApplySampledPending() { return CloseStep({}, /*pending=*/true); }
+
+absl::Status WorkerState::CloseStep(absl::Span<const int32_t> tokens, bool pending) {
   if (!poison_.ok()) return Poisoned();
   if (!step_open_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("ApplySampled with no open step (next step %d)", next_step_));
   }
   if (!order_ready_) PrepareSampleOrder();
-  if (tokens.size() != sample_slots_.size()) {
+  if (!pending && tokens.size() != sample_slots_.size()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("step %d: %d sampled tokens given, %d sequences sample in this step",
                         open_step_, tokens.size(), sample_slots_.size()));
@@ -416,14 +426,26 @@ absl::Status WorkerState::ApplySampled(absl::Span<const int32_t> tokens) {
           absl::StrFormat("step %d: sampled token %d for request %d is negative", open_step_,
                           tokens[i], slots_[sample_slots_[i]].id));
     }
+    const CachedRequest& r = slots_[sample_slots_[i]];
+    if (r.confirmed != static_cast<int32_t>(r.tokens.size())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "step %d: request %d still has a pending token at position %d; confirm it first",
+          open_step_, r.id, r.confirmed));
+    }
   }
-  last_sampled_.resize(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  last_sampled_.resize(sample_slots_.size());
+  for (size_t i = 0; i < sample_slots_.size(); ++i) {
     CachedRequest& r = slots_[sample_slots_[i]];
-    r.tokens.push_back(tokens[i]);
-    r.token_hash = ChainToken(r.token_hash, tokens[i]);
+    if (pending) {
+      r.tokens.push_back(kPendingToken);
+      last_sampled_[i] = {r.id, -1};
+    } else {
+      r.tokens.push_back(tokens[i]);
+      r.token_hash = ChainToken(r.token_hash, tokens[i]);
+      ++r.confirmed;
+      last_sampled_[i] = {r.id, tokens[i]};
+    }
     ++r.num_sampled;
-    last_sampled_[i] = {r.id, tokens[i]};
   }
   for (uint32_t slot : dirty_) {
     CachedRequest& r = slots_[slot];
@@ -438,6 +460,47 @@ absl::Status WorkerState::ApplySampled(absl::Span<const int32_t> tokens) {
   step_open_ = false;
   next_step_ = open_step_ + 1;
   if (open_end_of_job_) ended_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerState::ConfirmSampled(absl::Span<const uint64_t> ids,
+                                         absl::Span<const int32_t> positions,
+                                         absl::Span<const int32_t> tokens) {
+  if (!poison_.ok()) return Poisoned();
+  if (step_open_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("ConfirmSampled while step %d is open", open_step_));
+  }
+  if (ids.size() != positions.size() || ids.size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ConfirmSampled: %d ids, %d positions, %d tokens", ids.size(), positions.size(),
+        tokens.size()));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (tokens[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ConfirmSampled: token %d for request %d is negative", tokens[i], ids[i]));
+    }
+    auto it = index_.find(ids[i]);
+    if (it == index_.end()) continue;  // finished, aborted or preempted since
+    CachedRequest& r = slots_[it->second];
+    const int32_t p = positions[i];
+    // Re-added (recompute) with every token known, or already confirmed.
+    if (p < r.confirmed || p >= static_cast<int32_t>(r.tokens.size())) continue;
+    if (p != r.confirmed) {
+      poison_ = absl::InternalError(absl::StrFormat(
+          "ConfirmSampled: request %d confirms position %d but %d is the first pending", r.id, p,
+          r.confirmed));
+      return poison_;
+    }
+    r.tokens[p] = tokens[i];
+    r.token_hash = ChainToken(r.token_hash, tokens[i]);
+    ++r.confirmed;
+    digest_sum_ -= r.contrib;
+    r.contrib = Contribution(r);
+    digest_sum_ += r.contrib;
+  }
+  digest_ = Mix(digest_sum_ ^ Mix(next_step_ ^ 0xD16E57ull));
   return absl::OkStatus();
 }
 

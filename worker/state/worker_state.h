@@ -62,6 +62,9 @@ struct CachedRequest {
   int32_t prompt_len = 0;
   int32_t num_computed = 0;  // tokens whose KV is computed once the open step completes
   int32_t num_sampled = 0;
+  // tokens[0, confirmed) are known; the rest (at most the last two) are
+  // placeholders of sampled tokens still on the device (pipelined worker).
+  int32_t confirmed = 0;
   int32_t max_new_tokens = 0;
   std::optional<int32_t> eos_id;
   model::SamplingParams sampling;
@@ -74,6 +77,16 @@ struct CachedRequest {
   bool live = false;
   bool dirty = false;
 };
+
+// An input token whose value is a sampled token still on the device: the
+// model must take it from the previous step's sample `position` of `request_id`.
+struct PendingInput {
+  int32_t token_index = 0;  // into BatchInput::tokens
+  uint64_t request_id = 0;
+  int32_t position = 0;
+};
+
+inline constexpr int32_t kPendingToken = 0;  // the placeholder value in tokens
 
 class WorkerState {
  public:
@@ -89,6 +102,24 @@ class WorkerState {
   // BatchInput::sample_index). InvalidArgument on a count mismatch or a
   // negative token (nothing is appended then).
   absl::Status ApplySampled(absl::Span<const int32_t> tokens_in_sample_order);
+
+  // Pipelined worker: closes the open step like ApplySampled but with the
+  // tokens still unknown (they stay on the device and feed the next step):
+  // each sampled sequence gets a placeholder (kPendingToken) that the next
+  // BuildInput lists in input_pending(). last_sampled() has token -1 then.
+  // The digest covers only confirmed tokens, so it is the same whenever the
+  // real values arrive.
+  absl::Status ApplySampledPending();
+  // The real values of placeholders: (request id, position, token) of one
+  // step, in any order. Entries of requests removed since, or re-added with
+  // the token known, are ignored; confirming out of order (a gap) is an
+  // internal error. Call with no step open. The worker calls it at a fixed
+  // point (after the next step's ApplySampledPending) so every rank's digest
+  // sequence is the same.
+  absl::Status ConfirmSampled(absl::Span<const uint64_t> ids, absl::Span<const int32_t> positions,
+                              absl::Span<const int32_t> tokens);
+  // Input tokens of the last BuildInput that are placeholders.
+  absl::Span<const PendingInput> input_pending() const { return input_pending_; }
 
   // Digest of the state that must agree across ranks (every live request's
   // id, parameters, tokens, block table, computed count and row, and the step
@@ -133,6 +164,7 @@ class WorkerState {
   void MarkDirty(uint32_t slot);
   void MarkRowChanged(int32_t row);
   void PrepareSampleOrder();
+  absl::Status CloseStep(absl::Span<const int32_t> tokens, bool pending);
   absl::Status Poisoned() const;
 
   WorkerStateConfig config_;
@@ -158,6 +190,7 @@ class WorkerState {
   std::vector<model::SamplingParams> sample_params_;
   std::vector<int32_t> sample_positions_;
   std::vector<proto::SampledToken> last_sampled_;
+  std::vector<PendingInput> input_pending_;
   absl::Status poison_;
 };
 
