@@ -53,6 +53,7 @@ struct JobOptions {
   // CUDA backend.
   int buckets = 1;
   bool cuda_graphs = true;
+  bool pipeline = true;  // v1 worker launches step t+1 before collecting step t
   std::string allreduce = "auto";  // auto | nccl | custom
   int64_t crossover_bytes = 1 << 20;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1

@@ -323,7 +323,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
       // Diff t + 1 (launch it first) or step t done (publish it first).
       const Deadline d = step_deadline();
       for (uint32_t i = 0;; ++i) {
-        if (diffs.Ready()) break;
+        if (opts.pipeline && diffs.Ready()) break;
         if (backend->OldestDone() || ((i & 4095) == 0 && d.Expired())) {
           SYMTP_ASSIGN_OR_RETURN(Confirm c, finish(*inflight));
           deferred = std::move(c);

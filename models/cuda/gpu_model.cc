@@ -923,7 +923,7 @@ absl::Span<const int32_t> GpuModel::host_tokens() const {
   return host_tokens_of(s_->step - 1);
 }
 absl::Span<const int32_t> GpuModel::host_tokens_of(int64_t step) const {
-  if (step < 0 || step >= s_->step || step + 2 <= s_->step) return {};
+  if (step < 0 || step >= s_->step || s_->step > step + 2) return {};
   const int n = s_->half_num_sampled[step & 1];
   if (n < 0) return {};
   return absl::MakeConstSpan(s_->host_tokens_buf.as<int32_t>() + (step & 1) * s_->max_sampled,
