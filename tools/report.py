@@ -87,8 +87,12 @@ def main():
               "and broadcasts it every step; only rank 0 samples. v1: a separate scheduler "
               "process publishes incremental diffs over the shared-memory ring, planning step t+1 "
               "while step t runs; every rank samples.\n")
-    md.append("Times in ms. *GPU idle* is iteration time minus forward time (device time by "
-              "CUDA events on the cuda backend; host time on the cpu backend).\n")
+    md.append("Times in ms. *Forward* is GPU time by CUDA events on the cuda backend (host time on "
+              "the cpu backend). *GPU idle* on the cuda backend is measured by CUDA events: from "
+              "the previous step's last operation to this step's first (v0: rank 0, so it includes "
+              "the batch broadcast); on the cpu backend it is iteration time minus forward time. "
+              "v1 workers are pipelined (step t+1 is launched while step t runs; "
+              "`--pipeline=false` turns that off).\n")
     for tp in tps:
         md.append(f"\n## TP = {tp}\n")
         md.append("### v0: rank 0's scheduling overhead\n")
