@@ -19,6 +19,31 @@ int VisibleDeviceCount(std::string* why_none) {
   return n;
 }
 
+bool AllPeersReachable(int n, std::string* desc) {
+  bool ok = true;
+  std::string names, missing;
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
+      names += (i ? ", " : "") + std::to_string(i) + ": " + prop.name;
+    }
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, i, j) != cudaSuccess || !can) {
+        cudaGetLastError();
+        ok = false;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(i) + "->" + std::to_string(j);
+      }
+    }
+  }
+  if (desc) {
+    *desc = "GPUs [" + names + "]; peer access " +
+            (ok ? std::string("between every pair") : "missing for " + missing);
+  }
+  return ok;
+}
+
 absl::StatusOr<Stream> Stream::Create(int priority) {
   cudaStream_t s = nullptr;
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));

@@ -15,6 +15,10 @@ namespace symtp::cuda {
 // Number of visible devices; 0 (not an error) when there is no driver or no
 // device, so callers can skip GPU work with a reason.
 int VisibleDeviceCount(std::string* why_none = nullptr);
+// Whether each of the first n visible devices can access every other one
+// directly (cudaDeviceCanAccessPeer, both directions). `desc` gets the
+// devices' names and the pairs that cannot. Creates no context.
+bool AllPeersReachable(int n, std::string* desc);
 
 class Stream {
  public:

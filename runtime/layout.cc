@@ -5,6 +5,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "runtime/launcher.h"
 #include "runtime/shm_host_comm.h"
@@ -83,6 +84,16 @@ absl::Status ResolveBackend(JobOptions* opts) {
         gpus == 0 ? absl::StrCat(" (", why, ")") : std::string(), "; use --backend=cpu"));
   }
   opts->resolved_backend = "cuda";
+#if defined(SYMTP_HAVE_CUDA)
+  std::string peers;
+  if (cuda::AllPeersReachable(opts->tp, &peers)) {
+    SYMTP_LOG(INFO, "launch") << "backend cuda, tp " << opts->tp << ": " << peers;
+  } else {
+    SYMTP_LOG(WARN, "launch") << "backend cuda, tp " << opts->tp << ": " << peers
+                              << "; the custom all-reduce needs peer access and will fall back "
+                                 "to NCCL (which routes through host memory where it must)";
+  }
+#endif
   return absl::OkStatus();
 }
 

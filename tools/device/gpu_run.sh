@@ -2,7 +2,7 @@
 # One command for a GPU run on the device machine (see docs/DEVICE.md):
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
-#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode overlap report";
+#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode overlap report";
 #   GPU_TEST_REGEX limits the gpu tests (ctest -R).
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
@@ -115,6 +115,12 @@ open(os.path.join(d, "ardecode.md"), "w").write(md)
 json.dump(res, open(os.path.join(d, "ardecode.json"), "w"), indent=1)
 print(md)
 PY
+fi
+if has decode; then
+  step "decode step sweep (presets x TP x graphs x batch)"
+  SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-1 2}" \
+    --overrides "${DECODE_OVERRIDES:-layers=4}" --out "$R/decode" >"$R/decode.log" 2>&1
+  tail -40 "$R/decode.log" | tee -a "$LOG"
 fi
 if has overlap; then
   step "overlap"
