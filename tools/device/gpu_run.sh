@@ -2,7 +2,7 @@
 # One command for a GPU run on the device machine (see docs/DEVICE.md):
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
-#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode overlap report";
+#   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode fault overlap report";
 #   GPU_TEST_REGEX limits the gpu tests (ctest -R).
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
@@ -121,6 +121,36 @@ if has decode; then
   SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-1 2}" \
     --overrides "${DECODE_OVERRIDES:-layers=4}" --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
+fi
+if has fault; then
+  # Kill one worker mid-decode on GPUs: the job must end (non-zero, naming the
+  # worker) within ~1 s of the death, with no process, shared memory or GPU
+  # context left behind.
+  step "fault: SIGKILL a worker mid-decode (tp ${FAULT_TP:-2})"
+  tp=${FAULT_TP:-2}
+  d=$R/fault
+  mkdir -p "$d"
+  ls /dev/shm | grep -c symtp >"$d/shm_before.txt" || true
+  $B/tools/symtp launch --backend=cuda --tp=$tp --model=llama-8b-shape --model-overrides=layers=4 \
+    --steady-batch=64 --max-batch=64 --steady-context=512 --steady-steps=100000 --progress=false \
+    --out="$d/run" >"$d/launch.log" 2>&1 &
+  lp=$!
+  sleep 25
+  victim=$(pgrep -f "symtp worker.*--rank=$((tp - 1))" | head -1)
+  [[ -z $victim ]] && victim=$(pgrep -P "$lp" | tail -1)
+  t_kill=$(date +%s.%N)
+  kill -9 "$victim" 2>/dev/null
+  timeout 30 tail --pid="$lp" -f /dev/null
+  wait "$lp"; rc=$?
+  t_end=$(date +%s.%N)
+  sleep 1
+  {
+    echo "killed pid $victim; launcher exit $rc after $(awk "BEGIN{print $t_end - $t_kill}") s"
+    echo "symtp processes left: $(pgrep -fc 'symtp (worker|scheduler)' || true)"
+    echo "symtp shm segments before/after: $(cat "$d/shm_before.txt") / $(ls /dev/shm | grep -c symtp)"
+    echo "GPU processes: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
+    tail -n 3 "$d/launch.log"
+  } | tee "$d/fault.txt" | tee -a "$LOG"
 fi
 if has overlap; then
   step "overlap"
