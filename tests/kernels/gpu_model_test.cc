@@ -191,6 +191,75 @@ TEST_F(GpuModelTest, SmallTwoLayersGreedyDecode16StepsMatchesCpu) {
   GreedyDecode(Cfg("small", "layers=2"), stream());
 }
 
+// The pipelined worker's use: step t + 1 is enqueued before step t's tokens
+// are read (they reach step t + 1 on the device); step t's host tokens stay
+// readable through host_tokens_of(t) while step t + 1 runs, and must equal
+// the CPU reference's greedy tokens. Graphs on, fp32.
+TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
+  const model::ModelConfig cfg = Cfg("tiny");
+  const int V = cfg.vocab;
+  constexpr int kSteps = 14;
+  // The CPU reference, one step at a time.
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
+    ASSERT_OK(cpu);
+    SimBatch sim(cfg, kBlocks, 11);
+    for (int p : {7, 30, 2, 17, 9}) sim.AddSequence(p, cfg.vocab);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<int> rows;
+      auto b = sim.NextStep(64, &rows);
+      ASSERT_OK(b);
+      std::vector<float> logits;
+      ASSERT_OK(cpu->Forward(*b, &logits));
+      std::vector<int32_t> next(b->sample_index.size());
+      for (size_t i = 0; i < next.size(); ++i) {
+        next[i] = model::ArgMax(absl::MakeConstSpan(logits.data() + i * V, V));
+      }
+      sim.Commit(rows, next);
+      want.push_back(next);
+    }
+  }
+  auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, true), nullptr);
+  ASSERT_OK(gpu);
+  SimBatch sim(cfg, kBlocks, 11);
+  for (int p : {7, 30, 2, 17, 9}) sim.AddSequence(p, cfg.vocab);
+  std::vector<cuda::Event> done;
+  for (int i = 0; i < 2; ++i) {
+    auto e = cuda::Event::Create();
+    ASSERT_OK(e);
+    done.push_back(std::move(*e));
+  }
+  std::vector<int> prev_rows;
+  auto check = [&](int step) {
+    ASSERT_EQ(cudaEventSynchronize(done[step % 2].get()), cudaSuccess);
+    auto toks = gpu->host_tokens_of(step);
+    EXPECT_EQ(std::vector<int32_t>(toks.begin(), toks.end()), want[step]) << "step " << step;
+  };
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<int> rows;
+    auto b = sim.NextStep(64, &rows);
+    ASSERT_OK(b);
+    StepOptions so;
+    so.sampling.assign(b->sample_index.size(), model::SamplingParams{});
+    BatchInput in = *b;
+    if (step > 0) {
+      so.token_from_prev_sample.assign(prev_rows.begin(), prev_rows.end());
+      std::fill(in.tokens.begin(), in.tokens.end(), 0);  // still on the device
+    }
+    ASSERT_OK(gpu->Forward(in, stream(), so));
+    ASSERT_EQ(cudaEventRecord(done[step % 2].get(), stream()), cudaSuccess);
+    EXPECT_EQ(gpu->steps_enqueued(), step + 1);
+    // Placeholders: the host does not wait for this step's tokens.
+    sim.Commit(rows, std::vector<int32_t>(rows.size(), 0));
+    prev_rows.assign(rows.begin(), rows.end());
+    if (step > 0) check(step - 1);
+    if (step > 1) EXPECT_TRUE(gpu->host_tokens_of(step - 2).empty()) << "out of the window";
+  }
+  check(kSteps - 1);
+  EXPECT_GT(gpu->graph_stats().replays, 0);
+}
+
 // Two models, graphs on and off, fed the same steps (each forwards its own
 // device samples): logits and tokens must be bitwise equal at every step.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
