@@ -98,6 +98,7 @@ class CudaBackend : public Backend {
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.num_buckets = opts.buckets;
+    mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;

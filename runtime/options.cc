@@ -160,6 +160,7 @@ const std::map<std::string, Flag>& Flags() {
       {"num-kv-blocks", {Int(&JobOptions::num_kv_blocks, 0, 1 << 28), Get(&JobOptions::num_kv_blocks), "KV blocks (0: derived)"}},
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
+      {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
       {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},
       {"pipeline", {Bool(&JobOptions::pipeline), Get(&JobOptions::pipeline), "v1 workers launch step t+1 while step t runs (false: one step at a time)"}},
       {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},

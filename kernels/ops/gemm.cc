@@ -16,7 +16,7 @@ namespace {
 // W' = W viewed column-major [K,N] transposed (op T) and A' = A viewed
 // column-major [K,M] (op N): cuBLAS m = N, n = M, k = K.
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, size_t,
-                           int, int, int>;
+                           int, int, int, int>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -95,6 +95,13 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   s = check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)),
             "set TRANSB");
   if (!s.ok()) return fail(s);
+  if (g.sm_count_target > 0) {
+    const int32_t sms = g.sm_count_target;
+    s = check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
+                                             sizeof(sms)),
+              "set SM_COUNT_TARGET");
+    if (!s.ok()) return fail(s);
+  }
   s = check(cublasLtMatrixLayoutCreate(&p.w, in, static_cast<uint64_t>(g.k),
                                        static_cast<uint64_t>(g.n), ldw),
             "layout W");
@@ -169,7 +176,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
                     g.workspace_bytes,
                     AlignmentOf(g.a),
                     AlignmentOf(g.w),
-                    AlignmentOf(g.c)};
+                    AlignmentOf(g.c),
+                    g.sm_count_target};
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
     SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc));

@@ -57,6 +57,9 @@ struct GemmArgs {
   DType out_dtype = DType::kBF16;  // C: in_dtype, or kF32 with bf16 inputs
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // > 0: ask cuBLASLt to run on at most this many SMs (leaves the rest to a
+  // kernel running beside it, e.g. an all-reduce on a side stream).
+  int sm_count_target = 0;
 };
 
 // Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a

@@ -120,6 +120,7 @@ struct GpuModel::State {
   DType dt = DType::kBF16;
   size_t esz = 2;
   int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
+  int num_sms = 0;
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
   std::vector<int> graph_sizes;
@@ -190,7 +191,7 @@ struct GpuModel::State {
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
                            cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
-                    cudaStream_t s);
+                    cudaStream_t s, int sm_count_target = 0);
   absl::Status Mark(int cls, cudaStream_t s);
 };
 
@@ -203,7 +204,7 @@ std::vector<int> DefaultGraphSizes() {
 }  // namespace
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
-                                   DType out_dt, cudaStream_t s) {
+                                   DType out_dt, cudaStream_t s, int sm_count_target) {
   kernels::GemmArgs g;
   g.a = a;
   g.w = w;
@@ -215,6 +216,7 @@ absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m,
   g.out_dtype = out_dt;
   g.workspace = gemm_ws;
   g.workspace_bytes = opt.gemm_workspace_bytes;
+  g.sm_count_target = sm_count_target;
   return kernels::Gemm(gemm, g, s);
 }
 
@@ -259,8 +261,11 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
     const int n1 = std::min(H, n0 + per);
     const int width = n1 - n0;
     void* tb = Offset(bucket_tmp, static_cast<size_t>(rows) * n0 * esz);
+    const int sms = b > 0 && reduce && opt.bucket_gemm_sm_margin > 0
+                        ? std::max(1, num_sms - opt.bucket_gemm_sm_margin)
+                        : 0;
     SYMTP_RETURN_IF_ERROR(Gemm(in, Offset(w, static_cast<size_t>(n0) * k * esz), tb, rows, width,
-                               k, dt, s));
+                               k, dt, s, sms));
     // Edge in: the side stream waits for exactly this bucket's GEMM.
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_gemm[b].get(), s));
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_gemm[b].get(), 0));
@@ -645,6 +650,7 @@ absl::Status GpuModel::State::Init() {
         absl::StrCat("GpuModel: dtype must be float or bfloat16, got ", kernels::DTypeName(dt)));
   }
   esz = kernels::DTypeSize(dt);
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   H = cfg.hidden;
   D = cfg.head_dim;
   NHl = layout.q_heads_local;
@@ -664,7 +670,7 @@ absl::Status GpuModel::State::Init() {
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
   }
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
-  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
+  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 || opt.bucket_gemm_sm_margin < 0 ||
       opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "

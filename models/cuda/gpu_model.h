@@ -66,6 +66,9 @@ struct GpuModelOptions {
   int max_sampled_rows = 0;
   // K of the bucketed row-parallel all-reduce (1: no overlap).
   int num_buckets = 1;
+  // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
+  // all-reduce) are asked to leave this many SMs free for it (0: all SMs).
+  int bucket_gemm_sm_margin = 0;
   // Decode batches (one token per sequence, every sequence sampled in
   // order) of up to the largest graph batch size are padded to the next
   // graph batch size (eager too, so graph and eager compute the same bits);

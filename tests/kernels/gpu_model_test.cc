@@ -418,10 +418,14 @@ TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
   ASSERT_OK(cpu);
   GpuModelOptions o4 = Opts(DType::kF32, true), o1 = Opts(DType::kF32, true);
   o4.num_buckets = 4;
+  GpuModelOptions o4m = o4;
+  o4m.bucket_gemm_sm_margin = 100;  // bucket GEMMs 1..3 on at most 32 SMs of an H200
   NcclComm* c = comm.value().get();
   auto g4 = GpuModel::Create(cfg, 0, 1, 0, o4, c);
+  auto g4m = GpuModel::Create(cfg, 0, 1, 0, o4m, c);
   auto g1 = GpuModel::Create(cfg, 0, 1, 0, o1, c);
   ASSERT_OK(g4);
+  ASSERT_OK(g4m);
   ASSERT_OK(g1);
   SimBatch sim(cfg, kBlocks, 5);
   for (int p : {33, 8, 21}) sim.AddSequence(p, cfg.vocab);
@@ -434,6 +438,9 @@ TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
     ASSERT_OK(g4->Forward(*batch, stream()));
     ASSERT_OK(g4->WaitForStep(Deadline::AfterMs(60'000)));
     testing::CheckClose(HostLogits(*g4), testing::ToDouble(want), 1e-4, "K=4");
+    ASSERT_OK(g4m->Forward(*batch, stream()));
+    ASSERT_OK(g4m->WaitForStep(Deadline::AfterMs(60'000)));
+    testing::CheckClose(HostLogits(*g4m), testing::ToDouble(want), 1e-4, "K=4, SM margin");
     ASSERT_OK(g1->Forward(*batch, stream()));
     ASSERT_OK(g1->WaitForStep(Deadline::AfterMs(60'000)));
     testing::CheckClose(HostLogits(*g1), testing::ToDouble(want), 1e-4, "K=1");

@@ -155,7 +155,7 @@ fi
 if has overlap; then
   step "overlap"
   SYMTP_BIN=$B/tools/symtp timeout 300 tools/overlap.sh --tp 2 --k 4 --model llama-70b-shape \
-    --overrides "${OVERLAP_OVERRIDES:-layers=4}" --out "$R/overlap" >"$R/overlap.log" 2>&1
+    --overrides "${OVERLAP_OVERRIDES:-layers=4}" --out "$R/overlap" ${OVERLAP_EXTRA:+-- $OVERLAP_EXTRA} >"$R/overlap.log" 2>&1
   tail -12 "$R/overlap.log" | tee -a "$LOG"
 fi
 if has report && [[ -x tools/report.sh ]]; then
