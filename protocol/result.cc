@@ -44,6 +44,10 @@ size_t EncodePayload(const StepResult& r, uint8_t* p) {
   w.Varint(r.timings.sample_ns);
   w.Varint(r.timings.total_ns);
   w.Varint(r.timings.gpu_idle_ns);
+  w.Varint(r.timings.recv_at_ns);
+  w.Varint(r.timings.launch_at_ns);
+  w.Varint(r.timings.collect_at_ns);
+  w.Varint(r.timings.result_at_ns);
   w.Varint(r.sampled.size());
   uint64_t prev = 0;
   for (const SampledToken& t : r.sampled) {
@@ -67,6 +71,10 @@ absl::Status DecodePayload(Reader& rd, StepResult* r) {
   if (!(s = rd.Varint(&r->timings.sample_ns, "timings.sample_ns")).ok()) return s;
   if (!(s = rd.Varint(&r->timings.total_ns, "timings.total_ns")).ok()) return s;
   if (!(s = rd.Varint(&r->timings.gpu_idle_ns, "timings.gpu_idle_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.recv_at_ns, "timings.recv_at_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.launch_at_ns, "timings.launch_at_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.collect_at_ns, "timings.collect_at_ns")).ok()) return s;
+  if (!(s = rd.Varint(&r->timings.result_at_ns, "timings.result_at_ns")).ok()) return s;
   uint64_t n;
   if (!(s = rd.Count(&n, kMaxEntriesPerList, 2, "sampled.count")).ok()) return s;
   r->sampled.resize(n);
@@ -85,8 +93,14 @@ absl::Status DecodePayload(Reader& rd, StepResult* r) {
   return absl::OkStatus();
 }
 
+// Varints before the tokens: rank, the 11 PhaseTimings fields, the count.
+constexpr size_t kFixedVarints = 1 + 11 + 1;
+static_assert(sizeof(PhaseTimings) == 11 * sizeof(uint64_t),
+              "PhaseTimings changed: update EncodePayload, DecodeResult and kFixedVarints");
+
 size_t MaxPayload(const StepResult& r) {
-  return 7 * wire::kMaxVarint64 + 8 + r.sampled.size() * (wire::kMaxVarint64 + wire::kMaxVarint32);
+  return kFixedVarints * wire::kMaxVarint64 + 8 +
+         r.sampled.size() * (wire::kMaxVarint64 + wire::kMaxVarint32);
 }
 
 }  // namespace

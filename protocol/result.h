@@ -30,6 +30,10 @@ struct PhaseTimings {
   uint64_t sample_ns = 0;
   uint64_t total_ns = 0;
   uint64_t gpu_idle_ns = 0;  // GPU idle before this step by events (0: unknown / CPU)
+  // Absolute CLOCK_MONOTONIC times (one clock for every process of a host):
+  // the diff received, the step launched, its outputs collected, the result
+  // about to be published. 0: unknown.
+  uint64_t recv_at_ns = 0, launch_at_ns = 0, collect_at_ns = 0, result_at_ns = 0;
   friend bool operator==(const PhaseTimings&, const PhaseTimings&) = default;
 };
 

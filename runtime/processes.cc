@@ -147,6 +147,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
       }
       int64_t done = MonotonicNs();
       rec.done_at_ns = done;
+      int64_t result_at = 0;
       for (const proto::StepResult& res : rank_results) {
         rec.recv_wait_ns = std::max<int64_t>(rec.recv_wait_ns, res.timings.recv_wait_ns);
         rec.apply_ns = std::max<int64_t>(rec.apply_ns, res.timings.apply_ns);
@@ -154,11 +155,24 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
         rec.forward_ns = std::max<int64_t>(rec.forward_ns, res.timings.forward_ns);
         rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
         rec.gpu_idle_ns = std::max<int64_t>(rec.gpu_idle_ns, res.timings.gpu_idle_ns);
+        const proto::PhaseTimings& pt = res.timings;
+        if (!opts.trace_file.empty()) rec.ranks.push_back(RankPhases{static_cast<int64_t>(pt.recv_at_ns),
+                                       static_cast<int64_t>(pt.recv_wait_ns),
+                                       static_cast<int64_t>(pt.apply_ns),
+                                       static_cast<int64_t>(pt.build_ns),
+                                       static_cast<int64_t>(pt.launch_at_ns),
+                                       static_cast<int64_t>(pt.collect_at_ns),
+                                       static_cast<int64_t>(pt.result_at_ns),
+                                       static_cast<int64_t>(pt.forward_ns)});
+        result_at = std::max<int64_t>(result_at, static_cast<int64_t>(pt.result_at_ns));
         rec.worker_total_ns = std::max<int64_t>(rec.worker_total_ns, res.timings.total_ns);
         rec.worker_iter_ns = std::max<int64_t>(
             rec.worker_iter_ns, res.timings.recv_wait_ns + res.timings.total_ns);
       }
-      rec.result_return_ns = std::max<int64_t>(0, done - (rec.published_at_ns + rec.worker_total_ns));
+      // Results in minus the last rank's publish (one clock for all processes).
+      rec.result_return_ns = result_at > 0
+                                 ? std::max<int64_t>(0, done - result_at)
+                                 : std::max<int64_t>(0, done - (rec.published_at_ns + rec.worker_total_ns));
       // The workers report GPU time by events as their forward time on CUDA.
       if (opts.resolved_backend == "cuda") rec.device_forward_ns = rec.forward_ns;
       SYMTP_RETURN_IF_ERROR(sched.OnStepResults(rank_results, done));
@@ -259,7 +273,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
     std::vector<uint64_t> ids;
     std::vector<int32_t> positions;
     uint64_t digest = 0;
-    int64_t recv_wait_ns = 0, apply_ns = 0, build_ns = 0, received_at = 0;
+    int64_t recv_wait_ns = 0, apply_ns = 0, build_ns = 0, received_at = 0, launched_at = 0;
   };
   struct Confirm {
     std::vector<uint64_t> ids;
@@ -298,6 +312,9 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
     result.sampled.resize(l.ids.size());
     for (size_t i = 0; i < l.ids.size(); ++i) result.sampled[i] = {l.ids[i], c.tokens[i]};
     const int64_t now = MonotonicNs();
+    result.timings.recv_at_ns = static_cast<uint64_t>(l.received_at);
+    result.timings.launch_at_ns = static_cast<uint64_t>(l.launched_at);
+    result.timings.collect_at_ns = static_cast<uint64_t>(now);
     result.timings.recv_wait_ns = l.recv_wait_ns;
     result.timings.apply_ns = l.apply_ns;
     result.timings.build_ns = l.build_ns;
@@ -309,6 +326,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
     result.timings.total_ns =
         last_publish_ns > 0 ? std::max<int64_t>(0, now - last_publish_ns - l.recv_wait_ns)
                             : now - l.received_at;
+    result.timings.result_at_ns = static_cast<uint64_t>(MonotonicNs());
     SYMTP_RETURN_IF_ERROR(proto::EncodeResult(result, &out));
     SYMTP_RETURN_IF_ERROR_CTX(results.Publish(out, step_deadline()), "publishing the step result");
     last_publish_ns = MonotonicNs();
@@ -379,6 +397,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
     l.apply_ns = t2 - t1;
     l.build_ns = t3 - t2;
     l.received_at = t1;
+    l.launched_at = t3;
     prev_samples.clear();
     for (size_t i = 0; i < l.ids.size(); ++i) {
       prev_samples[l.ids[i]] = {l.positions[i], static_cast<int32_t>(i)};

@@ -141,21 +141,63 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "prompts.jsonl", lines));
   }
   if (!o.trace_file.empty()) {
-    // Chrome trace: scheduler phases exact; worker phases are the per-step
-    // maxima over ranks, laid end to end before the results came back.
+    // Chrome trace (chrome://tracing, ui.perfetto.dev). The scheduler's
+    // phases are exact. v1: each rank's phases come from its own absolute
+    // CLOCK_MONOTONIC stamps (one clock for every process of the host); the
+    // GPU row shows the step's GPU time by events, ending when the worker
+    // collected it (its true end is at most that). v0 (no per-rank stamps):
+    // the worker phases are the per-step maxima laid end to end.
     std::string ev = "{\"traceEvents\":[\n";
     bool first = true;
     auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, uint64_t step) {
+      if (ts < in.start_ns) {  // e.g. waiting for the first diff since start-up
+        dur -= in.start_ns - ts;
+        ts = in.start_ns;
+      }
       if (dur <= 0) return;
       absl::StrAppendFormat(&ev, "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d}}",
                             first ? "" : ",\n", name, tid, (ts - in.start_ns) / 1e3, dur / 1e3, step);
       first = false;
     };
+    auto thread_name = [&](int tid, const std::string& name) {
+      absl::StrAppendFormat(&ev, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                            first ? "" : ",\n", tid, name);
+      first = false;
+    };
+    thread_name(0, o.mode == "v0" ? "rank 0 (scheduler inline)" : "scheduler");
+    bool per_rank = false;
+    for (const StepRecord& s : in.steps) per_rank = per_rank || !s.ranks.empty();
+    if (per_rank) {
+      for (int r = 0; r < o.tp; ++r) {
+        thread_name(1 + 2 * r, absl::StrCat("worker rank ", r));
+        thread_name(2 + 2 * r, absl::StrCat("rank ", r, " device"));
+      }
+    } else {
+      thread_name(1, "workers (max over ranks)");
+    }
     for (const StepRecord& s : in.steps) {
       int64_t t = s.plan_start_ns;
       add("schedule", 0, t, s.schedule_ns, s.step);
       add(o.mode == "v0" ? "build batch" : "encode", 0, t + s.schedule_ns, s.encode_ns, s.step);
       add(o.mode == "v0" ? "broadcast" : "publish", 0, t + s.schedule_ns + s.encode_ns, s.publish_ns, s.step);
+      if (!s.ranks.empty()) {
+        int64_t last_result = 0;
+        for (size_t r = 0; r < s.ranks.size(); ++r) {
+          const RankPhases& p = s.ranks[r];
+          const int tid = 1 + 2 * static_cast<int>(r);
+          add("wait for diff", tid, p.recv_at_ns - p.recv_wait_ns, p.recv_wait_ns, s.step);
+          add("apply", tid, p.recv_at_ns, p.apply_ns, s.step);
+          add("build inputs", tid, p.recv_at_ns + p.apply_ns, p.build_ns, s.step);
+          if (p.launch_at_ns > 0) add("launch", tid, p.launch_at_ns, 1000, s.step);  // a 1 us mark
+          add("collect + result", tid, p.collect_at_ns, p.result_at_ns - p.collect_at_ns + 1000,
+              s.step);
+          add("forward (GPU time)", tid + 1, p.collect_at_ns - p.device_forward_ns,
+              p.device_forward_ns, s.step);
+          last_result = std::max(last_result, p.result_at_ns);
+        }
+        add("results in", 0, last_result, s.done_at_ns - last_result, s.step);
+        continue;
+      }
       int64_t end = s.done_at_ns - s.result_return_ns;
       int64_t w = end - s.sample_ns - s.forward_ns - s.build_ns - s.apply_ns;
       add("apply", 1, w, s.apply_ns, s.step);
@@ -164,7 +206,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       add("sample", 1, end - s.sample_ns, s.sample_ns, s.step);
       add("return", 0, end, s.result_return_ns, s.step);
     }
-    absl::StrAppend(&ev, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tid0\":\"scheduler\",\"tid1\":\"workers (max over ranks)\"}}\n");
+    absl::StrAppend(&ev, "\n],\"displayTimeUnit\":\"ms\"}\n");
     SYMTP_RETURN_IF_ERROR(WriteFile(o.trace_file, ev));
   }
   return absl::OkStatus();

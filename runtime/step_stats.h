@@ -11,6 +11,12 @@
 
 namespace symtp::runtime {
 
+// One rank's view of a step (v1), absolute CLOCK_MONOTONIC times.
+struct RankPhases {
+  int64_t recv_at_ns = 0, recv_wait_ns = 0, apply_ns = 0, build_ns = 0, launch_at_ns = 0,
+          collect_at_ns = 0, result_at_ns = 0, device_forward_ns = 0;
+};
+
 struct StepRecord {
   uint64_t step = 0;
   int32_t num_seqs = 0, num_tokens = 0, num_samples = 0;
@@ -28,6 +34,7 @@ struct StepRecord {
   int64_t result_return_ns = 0;  // results in minus worker done (v1)
   int64_t gpu_idle_ns = 0;       // GPU idle before the step by events, max over ranks (0: unknown)
   int64_t worker_iter_ns = 0;    // v1: max over ranks of one worker loop period (wait + work)
+  std::vector<RankPhases> ranks; // v1: per rank, in rank order
 };
 
 struct RequestRecord {

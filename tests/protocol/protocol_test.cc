@@ -341,6 +341,21 @@ TEST(Result, RoundTrip) {
   }
 }
 
+TEST(Result, LargestFieldsFitTheBound) {
+  StepResult r;
+  r.step = ~uint64_t{0} >> 1;
+  r.rank = 7;
+  r.digest = ~uint64_t{0};
+  uint64_t* f = &r.timings.recv_wait_ns;
+  for (size_t i = 0; i < sizeof(PhaseTimings) / sizeof(uint64_t); ++i) f[i] = ~uint64_t{0};
+  for (int i = 0; i < 5; ++i) r.sampled.push_back({~uint64_t{0} - 10 + i, 128255});
+  std::vector<uint8_t> buf;
+  ASSERT_OK(EncodeResult(r, &buf));
+  EXPECT_LE(buf.size(), MaxEncodedResultSize(r));
+  ASSERT_OK_AND_ASSIGN(StepResult back, DecodeResult(buf));
+  EXPECT_EQ(back, r);
+}
+
 TEST(Result, Errors) {
   StepResult r;
   r.step = 9;

@@ -74,7 +74,13 @@ inline StepResult RandomResult(std::mt19937_64& rng) {
   r.rank = static_cast<uint32_t>(U(0, 7));
   r.digest = U(0, ~uint64_t{0});
   r.timings = {U(0, 1000000),   U(0, 10000),  U(0, 100000),
-               U(0, 100000000), U(0, 100000), U(0, 200000000)};
+               U(0, 100000000), U(0, 100000), U(0, 200000000), U(0, 100000)};
+  // Absolute times: large values, sometimes the largest (10-byte varints).
+  const uint64_t big = U(0, 3) == 0 ? ~uint64_t{0} : U(uint64_t{1} << 40, uint64_t{1} << 52);
+  r.timings.recv_at_ns = big;
+  r.timings.launch_at_ns = big - U(0, 1000);
+  r.timings.collect_at_ns = U(0, ~uint64_t{0});
+  r.timings.result_at_ns = big;
   const int n = static_cast<int>(U(0, 300));
   uint64_t id = U(0, 1000);
   for (int i = 0; i < n; ++i) {
