@@ -494,14 +494,19 @@ absl::Status Scheduler::CheckDigests(uint64_t step, absl::Span<const proto::Step
     }
   }
   const proto::StepResult& ref = results[0];
+  // The sampled tokens are compared too: a pipelined worker's digest of step
+  // t covers the tokens of the steps before t only (its tokens are still on
+  // the device when the digest is taken).
   std::vector<uint32_t> bad;
+  bool digests_agree = true;
   for (const proto::StepResult& r : results) {
-    if (r.digest != ref.digest) bad.push_back(r.rank);
+    if (r.digest != ref.digest) digests_agree = false;
+    if (r.digest != ref.digest || r.sampled != ref.sampled) bad.push_back(r.rank);
   }
   if (bad.empty()) return absl::OkStatus();
   std::string detail = "sampled tokens identical; the cached state diverged";
   for (const proto::StepResult& r : results) {
-    if (r.digest == ref.digest) continue;
+    if (r.digest == ref.digest && r.sampled == ref.sampled) continue;
     const size_t n = std::min(r.sampled.size(), ref.sampled.size());
     bool found = false;
     for (size_t i = 0; i < n; ++i) {
@@ -524,6 +529,10 @@ absl::Status Scheduler::CheckDigests(uint64_t step, absl::Span<const proto::Step
       found = true;
     }
     if (found) break;
+  }
+  if (digests_agree) {
+    return absl::InternalError(absl::StrFormat("step %d: sampled tokens differ: ranks [%s] disagree with rank %d (%s)",
+                                               step, absl::StrJoin(bad, ", "), ref.rank, detail));
   }
   return absl::InternalError(absl::StrFormat(
       "step %d: state digest mismatch: rank %d has 0x%016x, ranks [%s] disagree (%s)", step,

@@ -418,6 +418,16 @@ TEST(Scheduler, CheckDigestsNamesStepRanksAndRequest) {
   all[2].sampled[1].token = 11;
   EXPECT_THAT(Scheduler::CheckDigests(12, all),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("sampled tokens identical")));
+  // Equal digests but different tokens (a pipelined worker's digest of step t
+  // does not cover step t's tokens yet): still an error.
+  all[2].digest = 0xabc;
+  all[1].sampled[0].token = 7;
+  EXPECT_THAT(Scheduler::CheckDigests(12, all),
+              StatusIs(absl::StatusCode::kInternal,
+                       ::testing::AllOf(HasSubstr("step 12: sampled tokens differ"),
+                                        HasSubstr("ranks [1] disagree"),
+                                        HasSubstr("request 4 sampled 10 on rank 0, 7 on rank 1"))));
+  all[1].sampled[0].token = 10;
   all[1].step = 13;
   EXPECT_THAT(Scheduler::CheckDigests(12, all),
               StatusIs(absl::StatusCode::kInvalidArgument,
