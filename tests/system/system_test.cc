@@ -199,6 +199,32 @@ TEST_F(SystemTest, TensorParallelTokensMatchTp1Sampled) {
   EXPECT_EQ(tokens[4], tokens[1]);
 }
 
+// Pipelined workers (step t+1 launched before step t's tokens are known)
+// under KV pressure (preemption by recompute), end-of-sequence stops and
+// sampling, at several planning depths: the tokens of the one-step-at-a-time
+// single-rank run. The summary proves preemptions and EOS stops happened.
+TEST_F(SystemTest, PipelinedWorkersUnderPreemptionAndEosMatchUnpipelinedTp1) {
+  const std::string w =
+      "--num-requests=24 --max-batch=12 --num-kv-blocks=16 --temperature=0.8 --seed=11 "
+      "--eos-id=5";
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"ref", "--pipeline=false --max-inflight=1"},
+      {"tp2_d2", "--max-inflight=2"},
+      {"tp4_d3", "--max-inflight=3"},
+      {"tp2_d1", "--max-inflight=1"}};
+  for (const auto& [name, flags] : runs) {
+    const int tp = name == "ref" ? 1 : name[2] - '0';
+    Proc p = Start(Workload(Out(name), tp, absl::StrCat(w, " ", flags)), prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << name << ": " << ReadFile(p.err_path);
+  }
+  const auto ref = ReadTokens(Out("ref"));
+  ASSERT_EQ(ref.size(), 24u);
+  for (const auto& [name, flags] : runs) EXPECT_EQ(ReadTokens(Out(name)), ref) << name;
+  const std::string summary = ReadFile(Out("tp2_d2") + "/summary.json");
+  EXPECT_THAT(summary, ::testing::Not(::testing::HasSubstr("\"preemptions\": 0")));
+}
+
 TEST_F(SystemTest, V0ModeProducesTheSameTokensAsV1) {
   for (const char* mode : {"v1", "v0"}) {
     Proc p = Start(Workload(Out(mode), 2, absl::StrCat("--mode=", mode, " --temperature=0.7 --seed=3")), prefix_);
