@@ -15,6 +15,7 @@
 #include "models/sampling.h"
 #include "runtime/layout.h"
 #include "runtime/options.h"
+#include "scheduler/scheduler.h"
 
 namespace symtp::runtime {
 
@@ -78,6 +79,8 @@ class Backend {
 int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg);
 // The longest sequence (prompt + output) the workload can produce.
 int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg);
+// The scheduler's limits from the flags (v1 scheduler process and v0's rank 0).
+sched::SchedulerConfig JobSchedulerConfig(const JobOptions& opts, const model::ModelConfig& cfg);
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const JobOptions& opts,
                                                           const model::ModelConfig& cfg,

@@ -68,6 +68,18 @@ class CpuBackend : public Backend {
 
 }  // namespace
 
+sched::SchedulerConfig JobSchedulerConfig(const JobOptions& opts, const model::ModelConfig& cfg) {
+  sched::SchedulerConfig sc;
+  sc.max_running_seqs = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
+  sc.max_batched_tokens = opts.max_batched_tokens;
+  sc.num_kv_blocks = NumKvBlocks(opts, cfg);
+  sc.block_size = cfg.block_size;
+  sc.max_seq_len = JobMaxSeqLen(opts, cfg);
+  sc.prefill_chunk = opts.prefill_chunk;
+  sc.max_inflight_steps = opts.mode == "v0" ? 1 : opts.max_inflight;  // v0 is synchronous by design
+  return sc;
+}
+
 int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
   int cap = cfg.max_seq_len;
   int per_seq;

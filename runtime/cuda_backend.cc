@@ -62,6 +62,7 @@ class CudaBackend : public Backend {
     b->device_ = device < 0 ? rank : device;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
     SYMTP_ASSIGN_OR_RETURN(b->stream_, cuda::Stream::Create());
+    SYMTP_ASSIGN_OR_RETURN(b->sync_, cuda::Event::Create());
     for (Slot& sl : b->slots_) {
       SYMTP_ASSIGN_OR_RETURN(sl.start, cuda::Event::Create(/*timing=*/true));
       SYMTP_ASSIGN_OR_RETURN(sl.end, cuda::Event::Create(/*timing=*/true));
@@ -218,7 +219,7 @@ class CudaBackend : public Backend {
 
   // Waits for `ev` with the step deadline, polling the communicator so that a
   // dead peer is an error instead of a hang.
-  absl::Status WaitWithComm(cudaEvent_t ev) {
+  absl::Status WaitWithComm(cudaEvent_t ev, const char* what = "GPU step") {
     Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
     const int64_t spin_start = MonotonicNs();
     bool slow = false;
@@ -229,7 +230,8 @@ class CudaBackend : public Backend {
       if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
       if (d.Expired()) {
         if (comm_) comm_->Abort();
-        return absl::DeadlineExceededError("GPU step did not complete before the step deadline");
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, " did not complete before the step deadline"));
       }
       // Spin while a step is short (the host must notice completion within
       // a microsecond or two: that latency is GPU idle time); back off only
@@ -240,21 +242,10 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Waits for everything enqueued on the stream so far (v0's broadcast).
   absl::Status SyncStream() {
-    SYMTP_ASSIGN_OR_RETURN(cuda::Event ev, cuda::Event::Create());
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.get(), stream_.get()));
-    Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
-    for (int i = 0;; ++i) {
-      cudaError_t e = cudaEventQuery(ev.get());
-      if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-      if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
-      if (d.Expired()) {
-        if (comm_) comm_->Abort();
-        return absl::DeadlineExceededError("broadcast did not complete before the step deadline");
-      }
-      if (i > 2000) usleep(50);
-    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(sync_.get(), stream_.get()));
+    return WaitWithComm(sync_.get(), "broadcast");
   }
 
   JobOptions opts_;
@@ -262,6 +253,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<kernels::DeviceComm> comm_;
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
+  cuda::Event sync_;  // SyncStream's
   // Per launched step (a ring; at most kMaxInFlight in flight, and the
   // previous collected step's events stay intact for the idle measurement).
   struct Slot {

@@ -39,18 +39,6 @@ absl::StatusOr<model::ModelConfig> ResolveModel(const JobOptions& opts) {
   return cfg;
 }
 
-sched::SchedulerConfig MakeSchedulerConfig(const JobOptions& opts, const model::ModelConfig& cfg) {
-  sched::SchedulerConfig sc;
-  sc.max_running_seqs = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
-  sc.max_batched_tokens = opts.max_batched_tokens;
-  sc.num_kv_blocks = NumKvBlocks(opts, cfg);
-  sc.block_size = cfg.block_size;
-  sc.max_seq_len = JobMaxSeqLen(opts, cfg);
-  sc.prefill_chunk = opts.prefill_chunk;
-  sc.max_inflight_steps = opts.mode == "v0" ? 1 : opts.max_inflight;
-  return sc;
-}
-
 // ---------------------------------------------------------------- scheduler
 
 absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
@@ -64,7 +52,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
     results.push_back(std::move(c));
   }
   SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched,
-                         sched::Scheduler::Create(MakeSchedulerConfig(opts, cfg)));
+                         sched::Scheduler::Create(JobSchedulerConfig(opts, cfg)));
   std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
   const int n = static_cast<int>(workload.size());
   const int concurrency = opts.arrival_rate > 0 ? n
@@ -156,14 +144,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
         rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
         rec.gpu_idle_ns = std::max<int64_t>(rec.gpu_idle_ns, res.timings.gpu_idle_ns);
         const proto::PhaseTimings& pt = res.timings;
-        if (!opts.trace_file.empty()) rec.ranks.push_back(RankPhases{static_cast<int64_t>(pt.recv_at_ns),
-                                       static_cast<int64_t>(pt.recv_wait_ns),
-                                       static_cast<int64_t>(pt.apply_ns),
-                                       static_cast<int64_t>(pt.build_ns),
-                                       static_cast<int64_t>(pt.launch_at_ns),
-                                       static_cast<int64_t>(pt.collect_at_ns),
-                                       static_cast<int64_t>(pt.result_at_ns),
-                                       static_cast<int64_t>(pt.forward_ns)});
+        if (!opts.trace_file.empty()) rec.ranks.push_back(pt);
         result_at = std::max<int64_t>(result_at, static_cast<int64_t>(pt.result_at_ns));
         rec.worker_total_ns = std::max<int64_t>(rec.worker_total_ns, res.timings.total_ns);
         rec.worker_iter_ns = std::max<int64_t>(

@@ -183,17 +183,19 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       if (!s.ranks.empty()) {
         int64_t last_result = 0;
         for (size_t r = 0; r < s.ranks.size(); ++r) {
-          const RankPhases& p = s.ranks[r];
+          const proto::PhaseTimings& p = s.ranks[r];
           const int tid = 1 + 2 * static_cast<int>(r);
-          add("wait for diff", tid, p.recv_at_ns - p.recv_wait_ns, p.recv_wait_ns, s.step);
-          add("apply", tid, p.recv_at_ns, p.apply_ns, s.step);
-          add("build inputs", tid, p.recv_at_ns + p.apply_ns, p.build_ns, s.step);
-          if (p.launch_at_ns > 0) add("launch", tid, p.launch_at_ns, 1000, s.step);  // a 1 us mark
-          add("collect + result", tid, p.collect_at_ns, p.result_at_ns - p.collect_at_ns + 1000,
-              s.step);
-          add("forward (GPU time)", tid + 1, p.collect_at_ns - p.device_forward_ns,
-              p.device_forward_ns, s.step);
-          last_result = std::max(last_result, p.result_at_ns);
+          const auto at = [](uint64_t v) { return static_cast<int64_t>(v); };
+          add("wait for diff", tid, at(p.recv_at_ns - p.recv_wait_ns), at(p.recv_wait_ns), s.step);
+          add("apply", tid, at(p.recv_at_ns), at(p.apply_ns), s.step);
+          add("build inputs", tid, at(p.recv_at_ns + p.apply_ns), at(p.build_ns), s.step);
+          if (p.launch_at_ns > 0) add("launch", tid, at(p.launch_at_ns), 1000, s.step);  // a 1 us mark
+          add("collect + result", tid, at(p.collect_at_ns),
+              at(p.result_at_ns) - at(p.collect_at_ns) + 1000, s.step);
+          // forward_ns is the GPU time by events on the cuda backend.
+          add("forward (GPU time)", tid + 1, at(p.collect_at_ns) - at(p.forward_ns),
+              at(p.forward_ns), s.step);
+          last_result = std::max(last_result, at(p.result_at_ns));
         }
         add("results in", 0, last_result, s.done_at_ns - last_result, s.step);
         continue;

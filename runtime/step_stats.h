@@ -6,16 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "protocol/result.h"
+
 #include "absl/status/status.h"
 #include "runtime/options.h"
 
 namespace symtp::runtime {
-
-// One rank's view of a step (v1), absolute CLOCK_MONOTONIC times.
-struct RankPhases {
-  int64_t recv_at_ns = 0, recv_wait_ns = 0, apply_ns = 0, build_ns = 0, launch_at_ns = 0,
-          collect_at_ns = 0, result_at_ns = 0, device_forward_ns = 0;
-};
 
 struct StepRecord {
   uint64_t step = 0;
@@ -34,7 +30,7 @@ struct StepRecord {
   int64_t result_return_ns = 0;  // results in minus worker done (v1)
   int64_t gpu_idle_ns = 0;       // GPU idle before the step by events, max over ranks (0: unknown)
   int64_t worker_iter_ns = 0;    // v1: max over ranks of one worker loop period (wait + work)
-  std::vector<RankPhases> ranks; // v1: per rank, in rank order
+  std::vector<proto::PhaseTimings> ranks;  // v1 with --trace: each rank's, in rank order
 };
 
 struct RequestRecord {

@@ -91,14 +91,7 @@ absl::Status V0Follower(const JobOptions& opts, Backend* backend, JobHandle* job
 
 absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Backend* backend,
                       JobHandle* job) {
-  sched::SchedulerConfig sc;
-  sc.max_running_seqs = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
-  sc.max_batched_tokens = opts.max_batched_tokens;
-  sc.num_kv_blocks = NumKvBlocks(opts, cfg);
-  sc.block_size = cfg.block_size;
-  sc.max_seq_len = JobMaxSeqLen(opts, cfg);
-  sc.prefill_chunk = opts.prefill_chunk;
-  sc.max_inflight_steps = 1;  // v0 is synchronous by design
+  const sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);  // depth 1 for v0
   SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched, sched::Scheduler::Create(sc));
   worker::WorkerStateConfig wc;
   wc.num_kv_blocks = sc.num_kv_blocks;
