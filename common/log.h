@@ -40,6 +40,11 @@ class LogMessage {
   int line_;
   std::ostringstream stream_;
 };
+// Turns `stream << ...` into void so SYMTP_LOG is one expression (safe as the
+// body of an unbraced if/else).
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
 }  // namespace internal
 }  // namespace symtp
 
@@ -49,8 +54,10 @@ class LogMessage {
 #define SYMTP_LOG_LEVEL_DEBUG ::symtp::LogLevel::kDebug
 #define SYMTP_LOG_LEVEL_TRACE ::symtp::LogLevel::kTrace
 
-#define SYMTP_LOG(level, subsystem)                                          \
-  if (!::symtp::LogEnabled(SYMTP_LOG_LEVEL_##level, (subsystem))) {          \
-  } else                                                                     \
-    ::symtp::internal::LogMessage(SYMTP_LOG_LEVEL_##level, (subsystem), __FILE__, __LINE__) \
-        .stream()
+#define SYMTP_LOG(level, subsystem)                                                       \
+  !::symtp::LogEnabled(SYMTP_LOG_LEVEL_##level, (subsystem))                              \
+      ? (void)0                                                                           \
+      : ::symtp::internal::LogVoidify() &                                                 \
+            ::symtp::internal::LogMessage(SYMTP_LOG_LEVEL_##level, (subsystem), __FILE__, \
+                                          __LINE__)                                       \
+                .stream()

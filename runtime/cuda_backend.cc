@@ -100,6 +100,12 @@ class CudaBackend : public Backend {
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
+    if (opts.attention == "tensor-core") {
+      mo.attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
+      mo.attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
+    } else if (opts.attention == "warp-streamed") {
+      mo.attention_decode_kernel = kernels::DecodeKernel::kWarpStreamed;
+    }
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;

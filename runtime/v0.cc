@@ -72,7 +72,7 @@ absl::Status ExtractInput(const V0Header& h, const int32_t* body, model::BatchIn
   return absl::OkStatus();
 }
 
-absl::Status V0Follower(const JobOptions& opts, Backend* backend, JobHandle* job) {
+absl::Status V0Follower(const JobOptions& /*opts*/, Backend* backend, JobHandle* job) {
   std::vector<int32_t> body;
   model::BatchInput in;
   for (;;) {

@@ -7,7 +7,9 @@
 //                   layers of llama-8b / llama-70b shards at TP = 1 and 2
 //                   (weights rotated through a buffer larger than L2)
 //   decode_attn     paged decode attention, context 1024, batch 32..512,
-//                   GB/s of K+V read
+//                   GB/s of K+V read, per decode kernel
+//   prefill_attn    causal attention of one 512- / 4096-token prompt,
+//                   TFLOP/s, tiled vs tensor-core kernel
 //   model_decode    GpuModel (TP = 1) decode step of llama-8b-shape with
 //                   --layers layers (default 4), context 1024, batch 32..512,
 //                   CUDA graphs on and off, time per kernel class (eager)
@@ -97,7 +99,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, model;
+  std::vector<std::string> gemm, attn, prefill_attn, model;
   std::string ceilings, device;
 };
 
@@ -248,8 +250,9 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   std::printf("%-20s %-13s %5s %9s %9s %7s\n", "shape", "kernel", "batch", "us", "GB/s", "%copy");
   for (const Cfg& cf : cfgs) {
     for (kernels::DecodeKernel dk :
-         {kernels::DecodeKernel::kTiled, kernels::DecodeKernel::kWarpStreamed}) {
-      const char* kname = dk == kernels::DecodeKernel::kTiled ? "tiled" : "warp-streamed";
+         {kernels::DecodeKernel::kTiled, kernels::DecodeKernel::kWarpStreamed,
+          kernels::DecodeKernel::kTensorCore}) {
+      const char* kname = kernels::DecodeKernelName(dk);
       for (int batch : {32, 64, 128, 256, 512}) {
         const int blocks_per_seq = ctx / B;
         const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
@@ -372,6 +375,134 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   return absl::OkStatus();
 }
 
+// Prefill attention: one sequence of N tokens from position 0 (causal), the
+// launch GpuModel makes for it (items of MaxAttentionItemTokens tokens, no
+// split), tiled vs tensor-core kernel. Rows checked against a CPU softmax.
+absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) {
+  struct Cfg {
+    const char* name;
+    int nq, nkv, d;
+  } cfgs[] = {{"llama-8b-shape tp1", 32, 8, 128}, {"llama-70b-shape tp2", 32, 4, 128}};
+  const int B = 16;
+  std::printf("\nprefill attention (bf16, one sequence from position 0, causal)\n");
+  std::printf("%-20s %-12s %6s %9s %9s %7s\n", "shape", "kernel", "tokens", "us", "TFLOP/s",
+              "%gemm");
+  for (const Cfg& cf : cfgs) {
+    for (int n : {512, 4096}) {
+      const int nblk = n / B;
+      const int64_t cache_elems = static_cast<int64_t>(n) * cf.nkv * cf.d;
+      const int64_t qstride = static_cast<int64_t>(cf.nq + 2 * cf.nkv) * cf.d;
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer kc, cuda::DeviceBuffer::Create(cache_elems * 2));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer vc, cuda::DeviceBuffer::Create(cache_elems * 2));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer q, cuda::DeviceBuffer::Create(n * qstride * 2));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
+                             cuda::DeviceBuffer::Create(static_cast<size_t>(n) * cf.nq * cf.d * 2));
+      SYMTP_RETURN_IF_ERROR(FillRandom(kc.get(), cache_elems, 15, 1.f, s));
+      SYMTP_RETURN_IF_ERROR(FillRandom(vc.get(), cache_elems, 16, 1.f, s));
+      SYMTP_RETURN_IF_ERROR(FillRandom(q.get(), n * qstride, 17, 1.f, s));
+      std::vector<int32_t> table(nblk), pos(n);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(n));
+      std::iota(pos.begin(), pos.end(), 0);
+      const int per = kernels::MaxAttentionItemTokens(cf.nq, cf.nkv);
+      std::vector<kernels::AttentionItem> items;
+      kernels::BuildAttentionItems(std::vector<int32_t>{0, n}, per, &items);
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, cuda::DeviceBuffer::Create(nblk * 4));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, cuda::DeviceBuffer::Create(n * 4));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
+                             cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tab.get(), table.data(), nblk * 4, cudaMemcpyHostToDevice));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos.get(), pos.data(), n * 4, cudaMemcpyHostToDevice));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(), items.size() * sizeof(items[0]),
+                                      cudaMemcpyHostToDevice));
+      std::vector<uint16_t> hk(cache_elems), hv(cache_elems), hq(n * qstride);
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(hk.data(), kc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(hv.data(), vc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(hq.data(), q.get(), n * qstride * 2, cudaMemcpyDeviceToHost));
+      for (kernels::PrefillKernel pk :
+           {kernels::PrefillKernel::kTiled, kernels::PrefillKernel::kTensorCore}) {
+        const char* kname = kernels::PrefillKernelName(pk);
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out.get(), 0xff, static_cast<size_t>(n) * cf.nq * cf.d * 2, s));
+        kernels::PagedAttentionArgs a;
+        a.q = q.get();
+        a.q_row_stride = qstride;
+        a.k_cache = kc.get();
+        a.v_cache = vc.get();
+        a.out = out.get();
+        a.positions = d_pos.as<int32_t>();
+        a.block_tables = d_tab.as<int32_t>();
+        a.block_table_stride = nblk;
+        a.block_size = B;
+        a.items = d_items.as<kernels::AttentionItem>();
+        a.num_items = static_cast<int>(items.size());
+        a.max_item_tokens = per;
+        a.num_tokens = n;
+        a.num_q_heads = cf.nq;
+        a.num_kv_heads = cf.nkv;
+        a.head_dim = cf.d;
+        a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+        a.prefill_kernel = pk;
+        auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
+        SYMTP_RETURN_IF_ERROR(run(0));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        // Check (token, q head) rows at the start, middle and end.
+        for (const auto& [t, h] : {std::pair{0, 0}, std::pair{n / 2 + 3, cf.nq - 1},
+                                  std::pair{n - 1, 1}}) {
+          const int kvh = h / (cf.nq / cf.nkv);
+          std::vector<uint16_t> o(cf.d);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(
+              o.data(), static_cast<char*>(out.get()) + ((int64_t)t * cf.nq + h) * cf.d * 2,
+              cf.d * 2, cudaMemcpyDeviceToHost));
+          std::vector<double> sc(t + 1), acc(cf.d, 0.0);
+          double mx = -1e300;
+          auto row = [&](const std::vector<uint16_t>& cache, int j) {
+            const int64_t slot = static_cast<int64_t>(table[j / B]) * B + j % B;
+            return cache.data() + (slot * cf.nkv + kvh) * cf.d;
+          };
+          for (int j = 0; j <= t; ++j) {
+            double dot = 0;
+            const uint16_t* kr = row(hk, j);
+            for (int d = 0; d < cf.d; ++d)
+              dot += static_cast<double>(Bf16ToFloat(hq[t * qstride + h * cf.d + d])) *
+                     Bf16ToFloat(kr[d]);
+            sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
+            mx = std::max(mx, sc[j]);
+          }
+          double sum = 0;
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          for (int j = 0; j <= t; ++j) {
+            const uint16_t* vr = row(hv, j);
+            for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vr[d]);
+          }
+          double err = 0, ref = 0;
+          for (int d = 0; d < cf.d; ++d) {
+            err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
+            ref = std::max(ref, std::fabs(acc[d]));
+          }
+          if (!(err <= 2e-2 * ref + 1e-3)) {
+            return absl::InternalError(absl::StrFormat(
+                "prefill attention check failed (%s, %s, %d tokens, token %d head %d): max error "
+                "%g, max |ref| %g",
+                cf.name, kname, n, t, h, err, ref));
+          }
+        }
+        SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 2, n > 1024 ? 5 : 20, run));
+        const double flops = 4.0 * cf.d * cf.nq * (static_cast<double>(n) * (n + 1) / 2);
+        const double tflops = flops / (us * 1e-6) / 1e12;
+        std::printf("%-20s %-12s %6d %9.1f %9.1f %6.1f%%\n", cf.name, kname, n, us, tflops,
+                    100.0 * tflops / c.gemm_tflops);
+        js->prefill_attn.push_back(absl::StrFormat(
+            "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
+            "\"head_dim\": %d, \"tokens\": %d, \"us\": %.2f, \"tflops\": %.2f, "
+            "\"frac_of_gemm_peak\": %.4f}",
+            cf.name, kname, cf.nq, cf.nkv, cf.d, n, us, tflops, tflops / c.gemm_tflops));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                          model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
@@ -387,12 +518,13 @@ absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
     bool graphs;
     kernels::DecodeKernel dk;
   };
+  using kernels::DecodeKernel;
   for (const Mode& mode :
-       {Mode{true, kernels::DecodeKernel::kTiled}, Mode{false, kernels::DecodeKernel::kTiled},
-        Mode{true, kernels::DecodeKernel::kWarpStreamed},
-        Mode{false, kernels::DecodeKernel::kWarpStreamed}}) {
+       {Mode{true, DecodeKernel::kTiled}, Mode{false, DecodeKernel::kTiled},
+        Mode{true, DecodeKernel::kWarpStreamed}, Mode{false, DecodeKernel::kWarpStreamed},
+        Mode{true, DecodeKernel::kTensorCore}, Mode{false, DecodeKernel::kTensorCore}}) {
     const bool graphs = mode.graphs;
-    const char* kname = mode.dk == kernels::DecodeKernel::kTiled ? "tiled" : "warp-streamed";
+    const char* kname = kernels::DecodeKernelName(mode.dk);
     model::GpuModelOptions o;
     o.attention_decode_kernel = mode.dk;
     o.dtype = DType::kBF16;
@@ -514,15 +646,18 @@ absl::Status Run(int argc, char** argv) {
   };
   section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
   section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
+  section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (!skip_model) section("model_decode", BenchModelDecode(layers, stream.get(), &js));
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
     std::fprintf(f,
                  "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
-                 "  \"decode_attention\": %s,\n  \"model_decode\": %s\n}\n",
+                 "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
+                 "  \"model_decode\": %s\n}\n",
                  js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
-                 JoinArr(js.attn).c_str(), JoinArr(js.model).c_str());
+                 JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
+                 JoinArr(js.model).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

@@ -1,6 +1,7 @@
 // Paged attention: argument checks, item planning, dtype dispatch and the
 // split-K merge (kernels/ops/attention.h).
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -38,6 +39,22 @@ __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* 
 }
 
 }  // namespace
+
+const char* DecodeKernelName(DecodeKernel k) {
+  switch (k) {
+    case DecodeKernel::kTiled:
+      return "tiled";
+    case DecodeKernel::kWarpStreamed:
+      return "warp-streamed";
+    case DecodeKernel::kTensorCore:
+      return "tensor-core";
+  }
+  return "?";
+}
+
+const char* PrefillKernelName(PrefillKernel k) {
+  return k == PrefillKernel::kTensorCore ? "tensor-core" : "tiled";
+}
 
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) return 0;
@@ -99,10 +116,18 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
   if (a.num_items == 0 || a.num_tokens == 0) return absl::OkStatus();
   if (a.num_kv_heads > 65535) return absl::InvalidArgumentError("PagedAttention: too many heads");
 
-  const bool warp_decode = a.decode_kernel == DecodeKernel::kWarpStreamed &&
-                           a.max_item_tokens == 1 && a.num_q_heads / a.num_kv_heads <= 8;
+  const bool decode = a.max_item_tokens == 1;
+  // The tensor-core kernel reads q as aligned bf16 pairs.
+  const bool tensor_core =
+      dtype == DType::kBF16 &&
+      (decode ? a.decode_kernel == DecodeKernel::kTensorCore
+              : a.prefill_kernel == PrefillKernel::kTensorCore) &&
+      a.q_row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(a.q) % 4 == 0;
+  const bool warp_decode = decode && a.decode_kernel == DecodeKernel::kWarpStreamed &&
+                           a.num_q_heads / a.num_kv_heads <= 8;
   absl::Status st =
-      dtype == DType::kF32    ? (warp_decode ? internal::LaunchWarpDecodeF32(a, stream)
+      tensor_core             ? internal::LaunchMmaAttentionBF16(a, stream)
+      : dtype == DType::kF32  ? (warp_decode ? internal::LaunchWarpDecodeF32(a, stream)
                                              : internal::LaunchPagedAttentionF32(a, stream))
       : dtype == DType::kBF16 ? (warp_decode ? internal::LaunchWarpDecodeBF16(a, stream)
                                              : internal::LaunchPagedAttentionBF16(a, stream))

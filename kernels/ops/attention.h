@@ -37,15 +37,23 @@ struct AttentionItem {
   int32_t reserved = 0;
 };
 
-// Which kernel runs decode launches (max_item_tokens == 1, group <= 8):
+// Which kernel runs decode launches (max_item_tokens == 1):
 //  - kTiled: the block-tiled kernel that also runs prefill (16-key tiles in
-//    shared memory, 4 barriers per tile). Verified on an H200; 25-40% of the
-//    copy bandwidth at context 1024.
+//    shared memory, 4 barriers per tile, fp32 arithmetic). 17-40% of the copy
+//    bandwidth at context 1024 on an H200.
 //  - kWarpStreamed: each warp streams its own 32-key chunks with no block
-//    barrier in the loop (internal/decode_attention_kernel.cuh). Covered by
-//    the same tests, but NOT YET RUN ON A GPU: opt-in until it has been.
-// Other launches always use the tiled kernel.
-enum class DecodeKernel { kTiled, kWarpStreamed };
+//    barrier in the loop (internal/decode_attention_kernel.cuh; group <= 8,
+//    else tiled). 13-41% of the copy bandwidth on an H200.
+//  - kTensorCore: bf16 only (fp32 launches run the tiled kernel): both
+//    products on mma.sync tensor cores, one warp per 16 rows x 16 keys, no
+//    shared memory in the key loop (internal/mma_attention_kernel.cuh).
+enum class DecodeKernel { kTiled, kWarpStreamed, kTensorCore };
+// Which kernel runs every other launch (prefill, chunked prefill, mixed
+// batches): the tiled kernel, or the tensor-core kernel (bf16 only).
+enum class PrefillKernel { kTiled, kTensorCore };
+
+const char* DecodeKernelName(DecodeKernel k);  // "tiled", "warp-streamed", "tensor-core"
+const char* PrefillKernelName(PrefillKernel k);
 
 struct PagedAttentionArgs {
   // q head h of token t: q + t * q_row_stride + h * head_dim (elements).
@@ -82,6 +90,7 @@ struct PagedAttentionArgs {
   void* workspace = nullptr;  // PagedAttentionWorkspaceBytes(...) bytes when num_splits > 1
   size_t workspace_bytes = 0;
   DecodeKernel decode_kernel = DecodeKernel::kTiled;
+  PrefillKernel prefill_kernel = PrefillKernel::kTiled;
 };
 
 // Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).
@@ -107,6 +116,8 @@ absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t 
 // Warp-streamed decode kernel (decode_attention_f32.cu, decode_attention_bf16.cu).
 absl::Status LaunchWarpDecodeF32(const PagedAttentionArgs& a, cudaStream_t stream);
 absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+// Tensor-core kernel (mma_attention_bf16.cu).
+absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace symtp::kernels

@@ -332,6 +332,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.workspace = attn_ws;
     a.workspace_bytes = attn_ws_bytes;
     a.decode_kernel = opt.attention_decode_kernel;
+    a.prefill_kernel = opt.attention_prefill_kernel;
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
     SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, s));

@@ -83,9 +83,10 @@ struct GpuModelOptions {
   bool host_logits = true;
   // Split-K chunk of decode attention, in positions.
   int attention_split_chunk = 256;
-  // Decode attention kernel (kernels/ops/attention.h): kTiled (verified on
-  // an H200) or kWarpStreamed (faster by design, not yet run on a GPU).
+  // Attention kernels (kernels/ops/attention.h) of decode steps and of
+  // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTiled;
+  kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTiled;
   size_t gemm_workspace_bytes = size_t{32} << 20;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.

@@ -79,7 +79,8 @@ class AttnProblem {
 
   // max_per_item: tokens per item (<= MaxAttentionItemTokens).
   std::vector<float> Run(int num_splits, int chunk, int max_per_item, cudaStream_t stream,
-                         DecodeKernel dk = DecodeKernel::kTiled) {
+                         DecodeKernel dk = DecodeKernel::kTiled,
+                         PrefillKernel pk = PrefillKernel::kTiled) {
     std::vector<AttentionItem> items;
     BuildAttentionItems(seq_start_, max_per_item, &items);
     for (int t = seq_start_.back(); t < T_; ++t) {
@@ -117,6 +118,7 @@ class AttnProblem {
     a.workspace = ws->get();
     a.workspace_bytes = ws_bytes;
     a.decode_kernel = dk;
+    a.prefill_kernel = pk;
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -185,7 +187,9 @@ class AttentionTest : public testing::GpuTest, public ::testing::WithParamInterf
   double Tol() const { return std::get<0>(GetParam()) == DType::kF32 ? 1e-5 : 1e-2; }
 };
 
-const char* Name(DecodeKernel dk) { return dk == DecodeKernel::kTiled ? "tiled" : "warp-streamed"; }
+const char* Name(DecodeKernel dk) { return DecodeKernelName(dk); }
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed,
+                                           DecodeKernel::kTensorCore};
 
 TEST_P(AttentionTest, DecodeNoSplitMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();
@@ -203,7 +207,7 @@ TEST_P(AttentionTest, DecodeNoSplitMatchesReference) {
                  {128, 1},
                  {129, 1}},
                 11, /*pad_rows=*/2);
-  for (DecodeKernel dk : {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed}) {
+  for (DecodeKernel dk : kDecodeKernels) {
     const std::vector<float> got = p.Run(1, 256, 1, stream(), dk);
     testing::CheckClose(got, p.Reference(), Tol(), std::string("decode ") + Name(dk));
   }
@@ -215,7 +219,7 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
                 /*pad_rows=*/1);
   const int chunk = 64;
   const int splits = (p.max_ctx() + chunk - 1) / chunk;
-  for (DecodeKernel dk : {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed}) {
+  for (DecodeKernel dk : kDecodeKernels) {
     SCOPED_TRACE(Name(dk));
     const std::vector<float> got = p.Run(splits, chunk, 1, stream(), dk);
     testing::CheckClose(got, p.Reference(), Tol(), std::string("decode split-K ") + Name(dk));
@@ -236,12 +240,34 @@ TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
   // Fresh prompts, chunks starting mid-sequence, and decode tokens mixed in.
   AttnProblem p(dt, D, nq, nkv, {{0, 37}, {48, 20}, {0, 1}, {100, 70}, {511, 1}, {3, 5}}, 13);
   const int per = MaxAttentionItemTokens(nq, nkv);
-  testing::CheckClose(p.Run(1, 256, per, stream()), p.Reference(), Tol(), "prefill");
-  // Smaller items, and split-K over a mixed batch.
-  testing::CheckClose(p.Run(1, 256, std::max(1, per / 4), stream()), p.Reference(), Tol(),
-                      "prefill small items");
   const int splits = (p.max_ctx() + 63) / 64;  // must cover the longest context
-  testing::CheckClose(p.Run(splits, 64, per, stream()), p.Reference(), Tol(), "prefill split-K");
+  for (PrefillKernel pk : {PrefillKernel::kTiled, PrefillKernel::kTensorCore}) {
+    const std::string k = PrefillKernelName(pk);
+    const auto run = [&](int num_splits, int chunk, int max_per_item) {
+      return p.Run(num_splits, chunk, max_per_item, stream(), DecodeKernel::kTiled, pk);
+    };
+    testing::CheckClose(run(1, 256, per), p.Reference(), Tol(), "prefill " + k);
+    // Smaller items (fewer rows per block), and split-K over a mixed batch.
+    testing::CheckClose(run(1, 256, std::max(1, per / 4)), p.Reference(), Tol(),
+                        "prefill small items " + k);
+    testing::CheckClose(run(1, 256, std::max(1, per / 2)), p.Reference(), Tol(),
+                        "prefill half items " + k);
+    testing::CheckClose(run(splits, 64, per), p.Reference(), Tol(), "prefill split-K " + k);
+  }
+}
+
+// The tensor-core kernel's row groups: rows = tokens x group of 1..64 (one
+// to four row groups, one or two halves), decode tokens of a prefill launch.
+TEST_P(AttentionTest, TensorCorePrefillEveryItemSizeMatchesReference) {
+  const auto [dt, D, nq, nkv] = GetParam();
+  const int per = MaxAttentionItemTokens(nq, nkv);
+  AttnProblem p(dt, D, nq, nkv, {{0, 64}, {30, 33}, {200, 17}, {7, 1}, {64, 9}}, 15,
+                /*pad_rows=*/3);
+  for (int items = 1; items <= per; items = items < 4 ? items + 1 : items * 2) {
+    testing::CheckClose(
+        p.Run(1, 256, items, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+        p.Reference(), Tol(), "tensor-core prefill, tokens per item " + std::to_string(items));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,

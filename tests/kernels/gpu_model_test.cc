@@ -37,6 +37,9 @@ model::ModelConfig Cfg(const char* preset, const char* overrides = "") {
 GpuModelOptions Opts(DType dt, bool graphs, DecodeKernel dk = DecodeKernel::kTiled) {
   GpuModelOptions o;
   o.attention_decode_kernel = dk;
+  // The tensor-core decode kernel is tested with the tensor-core prefill.
+  o.attention_prefill_kernel = dk == DecodeKernel::kTensorCore ? kernels::PrefillKernel::kTensorCore
+                                                               : kernels::PrefillKernel::kTiled;
   o.dtype = dt;
   o.num_kv_blocks = kBlocks;
   o.max_batch_tokens = 256;
@@ -126,6 +129,16 @@ TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
 
 TEST_F(GpuModelTest, SmallTwoLayersBf16LogitsCloseToCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9}, 64, 3, 0, 0.08);
+}
+
+TEST_F(GpuModelTest, TinyBf16TensorCoreAttentionLogitsCloseToCpu) {
+  CompareWithCpu(Cfg("tiny"), DType::kBF16, {5, 17, 33, 1, 70, 9}, 12, 6, 0, 0.08,
+                 DecodeKernel::kTensorCore);
+}
+
+TEST_F(GpuModelTest, SmallTwoLayersBf16TensorCoreAttentionLogitsCloseToCpu) {
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64}, 64, 3, 0, 0.08,
+                 DecodeKernel::kTensorCore);
 }
 
 // 16 greedy decode steps: the GPU samples on the device and feeds its own
@@ -316,6 +329,9 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
 }
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseWarpStreamedBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kWarpStreamed);
+}
+TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseTensorCoreBf16) {
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore);
 }
 TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());

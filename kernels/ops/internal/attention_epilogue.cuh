@@ -1,0 +1,56 @@
+// The end of the warp-streamed and tensor-core attention kernels: merge the
+// per-warp (key-slice) softmax states of every row and store the row the
+// way the tiled kernel does, so the split-K merge kernel serves all three.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops/attention.h"
+#include "kernels/ops/internal/device_utils.cuh"
+
+namespace symtp::kernels::internal {
+
+// Row r (token token_begin + r / group, q head kvh * group + r % group) of
+// slice s has its max, sum and unnormalized accumulator at index
+// s * slice_rows + r of wm / wl and of wacc's D-float rows; a slice that saw
+// no key of the row holds (-inf, 0, 0). Without split-K the normalized row
+// goes to a.out; with it, this split's accumulator and (max, sum) go to the
+// workspace. Call from every thread of the block after a barrier.
+template <typename T, int D>
+__device__ __forceinline__ void MergeSlicesAndStore(const PagedAttentionArgs& a,
+                                                    int64_t token_begin, int kvh, int split,
+                                                    int group, int rows, int nslices,
+                                                    int slice_rows, const float* wm,
+                                                    const float* wl, const float* wacc) {
+  const int64_t out_ld = static_cast<int64_t>(a.num_q_heads) * D;
+  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx - (idx / D) * D;
+    float m = -INFINITY;
+    for (int s = 0; s < nslices; ++s) m = fmaxf(m, wm[s * slice_rows + r]);
+    float num = 0.f, den = 0.f;
+    if (m != -INFINITY) {
+      for (int s = 0; s < nslices; ++s) {
+        const int i = s * slice_rows + r;
+        if (wm[i] == -INFINITY) continue;
+        const float f = expf(wm[i] - m);
+        den = fmaf(wl[i], f, den);
+        num = fmaf(wacc[static_cast<int64_t>(i) * D + d], f, num);
+      }
+    }
+    const int64_t t = token_begin + r / group;
+    const int qh = kvh * group + r % group;
+    if (a.num_splits <= 1) {
+      static_cast<T*>(a.out)[t * out_ld + static_cast<int64_t>(qh) * D + d] =
+          FromFloat<T>(den > 0.f ? num / den : 0.f);
+    } else {
+      float* part = static_cast<float*>(a.workspace);
+      float2* ml = reinterpret_cast<float2*>(part + static_cast<int64_t>(a.num_tokens) *
+                                                        a.num_q_heads * a.num_splits * D);
+      const int64_t b = (t * a.num_q_heads + qh) * a.num_splits + split;
+      part[b * D + d] = num;
+      if (d == 0) ml[b] = make_float2(m, den);
+    }
+  }
+}
+
+}  // namespace symtp::kernels::internal

@@ -1,0 +1,323 @@
+// The tensor-core paged-attention kernel (DecodeKernel::kTensorCore and
+// PrefillKernel::kTensorCore), bf16 only; included by mma_attention_bf16.cu.
+//
+// Same work split and outputs as the tiled kernel (attention_kernel.cuh): a
+// block = (item, kv head, split), rows r = (token i of the item, q head g of
+// the group), R = num_tokens * G <= 64, split-K partials in the same
+// workspace layout so MergeSplitsKernel is shared. The arithmetic differs:
+// both products run on mma.sync.m16n8k16 (bf16 in, fp32 accumulate) with the
+// online softmax in fp32 registers, so a warp handles 16 rows x 16 keys per
+// step with no shared memory and no barrier in the key loop.
+//
+// Warps: the R rows form nrg = 1, 2 or 4 row groups of 16; the 4 warps are
+// nrg row groups x (4 / nrg) key slices (a decode item, R = G <= 16, has 4
+// key slices that interleave 16-key tiles); the slices' (max, sum, acc) are
+// merged through shared memory at the end.
+//
+// Fragments (PTX ISA, mma.m16n8k16 .bf16; lane = 4 * gid + tig):
+//   A 16x16: {a0,a1} = (row gid, cols 2tig..+1), {a2,a3} = (row gid+8, same),
+//            {a4,a5} = (row gid, cols 2tig+8..+9), {a6,a7} = (row gid+8, same)
+//   B 16x8:  {b0,b1} = (rows 2tig..+1, col gid), {b2,b3} = (rows 2tig+8..+9)
+//   C 16x8:  c0,c1 = (row gid, cols 2tig..+1), c2,c3 = (row gid+8, same)
+// A dot product does not care in which order it sums, so the kernel permutes
+// the reduction index to make every global load 16 bytes wide:
+//   S = Q K^T, k-step ks = 2c+h: logical k 2tig+{0,1} is head dim
+//     32c + 8tig + 4h + {0,1} and 2tig+8+{0,1} is 32c + 8tig + 4h + {2,3};
+//     lane (gid, tig) loads dims [32c + 8tig, +8) of the K row of key gid of
+//     the n-tile in one uint4 and Q is gathered in the same order.
+//   O = P V, n-tile j: output column n is head dim n * D/8 + j, so lane
+//     (gid, tig) needs dims [gid * D/8, +D/8) of 4 V rows (keys 2tig, 2tig+1,
+//     2tig+8, 2tig+9): contiguous loads, paired across keys with byte_perm.
+//   P is the C fragment of S re-packed as the A fragment of P V (the
+//     FlashAttention-2 register reuse), rounded to bf16.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/internal/attention_epilogue.cuh"
+#include "kernels/ops/internal/device_utils.cuh"
+
+namespace symtp::kernels::internal {
+
+constexpr int kMmaAttnThreads = 128;
+constexpr int kMmaAttnWarps = kMmaAttnThreads / 32;
+constexpr int kMmaAttnMaxRows = 64;
+constexpr int kMmaKeyTile = 16;
+
+// d = a * b + d, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16x2 register, `lo` in the low half.
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// kWords 32-bit words from `p` (16-, 16- or 8-byte aligned for 8, 4, 2).
+template <int kWords>
+__device__ __forceinline__ void LoadWords(const bf16* p, uint32_t (&w)[kWords]) {
+  static_assert(kWords == 2 || kWords == 4 || kWords == 8, "V slice of 4, 8 or 16 elements");
+  if constexpr (kWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i + 0] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// kTwoHalves: rows gid+8 of a row group exist (R > 8). Decode launches with
+// G <= 8 use false and keep only half the accumulators live.
+template <int D, bool kTwoHalves>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2)
+    MmaAttentionKernel(const PagedAttentionArgs a) {
+  static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+  constexpr int kKS = D / 16;   // k-steps of Q K^T
+  constexpr int kKC = D / 32;   // uint4 per K row per lane
+  constexpr int kNT = D / 8;    // n-tiles of P V = V elements per row per lane
+  constexpr int kVW = kNT / 2;  // 32-bit words of those
+
+  __shared__ float wacc_s[kMmaAttnMaxRows * D];
+  __shared__ float wm_s[kMmaAttnMaxRows];
+  __shared__ float wl_s[kMmaAttnMaxRows];
+
+  const AttentionItem item = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int group = a.num_q_heads / a.num_kv_heads;
+  const int ntok = item.num_tokens;
+  const int rows = ntok * group;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+
+  // The block's key range, as in the tiled kernel.
+  int max_pos = -1;
+  for (int i = lane; i < ntok; i += 32) max_pos = max(max_pos, a.positions[item.token_begin + i]);
+  max_pos = __reduce_max_sync(0xffffffffu, max_pos);
+  const int key_end = max_pos + 1;
+  int kb = 0, ke = key_end;
+  if (a.num_splits > 1) {
+    kb = split * a.split_chunk;
+    ke = min(key_end, kb + a.split_chunk);
+    if (kb >= ke) return;  // block-uniform: nothing in this split; the merge skips it
+  }
+
+  const int nrg = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  const int nslices = kMmaAttnWarps / nrg;
+  const int rg = warp % nrg, slice = warp / nrg;
+  const int r0 = rg * 16 + gid, r1 = r0 + 8;
+  const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
+  const int pos1 = kTwoHalves && r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
+
+  // Q as A fragments (unscaled bf16; the scale is applied to S in fp32).
+  const bf16* q = static_cast<const bf16*>(a.q);
+  auto q_word = [&](int r, int dim) -> uint32_t {
+    if (r >= rows) return 0u;
+    const int64_t tok = item.token_begin + r / group;
+    const int qh = kvh * group + r % group;
+    return *reinterpret_cast<const uint32_t*>(q + tok * a.q_row_stride +
+                                              static_cast<int64_t>(qh) * D + dim);
+  };
+  uint32_t qf[kKS][4];
+#pragma unroll
+  for (int ks = 0; ks < kKS; ++ks) {
+    const int dim = (ks >> 1) * 32 + tig * 8 + (ks & 1) * 4;
+    qf[ks][0] = q_word(r0, dim);
+    qf[ks][2] = q_word(r0, dim + 2);
+    qf[ks][1] = kTwoHalves ? q_word(r1, dim) : 0u;
+    qf[ks][3] = kTwoHalves ? q_word(r1, dim + 2) : 0u;
+  }
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
+  const bf16* kc = static_cast<const bf16*>(a.k_cache);
+  const bf16* vc = static_cast<const bf16*>(a.v_cache);
+  const int bs = a.block_size;
+  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+  auto row_of = [&](const bf16* cache, int key) -> const bf16* {
+    const int64_t slot = static_cast<int64_t>(table[key / bs]) * bs + key % bs;
+    return cache + slot * slot_elems + static_cast<int64_t>(kvh) * D;
+  };
+  const float scale = a.scale;
+
+  // This warp's rows need keys up to their largest position.
+  const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
+
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float o[kNT][kTwoHalves ? 4 : 2];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < (kTwoHalves ? 4 : 2); ++e) o[j][e] = 0.f;
+  }
+
+  for (int t0 = kb + slice * kMmaKeyTile; t0 < warp_end; t0 += nslices * kMmaKeyTile) {
+    // Issue every load of the tile first: K rows t0 + 8nt + gid, V rows
+    // t0 + 2tig + {0, 1, 8, 9}. Keys past warp_end read as zeros.
+    uint4 kr[2][kKC];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int key = t0 + nt * 8 + gid;
+      if (key < warp_end) {
+        const bf16* krow = row_of(kc, key) + tig * 8;
+#pragma unroll
+        for (int c = 0; c < kKC; ++c) kr[nt][c] = __ldg(reinterpret_cast<const uint4*>(krow + c * 32));
+      } else {
+#pragma unroll
+        for (int c = 0; c < kKC; ++c) kr[nt][c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    uint32_t vr[4][kVW];
+#pragma unroll
+    for (int qi = 0; qi < 4; ++qi) {
+      const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
+      if (key < warp_end) {
+        LoadWords<kVW>(row_of(vc, key) + gid * kNT, vr[qi]);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kVW; ++w) vr[qi][w] = 0u;
+      }
+    }
+
+    // S = Q K^T for the two 8-key n-tiles.
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        const uint4 k4 = kr[nt][ks >> 1];
+        const uint32_t b0 = (ks & 1) ? k4.z : k4.x;
+        const uint32_t b1 = (ks & 1) ? k4.w : k4.y;
+        MmaBf16(s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+      }
+    }
+    // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = t0 + nt * 8 + 2 * tig + (e & 1);
+        const int pos = e < 2 ? pos0 : pos1;
+        s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    // Row max over the quad (the 4 lanes of a row), then the online softmax.
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = mn0 == -INFINITY ? 1.f : expf(m0 - mn0);
+    const float al1 = mn1 == -INFINITY ? 1.f : expf(m1 - mn1);
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mn = e < 2 ? mn0 : mn1;
+        s[nt][e] = mn == -INFINITY ? 0.f : expf(s[nt][e] - mn);
+      }
+      ps0 += s[nt][0] + s[nt][1];
+      ps1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * al0 + ps0;
+    l1 = l1 * al1 + ps1;
+    m0 = mn0;
+    m1 = mn1;
+
+    // O = O * alpha + P V.
+    const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]);  // P[r0][keys 2tig, 2tig+1]
+    const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;
+    const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]);  // P[r0][keys 2tig+8, 2tig+9]
+    const uint32_t pa3 = kTwoHalves ? PackBf16x2(s[1][2], s[1][3]) : 0u;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const int w = j >> 1;
+      const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of both
+      const uint32_t b0 = __byte_perm(vr[0][w], vr[1][w], sel);
+      const uint32_t b1 = __byte_perm(vr[2][w], vr[3][w], sel);
+      if constexpr (kTwoHalves) {
+        o[j][0] *= al0;
+        o[j][1] *= al0;
+        o[j][2] *= al1;
+        o[j][3] *= al1;
+        MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
+      } else {
+        float d[4] = {o[j][0] * al0, o[j][1] * al0, 0.f, 0.f};
+        MmaBf16(d, pa0, pa1, pa2, pa3, b0, b1);
+        o[j][0] = d[0];
+        o[j][1] = d[1];
+      }
+    }
+  }
+
+  // Each slice's rows to shared memory: o[j][e] is row (e < 2 ? r0 : r1),
+  // head dim (2tig + (e & 1)) * kNT + j.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int srow = slice * nrg * 16;
+  if (r0 < rows) {
+    if (tig == 0) {
+      wm_s[srow + r0] = m0;
+      wl_s[srow + r0] = l0;
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      wacc_s[(srow + r0) * D + (2 * tig) * kNT + j] = o[j][0];
+      wacc_s[(srow + r0) * D + (2 * tig + 1) * kNT + j] = o[j][1];
+    }
+  }
+  if constexpr (kTwoHalves) {
+    if (r1 < rows) {
+      if (tig == 0) {
+        wm_s[srow + r1] = m1;
+        wl_s[srow + r1] = l1;
+      }
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
+        wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
+      }
+    }
+  }
+  __syncthreads();
+  MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
+                               wm_s, wl_s, wacc_s);
+}
+
+template <int D, bool kTwoHalves>
+absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(a.num_splits));
+  MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, 0, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels::internal

@@ -1,0 +1,24 @@
+// The tensor-core paged-attention kernel (bf16; internal/mma_attention_kernel.cuh).
+#include "kernels/ops/internal/mma_attention_kernel.cuh"
+
+namespace symtp::kernels::internal {
+
+absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const bool two_halves = a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > 8;
+  switch (a.head_dim) {
+    case 32:
+      return two_halves ? LaunchMmaAttentionT<32, true>(a, stream)
+                        : LaunchMmaAttentionT<32, false>(a, stream);
+    case 64:
+      return two_halves ? LaunchMmaAttentionT<64, true>(a, stream)
+                        : LaunchMmaAttentionT<64, false>(a, stream);
+    case 128:
+      return two_halves ? LaunchMmaAttentionT<128, true>(a, stream)
+                        : LaunchMmaAttentionT<128, false>(a, stream);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrFormat("PagedAttention: head_dim %d not supported (32, 64, 128)", a.head_dim));
+  }
+}
+
+}  // namespace symtp::kernels::internal
