@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Per-step decode time sweep: presets x TP x CUDA graphs on/off x batch, steady
+# Per-step decode time sweep: presets x TP x CUDA graphs on/off x attention kernel x batch, steady
 # decode at a fixed context, v1 mode. Writes DIR/decode.md and DIR/decode.json
 # (GPU forward time by CUDA events, median over the steady steps; iteration time).
 #   tools/decode_sweep.sh [--models "llama-8b-shape llama-70b-shape"] [--overrides layers=4]
 #       [--tps "1 2"] [--batches "32 128 256 512"] [--graphs "true false"] [--context 1024]
-#       [--steps 30] [--backend cuda] [--out out/decode]
+#       [--steps 30] [--backend cuda] [--attention "tiled"] [--out out/decode]
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODELS="llama-8b-shape llama-70b-shape" OVERRIDES=layers=4 TPS="1 2" BATCHES="32 128 256 512"
-GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode
+GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tiled
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) MODELS=$2; shift 2;; --overrides) OVERRIDES=$2; shift 2;; --tps) TPS=$2; shift 2;;
     --batches) BATCHES=$2; shift 2;; --graphs) GRAPHS=$2; shift 2;; --context) CONTEXT=$2; shift 2;;
     --steps) STEPS=$2; shift 2;; --backend) BACKEND=$2; shift 2;; --out) OUT=$2; shift 2;;
+    --attention) ATTENTION=$2; shift 2;;
     *) echo "decode_sweep.sh: unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -24,15 +25,17 @@ failed=0
 for m in $MODELS; do
   for tp in $TPS; do
     for g in $GRAPHS; do
+     for att in $ATTENTION; do
       for b in $BATCHES; do
-        dir=$OUT/${m}_tp${tp}_graphs${g}_b$b
-        echo "decode_sweep: $m tp=$tp graphs=$g batch=$b" >&2
+        dir=$OUT/${m}_tp${tp}_graphs${g}_att${att}_b$b
+        echo "decode_sweep: $m tp=$tp graphs=$g attention=$att batch=$b" >&2
         run --backend="$BACKEND" --tp="$tp" --model="$m" --model-overrides="$OVERRIDES" \
-          --cuda-graphs="$g" --steady-batch="$b" --max-batch="$b" --steady-context="$CONTEXT" \
+          --cuda-graphs="$g" --attention="$att" --steady-batch="$b" --max-batch="$b" --steady-context="$CONTEXT" \
           --steady-steps="$STEPS" --warmup-steps=5 --max-batched-tokens=4096 --prefill-chunk=4096 \
           --progress=false --out="$dir" 2>"$dir.log" || { echo "decode_sweep: FAILED, see $dir.log" >&2; failed=1; }
         rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"
       done
+     done
     done
   done
 done
@@ -48,18 +51,19 @@ for name in sorted(os.listdir(out)):
     st = s["steps"]
     model, rest = name.split("_tp")
     tp, rest = rest.split("_graphs")
-    g, b = rest.split("_b")
-    r = dict(model=model, tp=int(tp), graphs=g == "true", batch=int(b),
+    g, rest = rest.split("_att")
+    att, b = rest.rsplit("_b", 1)
+    r = dict(model=model, tp=int(tp), graphs=g == "true", attention=att, batch=int(b),
              forward_ms=(st["decode_forward_us"]["p50"] or 0) / 1e3, iteration_ms=st["iteration_ms"]["p50"],
              gpu_idle_us=st["gpu_idle_us"]["p50"], steps=st["measured"])
     res.append(r)
-res.sort(key=lambda r: (r["model"], r["tp"], not r["graphs"], r["batch"]))
+res.sort(key=lambda r: (r["model"], r["tp"], not r["graphs"], r["attention"], r["batch"]))
 lines = [f"# Decode step time (steady decode, context {ctx}, overrides `{ov}`)", "",
          "Forward = GPU time per step by CUDA events (median); iteration = the step period.", "",
-         "| Model | TP | Graphs | Batch | Forward (ms) | Iteration (ms) | GPU idle (us) | Steps |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| Model | TP | Graphs | Attention | Batch | Forward (ms) | Iteration (ms) | GPU idle (us) | Steps |",
+         "|---|---|---|---|---|---|---|---|---|"]
 for r in res:
-    lines.append(f"| {r['model']} | {r['tp']} | {'on' if r['graphs'] else 'off'} | {r['batch']} | "
+    lines.append(f"| {r['model']} | {r['tp']} | {'on' if r['graphs'] else 'off'} | {r['attention']} | {r['batch']} | "
                  f"{r['forward_ms']:.3f} | {r['iteration_ms']:.3f} | {r['gpu_idle_us']:.1f} | {r['steps']} |")
 open(os.path.join(out, "decode.md"), "w").write("\n".join(lines) + "\n")
 json.dump(res, open(os.path.join(out, "decode.json"), "w"), indent=1)

@@ -119,7 +119,8 @@ fi
 if has decode; then
   step "decode step sweep (presets x TP x graphs x batch)"
   SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-1 2}" \
-    --overrides "${DECODE_OVERRIDES:-layers=4}" --out "$R/decode" >"$R/decode.log" 2>&1
+    --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tiled}" \
+    ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
 fi
 if has fault; then
