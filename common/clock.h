@@ -15,6 +15,17 @@ inline int64_t MonotonicNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// CLOCK_MONOTONIC as of the last scheduler tick (1-4 ms resolution, never
+// ahead of MonotonicNs()): a vDSO read that does not touch the clock source
+// hardware, cheap even on VMs whose clock source makes MonotonicNs() a
+// system call. For timestamps that only need to be roughly current
+// (heartbeats on hot paths).
+inline int64_t MonotonicCoarseNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 inline int64_t WallClockNs() {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

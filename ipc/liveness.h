@@ -70,7 +70,7 @@ struct alignas(64) HeartbeatSlot {
 
   std::atomic<uint32_t> state;
   std::atomic<int32_t> pid;           // current or last holder; 0 = never held
-  std::atomic<int64_t> beat_ns;       // MonotonicNs() of the last beat; 0 = never
+  std::atomic<int64_t> beat_ns;       // MonotonicCoarseNs() of the last beat; 0 = never
   std::atomic<uint64_t> start_ticks;  // ProcessStartTicks(pid) at claim time
   std::atomic<uint32_t> claims;       // how many times the slot was claimed
   uint32_t reserved0;
@@ -80,7 +80,7 @@ struct alignas(64) HeartbeatSlot {
   // label and a first beat, then publishes `state = kHeld` (release). The caller
   // has already won the kFree -> kClaiming CAS on `state`.
   void PublishHolder(absl::string_view label_text);
-  void Beat();  // beat_ns = MonotonicNs()
+  void Beat();  // beat_ns = MonotonicCoarseNs()
 
   // Reader side: a consistent-enough snapshot for messages.
   std::string Label() const;

@@ -267,7 +267,9 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
     sim.Commit(rows, std::vector<int32_t>(rows.size(), 0));
     prev_rows.assign(rows.begin(), rows.end());
     if (step > 0) check(step - 1);
-    if (step > 1) EXPECT_TRUE(gpu->host_tokens_of(step - 2).empty()) << "out of the window";
+    if (step > 1) {
+      EXPECT_TRUE(gpu->host_tokens_of(step - 2).empty()) << "out of the window";
+    }
   }
   check(kSteps - 1);
   EXPECT_GT(gpu->graph_stats().replays, 0);
