@@ -23,6 +23,8 @@
 // Flags (besides Google Benchmark's own, e.g. --benchmark_format=json,
 // --benchmark_out=FILE --benchmark_out_format=json, --benchmark_filter=RE):
 //   --ipc_quick                 a few records per case (CI smoke)
+//   --ipc_pin                   latency cases: pin the producer and each consumer
+//                               to its own CPU (distinct physical cores first)
 //   --ipc_latency_records=N     records per latency case (default: by N)
 //   --ipc_stream_records=N      records per stream case (default: by size)
 //
@@ -30,6 +32,7 @@
 // measure the OS scheduler, not the ring: busy-polling consumers time-share.
 #include <benchmark/benchmark.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,6 +59,7 @@ namespace {
 
 struct Options {
   bool quick = false;
+  bool pin = false;  // --ipc_pin: producer and latency consumers on distinct cores
   int64_t latency_records = 0;  // 0: default by consumer count
   int64_t stream_records = 0;   // 0: default by record size
 };
@@ -153,6 +157,44 @@ absl::StatusOr<BenchJob> MakeJob(uint32_t consumers) {
   auto* done = static_cast<DoneSlot*>(*done_mem);
   for (uint32_t i = 0; i < kMaxRingConsumers; ++i) new (&done[i]) DoneSlot();
   return BenchJob{std::move(*seg), *ring, done};
+}
+
+// The CPUs this process may run on, one per physical core first (so pinned
+// processes do not share a core's hyperthreads while cores are left), then
+// the remaining hyperthreads.
+std::vector<int> PinOrder() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> first, rest;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return first;
+  std::vector<std::pair<int, int>> seen_cores;  // (package, core)
+  auto read_int = [](const std::string& path) {
+    int v = -1;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      if (std::fscanf(f, "%d", &v) != 1) v = -1;
+      std::fclose(f);
+    }
+    return v;
+  };
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const std::string topo = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    const std::pair<int, int> core{read_int(topo + "physical_package_id"),
+                                   read_int(topo + "core_id")};
+    const bool dup = core.second >= 0 &&
+                     std::find(seen_cores.begin(), seen_cores.end(), core) != seen_cores.end();
+    (dup ? rest : first).push_back(cpu);
+    seen_cores.push_back(core);
+  }
+  first.insert(first.end(), rest.begin(), rest.end());
+  return first;
+}
+
+bool PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
 }
 
 // Consumer process body: read until the ring is closed. `last_seq` > 0 marks
@@ -261,15 +303,34 @@ void BM_Latency(benchmark::State& state, uint32_t consumers, size_t bytes, bool 
     state.SkipWithError(job.status().ToString().c_str());
     return;
   }
+  // --ipc_pin: the producer on the first CPU of PinOrder(), consumer i on
+  // the (i+1)-th (wrapping when there are fewer CPUs than processes).
+  const std::vector<int> cpus = g_options.pin ? PinOrder() : std::vector<int>{};
+  cpu_set_t saved;
+  const bool pinned = !cpus.empty() && sched_getaffinity(0, sizeof(saved), &saved) == 0;
+  struct Restore {
+    bool on;
+    cpu_set_t* mask;
+    ~Restore() {
+      if (on) sched_setaffinity(0, sizeof(*mask), mask);
+    }
+  } restore{pinned, &saved};
   Children children;
   for (uint32_t i = 0; i < consumers; ++i) {
     SpmcRing ring = job->ring;
     DoneSlot* slot = &job->done[i];
-    if (!children.Spawn(
-            [=] { return ConsumerMain(ring, i, slot, BusyPollPolicy(), 0, zero_copy); })) {
+    const int cpu = pinned ? cpus[(i + 1) % cpus.size()] : -1;
+    if (!children.Spawn([=] {
+          if (cpu >= 0 && !PinTo(cpu)) std::fprintf(stderr, "consumer %u: cannot pin to cpu %d\n", i, cpu);
+          return ConsumerMain(ring, i, slot, BusyPollPolicy(), 0, zero_copy);
+        })) {
       state.SkipWithError("fork failed");
       return;
     }
+  }
+  if (pinned && !PinTo(cpus[0])) {
+    state.SkipWithError("cannot pin the producer");
+    return;
   }
   absl::StatusOr<RingProducer> p = RingProducer::Create(job->ring, "bench producer");
   if (!p.ok() || !WaitAllReady(job->done, consumers, Deadline::AfterMs(30'000))) {
@@ -322,6 +383,7 @@ void BM_Latency(benchmark::State& state, uint32_t consumers, size_t bytes, bool 
   state.counters["max_us"] = s.max / 1e3;
   state.counters["consumers"] = consumers;
   state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["pinned"] = pinned ? 1 : 0;
 }
 
 void BM_Stream(benchmark::State& state, uint32_t consumers, size_t bytes) {
@@ -416,6 +478,8 @@ bool ParseOwnFlags(int* argc, char** argv) {
     };
     if (a == "--ipc_quick") {
       g_options.quick = true;
+    } else if (a == "--ipc_pin") {
+      g_options.pin = true;
     } else if (value("--ipc_latency_records", &g_options.latency_records) ||
                value("--ipc_stream_records", &g_options.stream_records)) {
     } else {

@@ -55,6 +55,11 @@ if has ipc && [[ -x $B/bench/ipc/ipc_bench ]]; then
   timeout 180 $B/bench/ipc/ipc_bench --benchmark_format=json --benchmark_out="$R/ipc_bench_device.json" \
     --benchmark_out_format=json >"$R/ipc_bench_device.txt" 2>&1
   tail -30 "$R/ipc_bench_device.txt" | tee -a "$LOG"
+  step "ipc bench, latency cases pinned to distinct cores (--ipc_pin)"
+  timeout 120 $B/bench/ipc/ipc_bench --ipc_pin --benchmark_filter='BM_Latency' --benchmark_format=json \
+    --benchmark_out="$R/ipc_bench_device_pinned.json" --benchmark_out_format=json \
+    >"$R/ipc_bench_device_pinned.txt" 2>&1
+  tail -20 "$R/ipc_bench_device_pinned.txt" | tee -a "$LOG"
 fi
 if has kernels && [[ -x $B/bench/kernels/kernels_bench ]]; then
   step "kernels bench"
