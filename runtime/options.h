@@ -53,6 +53,7 @@ struct JobOptions {
   // CUDA backend.
   int buckets = 1;
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
+  std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority
   bool cuda_graphs = true;
   bool pipeline = true;  // v1 worker launches step t+1 before collecting step t
   std::string allreduce = "auto";  // auto | nccl | custom

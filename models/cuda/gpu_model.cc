@@ -839,7 +839,15 @@ absl::Status GpuModel::State::Init() {
   }
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
-  SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create());
+  int side_priority = 0;
+  if (opt.comm_stream_high_priority) {
+    // The greatest priority is the numerically lowest: the block scheduler
+    // then prefers the all-reduce's CTAs whenever a GEMM's CTAs retire.
+    int least = 0, greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    side_priority = greatest;
+  }
+  SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create(side_priority));
   for (int b = 0; b < opt.num_buckets; ++b) {
     SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
     SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());

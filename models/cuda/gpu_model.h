@@ -69,6 +69,10 @@ struct GpuModelOptions {
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
   // all-reduce) are asked to leave this many SMs free for it (0: all SMs).
   int bucket_gemm_sm_margin = 0;
+  // Create the bucketed all-reduce's side stream with the device's greatest
+  // stream priority (false: default priority, as the committed overlap
+  // results were measured).
+  bool comm_stream_high_priority = false;
   // Decode batches (one token per sequence, every sequence sampled in
   // order) of up to the largest graph batch size are padded to the next
   // graph batch size (eager too, so graph and eager compute the same bits);

@@ -438,6 +438,7 @@ TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
   o4.num_buckets = 4;
   GpuModelOptions o4m = o4;
   o4m.bucket_gemm_sm_margin = 100;  // bucket GEMMs 1..3 on at most 32 SMs of an H200
+  o4m.comm_stream_high_priority = true;  // and the side stream at the greatest priority
   NcclComm* c = comm.value().get();
   auto g4 = GpuModel::Create(cfg, 0, 1, 0, o4, c);
   auto g4m = GpuModel::Create(cfg, 0, 1, 0, o4m, c);
@@ -458,7 +459,7 @@ TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
     testing::CheckClose(HostLogits(*g4), testing::ToDouble(want), 1e-4, "K=4");
     ASSERT_OK(g4m->Forward(*batch, stream()));
     ASSERT_OK(g4m->WaitForStep(Deadline::AfterMs(60'000)));
-    testing::CheckClose(HostLogits(*g4m), testing::ToDouble(want), 1e-4, "K=4, SM margin");
+    testing::CheckClose(HostLogits(*g4m), testing::ToDouble(want), 1e-4, "K=4, SM margin, high-priority side stream");
     ASSERT_OK(g1->Forward(*batch, stream()));
     ASSERT_OK(g1->WaitForStep(Deadline::AfterMs(60'000)));
     testing::CheckClose(HostLogits(*g1), testing::ToDouble(want), 1e-4, "K=1");
