@@ -112,6 +112,21 @@ inline void CpuRelax() {
 #endif
 }
 
+// CLDEMOTE (NP 0F 1C /0) of the line holding each byte of [p, p + n),
+// emitted as bytes so no assembler or -mcldemote is needed; CPUs without it
+// execute the reserved-NOP opcode as a NOP.
+inline void DemoteLines(const uint8_t* p, size_t n) {
+#if defined(__x86_64__)
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64) {
+    asm volatile(".byte 0x0f, 0x1c, 0x00" ::"a"(a) : "memory");  // cldemote (%rax)
+  }
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 WaitPolicy Sanitize(WaitPolicy p) {
   p.spin_iters = std::max(p.spin_iters, 0);
   p.yield_iters = std::max(p.yield_iters, 0);
@@ -338,7 +353,8 @@ RingProducer::RingProducer(RingProducer&& o) noexcept
       cached_min_read_(o.cached_min_read_),
       reserved_(std::exchange(o.reserved_, false)),
       reserved_cursor_(o.reserved_cursor_),
-      reserved_bytes_(o.reserved_bytes_) {}
+      reserved_bytes_(o.reserved_bytes_),
+      demote_on_commit_(o.demote_on_commit_) {}
 
 RingProducer& RingProducer::operator=(RingProducer&& o) noexcept {
   if (this != &o) {
@@ -354,6 +370,7 @@ RingProducer& RingProducer::operator=(RingProducer&& o) noexcept {
     reserved_ = std::exchange(o.reserved_, false);
     reserved_cursor_ = o.reserved_cursor_;
     reserved_bytes_ = o.reserved_bytes_;
+    demote_on_commit_ = o.demote_on_commit_;
   }
   return *this;
 }
@@ -527,7 +544,9 @@ absl::Status RingProducer::Commit(size_t bytes_used) {
                         label_, bytes_used, reserved_bytes_, next_seq_));
   }
   RecordHeader h{next_seq_, static_cast<uint32_t>(bytes_used), internal::kRecordKind};
-  std::memcpy(ring_.data_ + (reserved_cursor_ & ring_.mask_), &h, sizeof(h));
+  uint8_t* record = ring_.data_ + (reserved_cursor_ & ring_.mask_);
+  std::memcpy(record, &h, sizeof(h));
+  if (demote_on_commit_) DemoteLines(record, kRingRecordHeaderBytes + bytes_used);
   reserved_ = false;
   ++next_seq_;
   PublishCursor(reserved_cursor_ + Align16(kRingRecordHeaderBytes + bytes_used));

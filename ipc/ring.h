@@ -231,6 +231,13 @@ class RingProducer {
   uint64_t next_seq() const { return next_seq_; }
   const SpmcRing& ring() const { return ring_; }
 
+  // With true, Commit() issues CLDEMOTE for every cache line of the record
+  // before publishing it: a hint (x86 CPUs with CLDEMOTE) to move the lines
+  // from this core's private caches to the shared L3, where the consumers'
+  // reads find them without a snoop of this core. A NOP on CPUs without it
+  // (the opcode is in the reserved-NOP space) and on other architectures.
+  void set_demote_on_commit(bool on) { demote_on_commit_ = on; }
+
  private:
   RingProducer(SpmcRing ring, std::string label, WaitPolicy policy);
   absl::Status WaitForSpace(uint64_t end, uint64_t bytes, Deadline deadline);
@@ -251,6 +258,7 @@ class RingProducer {
   bool reserved_ = false;
   uint64_t reserved_cursor_ = 0;  // cursor of the reserved record's header
   uint64_t reserved_bytes_ = 0;
+  bool demote_on_commit_ = false;
 };
 
 // One consumer slot of a ring. Move-only; destroying it without Detach()

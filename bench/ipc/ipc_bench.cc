@@ -25,6 +25,8 @@
 //   --ipc_quick                 a few records per case (CI smoke)
 //   --ipc_pin                   latency cases: pin the producer and each consumer
 //                               to its own CPU (distinct physical cores first)
+//   --ipc_demote                latency cases: the producer demotes each record's
+//                               lines to L3 on commit (RingProducer::set_demote_on_commit)
 //   --ipc_latency_records=N     records per latency case (default: by N)
 //   --ipc_stream_records=N      records per stream case (default: by size)
 //
@@ -60,6 +62,7 @@ namespace {
 struct Options {
   bool quick = false;
   bool pin = false;  // --ipc_pin: producer and latency consumers on distinct cores
+  bool demote = false;  // --ipc_demote: the latency producer CLDEMOTEs each record
   int64_t latency_records = 0;  // 0: default by consumer count
   int64_t stream_records = 0;   // 0: default by record size
 };
@@ -337,6 +340,7 @@ void BM_Latency(benchmark::State& state, uint32_t consumers, size_t bytes, bool 
     state.SkipWithError(p.ok() ? "consumers did not start" : p.status().ToString().c_str());
     return;
   }
+  p->set_demote_on_commit(g_options.demote);
   std::vector<uint8_t> payload(bytes, 0x5A);
   LatencyHistogram hist;
   auto one = [&](bool record) -> bool {
@@ -384,6 +388,7 @@ void BM_Latency(benchmark::State& state, uint32_t consumers, size_t bytes, bool 
   state.counters["consumers"] = consumers;
   state.counters["bytes"] = static_cast<double>(bytes);
   state.counters["pinned"] = pinned ? 1 : 0;
+  state.counters["demote"] = g_options.demote ? 1 : 0;
 }
 
 void BM_Stream(benchmark::State& state, uint32_t consumers, size_t bytes) {
@@ -480,6 +485,8 @@ bool ParseOwnFlags(int* argc, char** argv) {
       g_options.quick = true;
     } else if (a == "--ipc_pin") {
       g_options.pin = true;
+    } else if (a == "--ipc_demote") {
+      g_options.demote = true;
     } else if (value("--ipc_latency_records", &g_options.latency_records) ||
                value("--ipc_stream_records", &g_options.stream_records)) {
     } else {
@@ -514,6 +521,21 @@ void AddClockContext() {
     return static_cast<double>(t1 - t0) / kReads;
   };
   benchmark::AddCustomContext("clocksource", source);
+  std::string model = "unknown", cldemote = "no";
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      const std::string l = line;
+      if (model == "unknown" && l.rfind("model name", 0) == 0 && l.find(':') != std::string::npos) {
+        model = l.substr(l.find(':') + 2);
+        while (!model.empty() && model.back() == '\n') model.pop_back();
+      }
+      if (l.rfind("flags", 0) == 0 && l.find(" cldemote") != std::string::npos) cldemote = "yes";
+    }
+    std::fclose(f);
+  }
+  benchmark::AddCustomContext("cpu_model", model);
+  benchmark::AddCustomContext("cpu_has_cldemote", cldemote);
   benchmark::AddCustomContext("monotonic_read_ns", absl::StrFormat("%.1f", cost(&MonotonicNs)));
   benchmark::AddCustomContext("monotonic_coarse_read_ns",
                               absl::StrFormat("%.1f", cost(&MonotonicCoarseNs)));

@@ -257,9 +257,10 @@ TEST(RingRoleTest, ConsumerAttachedLateStillSeesEverything) {
 // ---------------------------------------------------------------------------
 // Record sizes
 
-void RoundTripEverySize(uint64_t capacity, size_t step) {
+void RoundTripEverySize(uint64_t capacity, size_t step, bool demote = false) {
   TestRing t({1, capacity});
   ASSERT_OK_AND_ASSIGN(RingProducer p, RingProducer::Create(t.ring, "p", NoSpin()));
+  p.set_demote_on_commit(demote);
   ASSERT_OK_AND_ASSIGN(RingConsumer c, RingConsumer::Attach(t.ring, 0, "c", NoSpin()));
   const size_t max = t.ring.max_record_bytes();
   std::vector<size_t> sizes;
@@ -302,6 +303,10 @@ void RoundTripEverySize(uint64_t capacity, size_t step) {
 TEST(RingSizeTest, EverySizeOnASmallRing) { RoundTripEverySize(4096, 1); }
 
 TEST(RingSizeTest, SteppedSizesOnALargeRing) { RoundTripEverySize(1 << 20, 4093); }
+
+// CLDEMOTE on commit is a cache hint: every record still arrives intact,
+// wrapped and padded ones included (and it must not fault where it is a NOP).
+TEST(RingSizeTest, EverySizeWithDemoteOnCommit) { RoundTripEverySize(4096, 1, /*demote=*/true); }
 
 TEST(RingSizeTest, OversizeIsRejectedWithBothSizes) {
   TestRing t({1, 4096});

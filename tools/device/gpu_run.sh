@@ -60,6 +60,11 @@ if has ipc && [[ -x $B/bench/ipc/ipc_bench ]]; then
     --benchmark_out="$R/ipc_bench_device_pinned.json" --benchmark_out_format=json \
     >"$R/ipc_bench_device_pinned.txt" 2>&1
   tail -20 "$R/ipc_bench_device_pinned.txt" | tee -a "$LOG"
+  step "ipc bench, latency cases pinned, producer demoting records to L3 (--ipc_demote)"
+  timeout 120 $B/bench/ipc/ipc_bench --ipc_pin --ipc_demote --benchmark_filter='BM_Latency' \
+    --benchmark_format=json --benchmark_out="$R/ipc_bench_device_pinned_demote.json" \
+    --benchmark_out_format=json >"$R/ipc_bench_device_pinned_demote.txt" 2>&1
+  tail -20 "$R/ipc_bench_device_pinned_demote.txt" | tee -a "$LOG"
 fi
 if has kernels && [[ -x $B/bench/kernels/kernels_bench ]]; then
   step "kernels bench"
