@@ -240,6 +240,44 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   return absl::OkStatus();
 }
 
+// Checks one attention output row (bf16) against a double-precision CPU
+// softmax(q . k_j / sqrt(d)) v_j over keys 0..last_key; kv_row(j, k, v)
+// fetches key j's K and V rows. Error `what` when max |out - ref| exceeds
+// 2e-2 max |ref| + 1e-3.
+absl::Status CheckAttentionRow(
+    const std::vector<uint16_t>& q, const std::vector<uint16_t>& out, int last_key,
+    const std::function<absl::Status(int, std::vector<uint16_t>*, std::vector<uint16_t>*)>& kv_row,
+    const std::string& what) {
+  const size_t d = q.size();
+  std::vector<double> sc(last_key + 1), acc(d, 0.0);
+  std::vector<std::vector<uint16_t>> vs(last_key + 1);
+  std::vector<uint16_t> k(d);
+  double mx = -1e300;
+  for (int j = 0; j <= last_key; ++j) {
+    vs[j].resize(d);
+    SYMTP_RETURN_IF_ERROR(kv_row(j, &k, &vs[j]));
+    double dot = 0;
+    for (size_t i = 0; i < d; ++i) dot += static_cast<double>(Bf16ToFloat(q[i])) * Bf16ToFloat(k[i]);
+    sc[j] = dot / std::sqrt(static_cast<double>(d));
+    mx = std::max(mx, sc[j]);
+  }
+  double sum = 0;
+  for (double& x : sc) sum += (x = std::exp(x - mx));
+  for (int j = 0; j <= last_key; ++j) {
+    for (size_t i = 0; i < d; ++i) acc[i] += sc[j] / sum * Bf16ToFloat(vs[j][i]);
+  }
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < d; ++i) {
+    err = std::max(err, std::fabs(Bf16ToFloat(out[i]) - acc[i]));
+    ref = std::max(ref, std::fabs(acc[i]));
+  }
+  if (!(err <= 2e-2 * ref + 1e-3)) {
+    return absl::InternalError(absl::StrFormat("attention check failed (%s): max error %g, max |ref| %g",
+                                               what, err, ref));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   struct Cfg {
     const char* name;
@@ -318,46 +356,25 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
         {  // Verify sequence `batch-1`, q head 1, against a CPU softmax.
           const int seq = batch - 1, h = 1, kvh = h / (cf.nq / cf.nkv);
-          std::vector<uint16_t> qh(cf.d), o(cf.d), kr(cf.d), vr(cf.d);
+          std::vector<uint16_t> qh(cf.d), o(cf.d);
           CUDA_RETURN_IF_ERROR(
               cudaMemcpy(qh.data(), static_cast<char*>(q.get()) + (seq * qstride + h * cf.d) * 2,
                          cf.d * 2, cudaMemcpyDeviceToHost));
           CUDA_RETURN_IF_ERROR(cudaMemcpy(
               o.data(), static_cast<char*>(out.get()) + ((int64_t)seq * cf.nq + h) * cf.d * 2,
               cf.d * 2, cudaMemcpyDeviceToHost));
-          std::vector<double> sc(ctx), acc(cf.d, 0.0);
-          std::vector<std::vector<uint16_t>> vs(ctx);
-          double mx = -1e300;
-          for (int j = 0; j < ctx; ++j) {
+          auto kv_row = [&](int j, std::vector<uint16_t>* kr, std::vector<uint16_t>* vr) {
             const int64_t slot =
                 static_cast<int64_t>(perm[seq * blocks_per_seq + j / B]) * B + j % B;
             const size_t off = ((slot * cf.nkv + kvh) * cf.d) * 2;
-            CUDA_RETURN_IF_ERROR(cudaMemcpy(kr.data(), static_cast<char*>(kc.get()) + off, cf.d * 2,
-                                            cudaMemcpyDeviceToHost));
-            vs[j].resize(cf.d);
-            CUDA_RETURN_IF_ERROR(cudaMemcpy(vs[j].data(), static_cast<char*>(vc.get()) + off,
+            CUDA_RETURN_IF_ERROR(cudaMemcpy(kr->data(), static_cast<char*>(kc.get()) + off,
                                             cf.d * 2, cudaMemcpyDeviceToHost));
-            double dot = 0;
-            for (int d = 0; d < cf.d; ++d)
-              dot += static_cast<double>(Bf16ToFloat(qh[d])) * Bf16ToFloat(kr[d]);
-            sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
-            mx = std::max(mx, sc[j]);
-          }
-          double sum = 0;
-          for (double& x : sc) sum += (x = std::exp(x - mx));
-          for (int j = 0; j < ctx; ++j) {
-            for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vs[j][d]);
-          }
-          double err = 0, ref = 0;
-          for (int d = 0; d < cf.d; ++d) {
-            err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
-            ref = std::max(ref, std::fabs(acc[d]));
-          }
-          if (err > 2e-2 * ref + 1e-3) {
-            return absl::InternalError(
-                absl::StrFormat("attention check failed (%s, batch %d): max error %g, max |ref| %g",
-                                kname, batch, err, ref));
-          }
+            CUDA_RETURN_IF_ERROR(cudaMemcpy(vr->data(), static_cast<char*>(vc.get()) + off,
+                                            cf.d * 2, cudaMemcpyDeviceToHost));
+            return absl::OkStatus();
+          };
+          SYMTP_RETURN_IF_ERROR(CheckAttentionRow(
+              qh, o, ctx - 1, kv_row, absl::StrFormat("%s, %s, batch %d", cf.name, kname, batch)));
         }
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
@@ -448,44 +465,24 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
         // Check (token, q head) rows at the start, middle and end.
         for (const auto& [t, h] : {std::pair{0, 0}, std::pair{n / 2 + 3, cf.nq - 1},
-                                  std::pair{n - 1, 1}}) {
+                                   std::pair{n - 1, 1}}) {
           const int kvh = h / (cf.nq / cf.nkv);
           std::vector<uint16_t> o(cf.d);
           CUDA_RETURN_IF_ERROR(cudaMemcpy(
               o.data(), static_cast<char*>(out.get()) + ((int64_t)t * cf.nq + h) * cf.d * 2,
               cf.d * 2, cudaMemcpyDeviceToHost));
-          std::vector<double> sc(t + 1), acc(cf.d, 0.0);
-          double mx = -1e300;
-          auto row = [&](const std::vector<uint16_t>& cache, int j) {
+          const std::vector<uint16_t> qh(hq.begin() + t * qstride + h * cf.d,
+                                         hq.begin() + t * qstride + (h + 1) * cf.d);
+          auto kv_row = [&](int j, std::vector<uint16_t>* kr, std::vector<uint16_t>* vr) {
             const int64_t slot = static_cast<int64_t>(table[j / B]) * B + j % B;
-            return cache.data() + (slot * cf.nkv + kvh) * cf.d;
+            const int64_t off = (slot * cf.nkv + kvh) * cf.d;
+            std::copy_n(hk.begin() + off, cf.d, kr->begin());
+            std::copy_n(hv.begin() + off, cf.d, vr->begin());
+            return absl::OkStatus();
           };
-          for (int j = 0; j <= t; ++j) {
-            double dot = 0;
-            const uint16_t* kr = row(hk, j);
-            for (int d = 0; d < cf.d; ++d)
-              dot += static_cast<double>(Bf16ToFloat(hq[t * qstride + h * cf.d + d])) *
-                     Bf16ToFloat(kr[d]);
-            sc[j] = dot / std::sqrt(static_cast<double>(cf.d));
-            mx = std::max(mx, sc[j]);
-          }
-          double sum = 0;
-          for (double& x : sc) sum += (x = std::exp(x - mx));
-          for (int j = 0; j <= t; ++j) {
-            const uint16_t* vr = row(hv, j);
-            for (int d = 0; d < cf.d; ++d) acc[d] += sc[j] / sum * Bf16ToFloat(vr[d]);
-          }
-          double err = 0, ref = 0;
-          for (int d = 0; d < cf.d; ++d) {
-            err = std::max(err, std::fabs(Bf16ToFloat(o[d]) - acc[d]));
-            ref = std::max(ref, std::fabs(acc[d]));
-          }
-          if (!(err <= 2e-2 * ref + 1e-3)) {
-            return absl::InternalError(absl::StrFormat(
-                "prefill attention check failed (%s, %s, %d tokens, token %d head %d): max error "
-                "%g, max |ref| %g",
-                cf.name, kname, n, t, h, err, ref));
-          }
+          SYMTP_RETURN_IF_ERROR(CheckAttentionRow(
+              qh, o, t, kv_row,
+              absl::StrFormat("%s, %s, %d tokens, token %d head %d", cf.name, kname, n, t, h)));
         }
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 2, n > 1024 ? 5 : 20, run));
         const double flops = 4.0 * cf.d * cf.nq * (static_cast<double>(n) * (n + 1) / 2);
