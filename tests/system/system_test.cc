@@ -172,7 +172,7 @@ std::vector<std::string> Workload(const std::string& out, int tp, const std::str
 
 TEST_F(SystemTest, TensorParallelTokensMatchTp1Greedy) {
   std::map<int, std::map<uint64_t, std::vector<int32_t>>> tokens;
-  for (int tp : {1, 2, 4}) {
+  for (int tp : {1, 2, 4, 8}) {
     Proc p = Start(Workload(Out(absl::StrCat("tp", tp)), tp), prefix_);
     int st = Wait(p, 60'000);
     ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
@@ -182,13 +182,14 @@ TEST_F(SystemTest, TensorParallelTokensMatchTp1Greedy) {
   for (const auto& [id, t] : tokens[1]) EXPECT_FALSE(t.empty()) << "request " << id;
   EXPECT_EQ(tokens[2], tokens[1]);
   EXPECT_EQ(tokens[4], tokens[1]);
+  EXPECT_EQ(tokens[8], tokens[1]);  // tiny's 2 kv heads replicated over 8 ranks
   EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
 }
 
 TEST_F(SystemTest, TensorParallelTokensMatchTp1Sampled) {
   const std::string s = "--temperature=0.9 --top-k=40 --top-p=0.95 --seed=7";
   std::map<int, std::map<uint64_t, std::vector<int32_t>>> tokens;
-  for (int tp : {1, 2, 4}) {
+  for (int tp : {1, 2, 4, 8}) {
     Proc p = Start(Workload(Out(absl::StrCat("tp", tp)), tp, s), prefix_);
     int st = Wait(p, 60'000);
     ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
@@ -197,6 +198,7 @@ TEST_F(SystemTest, TensorParallelTokensMatchTp1Sampled) {
   ASSERT_EQ(tokens[1].size(), 10u);
   EXPECT_EQ(tokens[2], tokens[1]);
   EXPECT_EQ(tokens[4], tokens[1]);
+  EXPECT_EQ(tokens[8], tokens[1]);
 }
 
 // Pipelined workers (step t+1 launched before step t's tokens are known)
