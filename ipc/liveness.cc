@@ -1,13 +1,16 @@
 #include "ipc/liveness.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
@@ -107,6 +110,63 @@ ProcState ProbeProcess(pid_t pid, uint64_t expected_start_ticks) {
     if (now_ticks != expected_start_ticks) return ProcState::kDead;  // recycled pid
   }
   return s;
+}
+
+PidWatch::~PidWatch() { Close(); }
+
+PidWatch::PidWatch(PidWatch&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)),
+      pid_(o.pid_),
+      start_ticks_(o.start_ticks_),
+      unavailable_(o.unavailable_) {}
+
+PidWatch& PidWatch::operator=(PidWatch&& o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = std::exchange(o.fd_, -1);
+    pid_ = o.pid_;
+    start_ticks_ = o.start_ticks_;
+    unavailable_ = o.unavailable_;
+  }
+  return *this;
+}
+
+void PidWatch::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+ProcState PidWatch::Probe(const HeartbeatSlot& slot) {
+  const int32_t pid = slot.pid.load(std::memory_order_relaxed);
+  const uint64_t start = slot.start_ticks.load(std::memory_order_relaxed);
+  if (pid <= 0) return ProcState::kDead;
+  if (unavailable_) return ProbeHolder(slot);
+  if (fd_ < 0 || pid != pid_ || start != start_ticks_) {
+    Close();
+    pid_ = pid;
+    start_ticks_ = start;
+#ifdef SYS_pidfd_open
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+    const int fd = -1;
+    errno = ENOSYS;
+#endif
+    if (fd < 0) {
+      if (errno == ESRCH) return ProcState::kDead;
+      unavailable_ = true;  // ENOSYS, EPERM (seccomp), ...: the /proc probe every time
+      return ProbeHolder(slot);
+    }
+    fd_ = fd;
+    // The pid may have been reused before the pidfd was opened: the start
+    // time tells (once; from now on the pidfd pins the process).
+    const ProcState s = ProbeHolder(slot);
+    if (!IsLive(s)) Close();
+    return s;
+  }
+  pollfd p{fd_, POLLIN, 0};
+  const int r = ::poll(&p, 1, 0);
+  if (r == 0) return ProcState::kAlive;
+  return ProbeHolder(slot);  // exited (readable) or poll failed: ask /proc
 }
 
 void HeartbeatSlot::PublishHolder(absl::string_view label_text) {

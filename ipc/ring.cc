@@ -599,7 +599,8 @@ RingConsumer::RingConsumer(RingConsumer&& o) noexcept
       peek_end_(o.peek_end_),
       peek_seq_(o.peek_seq_),
       peek_data_(o.peek_data_),
-      peek_len_(o.peek_len_) {}
+      peek_len_(o.peek_len_),
+      producer_watch_(std::move(o.producer_watch_)) {}
 
 RingConsumer& RingConsumer::operator=(RingConsumer&& o) noexcept {
   if (this != &o) {
@@ -618,6 +619,7 @@ RingConsumer& RingConsumer::operator=(RingConsumer&& o) noexcept {
     peek_seq_ = o.peek_seq_;
     peek_data_ = o.peek_data_;
     peek_len_ = o.peek_len_;
+    producer_watch_ = std::move(o.producer_watch_);
   }
   return *this;
 }
@@ -663,13 +665,15 @@ void RingConsumer::Beat() {
   if (active_) ring_.ctl_->consumers[index_].hb.Beat();
 }
 
-absl::Status RingConsumer::CheckProducer(bool at_deadline, int64_t waited_ns) const {
+absl::Status RingConsumer::CheckProducer(bool at_deadline, int64_t waited_ns) {
   const RingControl& ctl = *ring_.ctl_;
   const HeartbeatSlot& p = ctl.producer_hb;
   uint32_t state = p.state.load(std::memory_order_acquire);
   bool ever_held = p.pid.load(std::memory_order_relaxed) != 0;
   if (state == HeartbeatSlot::kHeld || (state == HeartbeatSlot::kFree && ever_held)) {
-    ProcState ps = ProbeHolder(p);
+    // Between deadlines a pidfd poll (PidWatch, ~0.2 us): the /proc probe
+    // (~13 us) here was long enough to delay a record that arrived meanwhile.
+    ProcState ps = at_deadline ? ProbeHolder(p) : producer_watch_.Probe(p);
     if (!IsLive(ps)) {
       return absl::UnavailableError(absl::StrFormat(
           "consumer %u '%s': %s is gone; read up to seq %u, the ring was not closed", index_,

@@ -106,6 +106,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "ipc/liveness.h"
+#include "ipc/liveness.h"
 
 namespace symtp::ipc {
 
@@ -315,7 +317,7 @@ class RingConsumer {
  private:
   RingConsumer(SpmcRing ring, uint32_t index, std::string label, WaitPolicy policy);
   absl::Status WaitForData(Deadline deadline);
-  absl::Status CheckProducer(bool at_deadline, int64_t waited_ns) const;
+  absl::Status CheckProducer(bool at_deadline, int64_t waited_ns);
   void ReleaseRole();
 
   SpmcRing ring_;
@@ -332,6 +334,7 @@ class RingConsumer {
   uint64_t peek_seq_ = 0;
   const uint8_t* peek_data_ = nullptr;
   uint64_t peek_len_ = 0;
+  PidWatch producer_watch_;  // the periodic producer check between deadlines
 };
 
 // The worker -> scheduler result path: the same ring with one consumer.

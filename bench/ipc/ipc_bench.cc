@@ -14,6 +14,11 @@
 //   first and last word, Release) instead of copying it out: how the
 //   workers read a diff (they decode it straight from the ring).
 //
+// BM_PeerCheck/proc, BM_PeerCheck/pidfd
+//   The cost of one periodic liveness check of a live peer, as a waiting
+//   consumer makes it every sleep slice (2 ms): the /proc probe vs the pidfd
+//   poll the consumers use between deadlines (PidWatch).
+//
 // BM_Stream/consumers:N/bytes:S
 //   The producer publishes M records back to back (backpressure from the
 //   ring, 1 MiB); consumers read with the default wait policy (spin -> yield
@@ -53,6 +58,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/histogram.h"
+#include "ipc/liveness.h"
 #include "ipc/ring.h"
 #include "ipc/shm_segment.h"
 
@@ -441,7 +447,32 @@ void BM_Stream(benchmark::State& state, uint32_t consumers, size_t bytes) {
   }
 }
 
+// What a waiter's periodic peer check costs: the /proc probe (ProbeHolder:
+// /proc/<pid>/stat read twice) vs a pidfd poll (PidWatch), on a live holder
+// (this process's parent, which outlives the benchmark).
+void BM_PeerCheck(benchmark::State& state, bool pidfd) {
+  alignas(64) static unsigned char storage[sizeof(HeartbeatSlot)];
+  auto* slot = new (storage) HeartbeatSlot();
+  slot->pid.store(::getppid());
+  slot->start_ticks.store(ProcessStartTicks(::getppid()));
+  slot->state.store(HeartbeatSlot::kHeld);
+  PidWatch watch;
+  for (auto _ : state) {
+    const ProcState s = pidfd ? watch.Probe(*slot) : ProbeHolder(*slot);
+    if (!IsLive(s)) {
+      state.SkipWithError("the parent process does not look alive");
+      break;
+    }
+  }
+  state.counters["pidfd"] = pidfd && watch.uses_pidfd() ? 1 : 0;
+  slot->~HeartbeatSlot();
+}
+
 void RegisterAll() {
+  benchmark::RegisterBenchmark("BM_PeerCheck/proc", [](benchmark::State& st) { BM_PeerCheck(st, false); })
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_PeerCheck/pidfd", [](benchmark::State& st) { BM_PeerCheck(st, true); })
+      ->Unit(benchmark::kMicrosecond);
   for (bool zero_copy : {false, true}) {
     for (uint32_t n : {1u, 2u, 4u, 8u}) {
       for (size_t bytes : {size_t{64}, size_t{4096}, size_t{65536}}) {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -76,6 +77,89 @@ TEST(LivenessTest, ChildThroughStoppedZombieDead) {
 
   ASSERT_OK(child->Wait(Deadline::AfterMs(5000)));
   EXPECT_EQ(ProbeProcess(pid), ProcState::kDead);
+}
+
+// A slot naming `pid` as its holder (as PublishHolder would in that process).
+void HoldFor(HeartbeatSlot* slot, pid_t pid) {
+  slot->pid.store(pid);
+  slot->start_ticks.store(ProcessStartTicks(pid));
+  slot->state.store(HeartbeatSlot::kHeld);
+}
+
+bool PidfdsWorkHere() {
+#ifdef SYS_pidfd_open
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Polls PidWatch::Probe until it reports `want` or 5 s pass.
+ProcState WaitForWatch(PidWatch* w, const HeartbeatSlot& slot, ProcState want) {
+  Deadline d = Deadline::AfterMs(5000);
+  ProcState s = w->Probe(slot);
+  while (s != want && !d.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s = w->Probe(slot);
+  }
+  return s;
+}
+
+TEST(PidWatchTest, FollowsAChildThroughExitAndTheSlotToANewHolder) {
+  alignas(64) unsigned char storage[sizeof(HeartbeatSlot)];
+  auto* slot = new (storage) HeartbeatSlot();
+  PidWatch w;
+  EXPECT_EQ(w.Probe(*slot), ProcState::kDead);  // never held
+
+  auto child = ChildProcess::Spawn([] {
+    SleepForever();
+    return 0;
+  });
+  ASSERT_OK(child);
+  HoldFor(slot, child->pid());
+  EXPECT_EQ(w.Probe(*slot), ProcState::kAlive);  // opens the pidfd
+  EXPECT_EQ(w.Probe(*slot), ProcState::kAlive);  // polls it
+  EXPECT_EQ(w.uses_pidfd(), PidfdsWorkHere());
+
+  // Stopped reads alive between deadlines (staleness is the deadline's job).
+  ASSERT_TRUE(child->Signal(SIGSTOP));
+  EXPECT_EQ(WaitForState(child->pid(), ProcState::kStopped), ProcState::kStopped);
+  EXPECT_TRUE(IsLive(w.Probe(*slot)));
+  ASSERT_TRUE(child->Signal(SIGCONT));
+
+  // Killed and not reaped: a zombie, not live; reaped: dead.
+  ASSERT_TRUE(child->Signal(SIGKILL));
+  EXPECT_EQ(WaitForWatch(&w, *slot, ProcState::kZombie), ProcState::kZombie);
+  ASSERT_OK(child->Wait(Deadline::AfterMs(5000)));
+  EXPECT_EQ(w.Probe(*slot), ProcState::kDead);
+
+  // A new holder of the slot re-targets the watch; moving it keeps it.
+  auto second = ChildProcess::Spawn([] {
+    SleepForever();
+    return 0;
+  });
+  ASSERT_OK(second);
+  HoldFor(slot, second->pid());
+  EXPECT_EQ(w.Probe(*slot), ProcState::kAlive);
+  PidWatch moved = std::move(w);
+  EXPECT_EQ(moved.Probe(*slot), ProcState::kAlive);
+  ASSERT_TRUE(second->Signal(SIGKILL));
+  EXPECT_EQ(WaitForWatch(&moved, *slot, ProcState::kZombie), ProcState::kZombie);
+  slot->~HeartbeatSlot();
+}
+
+TEST(PidWatchTest, RecycledPidIsDead) {
+  alignas(64) unsigned char storage[sizeof(HeartbeatSlot)];
+  auto* slot = new (storage) HeartbeatSlot();
+  HoldFor(slot, ::getpid());
+  slot->start_ticks.store(slot->start_ticks.load() + 1);  // "another process with this pid"
+  PidWatch w;
+  EXPECT_EQ(w.Probe(*slot), ProcState::kDead);
+  EXPECT_FALSE(w.uses_pidfd());
+  slot->~HeartbeatSlot();
 }
 
 TEST(LivenessTest, StateNames) {
