@@ -18,7 +18,7 @@ if [[ ${SYMTP_SKIP_SANITIZERS:-0} != 1 ]]; then
   # The shared-memory ring, the diff decoder (with its corruption test) and the
   # scheduler/worker state under ASan+UBSan and TSan (host code only).
   SAN_TARGETS=(common_test ipc_test protocol_test scheduler_test)
-  SAN_FILTER='^(StatusMacros|Histogram|Deadline|Log|Ring|Spmc|Spsc|Shm|Segment|Liveness|Futex|Crc32c|Varint|Diff|Result|Corruption|BlockManager|Scheduler|WorkerState|Simulation)'
+  SAN_FILTER='^(StatusMacros|Histogram|Deadline|Log|Ring|Spmc|Spsc|Shm|Segment|Liveness|PidWatch|Futex|Crc32c|Varint|Diff|Result|Corruption|BlockManager|Scheduler|WorkerState|Simulation)'
   for san in asan tsan; do
     echo "=== sanitizer build: $san ==="
     cmake --preset "$san" >/dev/null
