@@ -168,15 +168,15 @@ absl::StatusOr<BenchJob> MakeJob(uint32_t consumers) {
   return BenchJob{std::move(*seg), *ring, done};
 }
 
-// The CPUs this process may run on, one per physical core first (so pinned
-// processes do not share a core's hyperthreads while cores are left), then
-// the remaining hyperthreads.
+// The CPUs this process may run on, in pinning order: the producer's CPU
+// (the first allowed one), then one CPU per physical core sharing its L3
+// (cache/index3/id), then one per core behind other L3s (on chiplet CPUs a
+// consumer there reads the record across the fabric), then the remaining
+// hyperthreads, nearest L3 first.
 std::vector<int> PinOrder() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  std::vector<int> first, rest;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return first;
-  std::vector<std::pair<int, int>> seen_cores;  // (package, core)
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {};
   auto read_int = [](const std::string& path) {
     int v = -1;
     if (FILE* f = std::fopen(path.c_str(), "r")) {
@@ -185,18 +185,33 @@ std::vector<int> PinOrder() {
     }
     return v;
   };
+  struct Cpu {
+    int cpu, package, core, l3;
+  };
+  std::vector<Cpu> cpus;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (!CPU_ISSET(cpu, &set)) continue;
-    const std::string topo = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-    const std::pair<int, int> core{read_int(topo + "physical_package_id"),
-                                   read_int(topo + "core_id")};
-    const bool dup = core.second >= 0 &&
-                     std::find(seen_cores.begin(), seen_cores.end(), core) != seen_cores.end();
-    (dup ? rest : first).push_back(cpu);
-    seen_cores.push_back(core);
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/";
+    cpus.push_back({cpu, read_int(dir + "topology/physical_package_id"),
+                    read_int(dir + "topology/core_id"), read_int(dir + "cache/index3/id")});
   }
-  first.insert(first.end(), rest.begin(), rest.end());
-  return first;
+  if (cpus.empty()) return {};
+  const int home_l3 = cpus[0].l3;
+  std::vector<std::pair<int, int>> seen_cores;  // (package, core)
+  std::vector<std::pair<int, int>> keyed;       // (rank, cpu)
+  for (const Cpu& c : cpus) {
+    const std::pair<int, int> core{c.package, c.core};
+    const bool sibling = c.core >= 0 &&
+                         std::find(seen_cores.begin(), seen_cores.end(), core) != seen_cores.end();
+    seen_cores.push_back(core);
+    const bool far = c.l3 != home_l3;
+    keyed.push_back({(sibling ? 2 : 0) + (far ? 1 : 0), c.cpu});
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<int> order;
+  for (const auto& k : keyed) order.push_back(k.second);
+  return order;
 }
 
 bool PinTo(int cpu) {
@@ -528,11 +543,12 @@ bool ParseOwnFlags(int* argc, char** argv) {
   return true;
 }
 
-// The clock the latency figures are taken with, and what one reading costs:
-// on a VM whose clock source is not read in user space (no vDSO path, e.g.
-// hpet or acpi_pm) every MonotonicNs() is a system call, which the figures
-// then include (t0 and each consumer's completion stamp).
-void AddClockContext() {
+// Machine facts the latency figures depend on, in the JSON context: the
+// clock they are taken with and what one reading costs (on a VM whose clock
+// source is not read in user space, e.g. hpet or acpi_pm, every MonotonicNs()
+// is a system call the figures include: t0 and each consumer's completion
+// stamp), the CPU model, whether it has CLDEMOTE, and the pinning order.
+void AddMachineContext() {
   std::string source = "unknown";
   if (FILE* f = std::fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r")) {
     char buf[64] = {};
@@ -566,6 +582,11 @@ void AddClockContext() {
     std::fclose(f);
   }
   benchmark::AddCustomContext("cpu_model", model);
+  if (g_options.pin) {
+    std::string order;
+    for (int c : PinOrder()) order += (order.empty() ? "" : ",") + std::to_string(c);
+    benchmark::AddCustomContext("pin_order", order);
+  }
   benchmark::AddCustomContext("cpu_has_cldemote", cldemote);
   benchmark::AddCustomContext("monotonic_read_ns", absl::StrFormat("%.1f", cost(&MonotonicNs)));
   benchmark::AddCustomContext("monotonic_coarse_read_ns",
@@ -579,7 +600,7 @@ int main(int argc, char** argv) {
   symtp::ipc::ParseOwnFlags(&argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  symtp::ipc::AddClockContext();
+  symtp::ipc::AddMachineContext();
   symtp::ipc::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
