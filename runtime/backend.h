@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/sampling.h"
@@ -60,6 +61,8 @@ class Backend {
   // batch broadcast). CPU: through shared memory; CUDA: NCCL on the device.
   virtual absl::Status BroadcastBatch(void* data, size_t bytes, int root) = 0;
   virtual std::string Describe() const = 0;
+  // KV cache blocks this rank allocated (per layer).
+  virtual int num_kv_blocks() const = 0;
 
  protected:
   int in_flight_ = 0;
@@ -75,8 +78,22 @@ class Backend {
   model::BatchInput substituted_;
 };
 
-// KV blocks every process derives from the same flags.
+// KV blocks every process derives from the same flags (--num-kv-blocks, or
+// enough for the workload).
 int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg);
+// Whether each worker sizes its own KV cache (--kv-cache-mib,
+// --kv-cache-fraction) and reports it, the scheduler taking the smallest.
+bool KvBlocksFromWorkers(const JobOptions& opts);
+// Blocks that fit in `bytes` on `rank`: K and V of every layer for the
+// rank's kv heads, `elem_bytes` per element; at least 0.
+int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t elem_bytes,
+                     double bytes);
+// The block count the scheduler plans with: NumKvBlocks, or, when the
+// workers size their caches, the smallest count they report in their
+// ProcSlot (waiting for every report until `deadline`; a worker that fails
+// first, or an abort, ends the wait with its error).
+absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg,
+                                   JobHandle* job, Deadline deadline);
 // The longest sequence (prompt + output) the workload can produce.
 int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg);
 // The scheduler's limits from the flags (v1 scheduler process and v0's rank 0).

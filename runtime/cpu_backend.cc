@@ -1,9 +1,15 @@
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "models/cpu_model.h"
+#include "models/sharding.h"
+#include "runtime/job.h"
 #include "runtime/backend.h"
 #include "runtime/shm_host_comm.h"
 
@@ -56,8 +62,10 @@ class CpuBackend : public Backend {
 
   const std::vector<float>& logits() const { return logits_; }
   std::string Describe() const override {
-    return absl::StrCat("cpu (fp32), kv cache ", model_.kv_cache_bytes() >> 20, " MiB");
+    return absl::StrCat("cpu (fp32), kv cache ", model_.kv_cache_bytes() >> 20, " MiB (",
+                        model_.num_kv_blocks(), " blocks)");
   }
+  int num_kv_blocks() const override { return model_.num_kv_blocks(); }
 
  private:
   std::unique_ptr<ShmHostComm> comm_;
@@ -140,6 +148,44 @@ absl::Status Backend::Collect(std::vector<int32_t>* tokens, BackendTimings* timi
   return absl::OkStatus();
 }
 
+bool KvBlocksFromWorkers(const JobOptions& opts) {
+  return opts.num_kv_blocks <= 0 && (opts.kv_cache_mib > 0 || opts.kv_cache_fraction > 0);
+}
+
+int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t elem_bytes,
+                     double bytes) {
+  absl::StatusOr<model::ShardLayout> layout = model::MakeShardLayout(cfg, rank, tp);
+  if (!layout.ok()) return 0;
+  const double per_block = 2.0 * cfg.layers * cfg.block_size * layout->kv_heads_local *
+                           cfg.head_dim * static_cast<double>(elem_bytes);
+  return static_cast<int>(std::min(bytes / per_block, static_cast<double>(1 << 28)));
+}
+
+absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg,
+                                   JobHandle* job, Deadline deadline) {
+  if (!KvBlocksFromWorkers(opts)) return NumKvBlocks(opts, cfg);
+  while (true) {
+    SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
+    int agreed = INT32_MAX, missing = -1;
+    for (int r = 0; r < opts.tp; ++r) {
+      const ProcSlot& slot = job->control->procs[ProcIndex(ProcRole::kWorker, r)];
+      const int n = slot.kv_blocks.load(std::memory_order_acquire);
+      if (n > 0) {
+        agreed = std::min(agreed, n);
+      } else if (missing < 0) {
+        missing = r;
+      }
+    }
+    if (missing < 0) return agreed;
+    if (deadline.Expired()) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "worker rank %d did not report its KV cache size in time (--step-timeout-ms %d)",
+          missing, opts.step_timeout_ms));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
 int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg) {
   if (opts.num_kv_blocks > 0) return opts.num_kv_blocks;
   const int per_seq = JobMaxSeqLen(opts, cfg);
@@ -153,8 +199,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const JobOptions& opts
   SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<ShmHostComm> comm,
                          ShmHostComm::Attach(job->hostcomm, job->hostcomm_bytes, rank, job->control,
                                              opts.step_timeout_ms * 1'000'000));
+  const int blocks = opts.kv_cache_mib > 0
+                         ? KvBlocksForBytes(cfg, rank, opts.tp, sizeof(float),
+                                            opts.kv_cache_mib * 1048576.0)
+                         : NumKvBlocks(opts, cfg);
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-cache-mib %g holds no KV block on rank %d", opts.kv_cache_mib, rank));
+  }
   SYMTP_ASSIGN_OR_RETURN(model::CpuModel m,
-                         model::CpuModel::Create(cfg, rank, opts.tp, NumKvBlocks(opts, cfg),
+                         model::CpuModel::Create(cfg, rank, opts.tp, blocks,
                                                  opts.tp > 1 ? comm.get() : nullptr));
   return std::unique_ptr<Backend>(new CpuBackend(std::move(comm), std::move(m)));
 }

@@ -95,7 +95,19 @@ class CudaBackend : public Backend {
     }
     model::GpuModelOptions mo;
     mo.dtype = opts.dtype == "fp32" ? kernels::DType::kF32 : kernels::DType::kBF16;
-    mo.num_kv_blocks = NumKvBlocks(opts, cfg);
+    // KV cache: --kv-cache-fraction of the memory left after the weights,
+    // --kv-cache-mib, or what the workload needs (NumKvBlocks).
+    mo.kv_cache_memory_fraction = opts.kv_cache_fraction;
+    mo.num_kv_blocks =
+        opts.kv_cache_fraction > 0 ? 0
+        : opts.kv_cache_mib > 0
+            ? KvBlocksForBytes(cfg, rank, opts.tp, opts.dtype == "fp32" ? 4 : 2,
+                               opts.kv_cache_mib * 1048576.0)
+            : NumKvBlocks(opts, cfg);
+    if (opts.kv_cache_fraction <= 0 && mo.num_kv_blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--kv-cache-mib %g holds no KV block on rank %d", opts.kv_cache_mib, rank));
+    }
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.num_buckets = opts.buckets;
@@ -214,6 +226,7 @@ class CudaBackend : public Backend {
                            model_->kv_cache_bytes() >> 20, model_->num_kv_blocks(), opts_.buckets,
                            opts_.cuda_graphs ? "on" : "off");
   }
+  int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
   ~CudaBackend() override {
     if (comm_) {

@@ -30,7 +30,7 @@ namespace symtp::runtime {
 inline constexpr int kMaxRanks = 8;
 inline constexpr int kMaxProcs = kMaxRanks + 1;  // slot 0: scheduler, 1..N: worker ranks
 inline constexpr uint64_t kControlMagic = 0x53594D54504A4F42ull;  // "SYMTPJOB"
-inline constexpr uint32_t kControlVersion = 1;
+inline constexpr uint32_t kControlVersion = 2;  // 2: ProcSlot::kv_blocks
 inline constexpr size_t kExchangeBytesPerRank = 4096;
 
 enum class ProcRole : int32_t { kScheduler = 0, kWorker = 1 };
@@ -57,6 +57,7 @@ struct alignas(64) ProcSlot {
   std::atomic<int32_t> phase;       // ProcPhase
   std::atomic<int64_t> beat_ns;     // CLOCK_MONOTONIC, refreshed by the heartbeat thread
   std::atomic<int64_t> step;        // last step the process finished (progress)
+  std::atomic<int32_t> kv_blocks;   // workers: KV blocks allocated (0 until reported)
   char error[192];                  // last error message when phase == kFailed
 };
 

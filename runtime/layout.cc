@@ -76,7 +76,7 @@ absl::Status ResolveBackend(JobOptions* opts) {
 #endif
   if (opts->backend == "cpu" || (opts->backend == "auto" && gpus == 0)) {
     opts->resolved_backend = "cpu";
-    return absl::OkStatus();
+    return ValidateJobOptions(*opts);  // e.g. GPU-only flags
   }
   if (gpus < opts->tp) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -157,7 +157,9 @@ const std::map<std::string, Flag>& Flags() {
       {"max-batch", {Int(&JobOptions::max_batch, 1, 65536), Get(&JobOptions::max_batch), "max running sequences"}},
       {"max-batched-tokens", {Int(&JobOptions::max_batched_tokens, 1, 1 << 24), Get(&JobOptions::max_batched_tokens), "max tokens per step"}},
       {"prefill-chunk", {Int(&JobOptions::prefill_chunk, 1, 1 << 24), Get(&JobOptions::prefill_chunk), "chunked prefill size"}},
-      {"num-kv-blocks", {Int(&JobOptions::num_kv_blocks, 0, 1 << 28), Get(&JobOptions::num_kv_blocks), "KV blocks (0: derived)"}},
+      {"num-kv-blocks", {Int(&JobOptions::num_kv_blocks, 0, 1 << 28), Get(&JobOptions::num_kv_blocks), "KV blocks (0: derived from the workload, or from the next two flags)"}},
+      {"kv-cache-mib", {Real(&JobOptions::kv_cache_mib, 0, 1 << 24), Get(&JobOptions::kv_cache_mib), "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report"}},
+      {"kv-cache-fraction", {Real(&JobOptions::kv_cache_fraction, 0, 0.95), Get(&JobOptions::kv_cache_fraction), "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)"}},
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
       {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
@@ -249,6 +251,15 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
   }
   if (o.prefill_chunk > o.max_batched_tokens) {
     return absl::InvalidArgumentError("--prefill-chunk exceeds --max-batched-tokens");
+  }
+  if ((o.num_kv_blocks > 0) + (o.kv_cache_mib > 0) + (o.kv_cache_fraction > 0) > 1) {
+    return absl::InvalidArgumentError(
+        "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
+        "at most one");
+  }
+  if (o.kv_cache_fraction > 0 && o.resolved_backend == "cpu") {
+    return absl::InvalidArgumentError(
+        "--kv-cache-fraction sizes a GPU's KV cache; with the cpu backend use --kv-cache-mib");
   }
   return absl::OkStatus();
 }

@@ -47,7 +47,9 @@ struct JobOptions {
   int max_batch = 64;            // max running sequences
   int max_batched_tokens = 2048; // per step
   int prefill_chunk = 512;
-  int num_kv_blocks = 0;         // 0: derived from the workload
+  int num_kv_blocks = 0;         // 0: derived from the workload, or sized by the workers:
+  double kv_cache_mib = 0;       //   KV cache bytes per rank (MiB), or
+  double kv_cache_fraction = 0;  //   fraction of the GPU memory free after the weights (cuda)
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.

@@ -51,8 +51,15 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
                            ipc::RingConsumer::Attach(job->result_rings[r], 0, "scheduler"));
     results.push_back(std::move(c));
   }
-  SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched,
-                         sched::Scheduler::Create(JobSchedulerConfig(opts, cfg)));
+  sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);
+  SYMTP_ASSIGN_OR_RETURN(sc.num_kv_blocks,
+                         AgreedKvBlocks(opts, cfg, job,
+                                        Deadline::AfterNs(opts.step_timeout_ms * 1'000'000)));
+  if (KvBlocksFromWorkers(opts)) {
+    SYMTP_LOG(INFO, "sched") << "KV cache: " << sc.num_kv_blocks
+                             << " blocks (the smallest the workers allocated)";
+  }
+  SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched, sched::Scheduler::Create(sc));
   std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
   const int n = static_cast<int>(workload.size());
   const int concurrency = opts.arrival_rate > 0 ? n
@@ -226,6 +233,8 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
   } else {
     SYMTP_ASSIGN_OR_RETURN(backend, CreateCpuBackend(opts, cfg, rank, job));
   }
+  // The scheduler plans with the smallest KV cache any rank allocated.
+  job->self->kv_blocks.store(backend->num_kv_blocks(), std::memory_order_release);
   if (opts.mode == "v0") return RunV0Worker(opts, cfg, rank, job, backend.get());
 
   const std::string label = absl::StrCat("worker rank ", rank);
@@ -234,7 +243,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
   SYMTP_ASSIGN_OR_RETURN(ipc::RingProducer results,
                          ipc::RingProducer::Create(job->result_rings[rank], label));
   worker::WorkerStateConfig wc;
-  wc.num_kv_blocks = NumKvBlocks(opts, cfg);
+  wc.num_kv_blocks = backend->num_kv_blocks();  // >= what the scheduler plans with
   wc.max_seq_len = JobMaxSeqLen(opts, cfg);
   wc.block_size = cfg.block_size;
   SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));

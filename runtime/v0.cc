@@ -91,7 +91,10 @@ absl::Status V0Follower(const JobOptions& /*opts*/, Backend* backend, JobHandle*
 
 absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Backend* backend,
                       JobHandle* job) {
-  const sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);  // depth 1 for v0
+  sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);  // depth 1 for v0
+  SYMTP_ASSIGN_OR_RETURN(sc.num_kv_blocks,
+                         AgreedKvBlocks(opts, cfg, job,
+                                        Deadline::AfterNs(opts.step_timeout_ms * 1'000'000)));
   SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched, sched::Scheduler::Create(sc));
   worker::WorkerStateConfig wc;
   wc.num_kv_blocks = sc.num_kv_blocks;

@@ -227,6 +227,41 @@ TEST_F(SystemTest, PipelinedWorkersUnderPreemptionAndEosMatchUnpipelinedTp1) {
   EXPECT_THAT(summary, ::testing::Not(::testing::HasSubstr("\"preemptions\": 0")));
 }
 
+// Workers size their KV caches from --kv-cache-mib and report them; the
+// scheduler plans with the smallest report. tiny at TP=2 keeps 8 KiB per
+// block on a rank (2 layers x K,V x 16 positions x 1 kv head x 32 x fp32),
+// so 0.0625 MiB is 8 blocks: the same tokens as --num-kv-blocks=8, under
+// preemption; a budget below one sequence is a clear error, in v1 and v0.
+TEST_F(SystemTest, WorkerSizedKvCacheMatchesTheSameBlockCountGivenByFlag) {
+  const std::string w = "--num-requests=24 --max-batch=12 --temperature=0.8 --seed=11";
+  for (const char* run : {"mib", "blocks"}) {
+    const std::string sizing = std::string(run) == "mib" ? "--kv-cache-mib=0.0625" : "--num-kv-blocks=8";
+    Proc p = Start(Workload(Out(run), 2, absl::StrCat(w, " ", sizing)), prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << run << ": " << ReadFile(p.err_path);
+    if (std::string(run) == "mib") {
+      EXPECT_THAT(ReadFile(p.err_path),
+                  ::testing::HasSubstr("KV cache: 8 blocks (the smallest the workers allocated)"));
+    }
+  }
+  const auto want = ReadTokens(Out("blocks"));
+  ASSERT_EQ(want.size(), 24u);
+  EXPECT_EQ(ReadTokens(Out("mib")), want);
+  EXPECT_THAT(ReadFile(Out("mib") + "/summary.json"),
+              ::testing::Not(::testing::HasSubstr("\"preemptions\": 0")));
+
+  for (const char* mode : {"v1", "v0"}) {
+    Proc p = Start(Workload(Out(absl::StrCat("tiny_", mode)), 2,
+                            absl::StrCat("--kv-cache-mib=0.01 --mode=", mode)),
+                   prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st)) << mode;
+    EXPECT_NE(WEXITSTATUS(st), 0) << mode;
+    EXPECT_THAT(ReadFile(p.err_path), ::testing::HasSubstr("cannot hold one sequence")) << mode;
+  }
+  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
 TEST_F(SystemTest, V0ModeProducesTheSameTokensAsV1) {
   for (const char* mode : {"v1", "v0"}) {
     Proc p = Start(Workload(Out(mode), 2, absl::StrCat("--mode=", mode, " --temperature=0.7 --seed=3")), prefix_);

@@ -88,6 +88,13 @@ if has launch; then
   d=$R/launch/cuda_bf16_tp2_v0
   timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=2 $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=2 v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp2/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
+  # KV cache sized by the workers from free GPU memory, and the tensor-core attention.
+  d=$R/launch/cuda_fp32_tp2_kvfraction
+  timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --tp=2 --kv-cache-fraction=0.3 $W --out="$d" >"$d.log" 2>&1
+  echo "cuda fp32 tp=2 --kv-cache-fraction=0.3 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO); $(grep -o 'KV cache: [0-9]* blocks' "$d.log")" | tee -a "$LOG"
+  d=$R/launch/cuda_bf16_tp2_tensorcore
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=2 --attention=tensor-core $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=2 --attention=tensor-core exit $? tokens==tiled(bf16): $(cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo no: bf16 rounding may differ)" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has ardecode; then
