@@ -3,7 +3,9 @@
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
 #   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode fault overlap report";
-#   GPU_TEST_REGEX limits the gpu tests (ctest -R).
+#   GPU_TEST_REGEX limits the gpu tests (ctest -R); OVERLAP_EXTRA / REPORT_EXTRA pass
+#   launcher flags (e.g. "--attention=tensor-core") to the overlap and report runs;
+#   DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the decode sweep; FAULT_TP the kill test.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -179,6 +181,7 @@ fi
 if has report && [[ -x tools/report.sh ]]; then
   step "v0 vs v1 report"
   SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "1 2" \
-    --model llama-70b-shape --overrides "${REPORT_OVERRIDES:-layers=4}" --out "$R/report" >"$R/report.log" 2>&1
+    --model llama-70b-shape --overrides "${REPORT_OVERRIDES:-layers=4}" --out "$R/report" \
+    ${REPORT_EXTRA:+-- $REPORT_EXTRA} >"$R/report.log" 2>&1
   tail -20 "$R/report.log" | tee -a "$LOG"
 fi
