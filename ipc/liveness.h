@@ -98,7 +98,7 @@ ProcState ProbeHolder(const HeartbeatSlot& slot);
 
 // Watches the holder of a heartbeat slot for its exit through a pidfd
 // (Linux >= 5.3): Probe() is then one poll(2), ~0.2 us, where ProbeHolder
-// reads /proc twice (~13 us on the development VM). Waiters that check their
+// reads /proc twice (~13 us on the development VM, BM_PeerCheck). Waiters that check their
 // peer every few ms while a record may arrive any microsecond use it, so the
 // check does not add its own latency to the record's. The pidfd pins the
 // process (no pid-reuse race once opened; the start time is checked when it
