@@ -9,10 +9,23 @@ kernel's arithmetic (bf16 rounding of P) is not modelled: only the indexing.
 It mirrors the kernel's code by hand; the GPU tests (tests/kernels/
 attention_test.cc) are what verify the kernel itself.
 
+A second pass rounds P the way the kernel does (a bf16 term plus a bf16
+residual term; bf16 alone gave a worst 5.3e-3) and reports the error by the
+attention tests' measure against their bf16 tolerance.
+
 Usage: python3 tools/dev/mma_attention_lanes.py   (exit 1 on a mismatch)
 """
-import math, random
+import math, random, struct, sys
 random.seed(0)
+BF16_P = False  # second pass: P as bf16 + bf16 residual in P V, as the kernel does
+
+def bf16(x):
+    """Round a float to bfloat16 (nearest even), as __floats2bfloat162_rn does."""
+    if x == 0.0 or math.isinf(x):
+        return x
+    u = struct.unpack('<I', struct.pack('<f', x))[0]
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack('<f', struct.pack('<I', u))[0]
 class NP:
     inf = math.inf
     @staticmethod
@@ -143,11 +156,17 @@ def run(D, group, ntok, positions, kb, ke_split, num_splits):
                 L['p'] = p; L['al0'], L['al1'] = al0, al1
                 for j in range(kNT):
                     L['o'][j][0] *= al0; L['o'][j][1] *= al0; L['o'][j][2] *= al1; L['o'][j][3] *= al1
+            rp = bf16 if BF16_P else (lambda x: x)
             for j in range(kNT):
-                a = [[(L['p'][0][0], L['p'][0][1]), (L['p'][0][2], L['p'][0][3]) if two else (0,0),
-                      (L['p'][1][0], L['p'][1][1]), (L['p'][1][2], L['p'][1][3]) if two else (0,0)] for L in lanes]
+                a = [[(rp(L['p'][0][0]), rp(L['p'][0][1])), (rp(L['p'][0][2]), rp(L['p'][0][3])) if two else (0,0),
+                      (rp(L['p'][1][0]), rp(L['p'][1][1])), (rp(L['p'][1][2]), rp(L['p'][1][3])) if two else (0,0)] for L in lanes]
                 b = [[(L['vr'][0][j], L['vr'][1][j]), (L['vr'][2][j], L['vr'][3][j])] for L in lanes]
                 res = mma([list(L['o'][j]) for L in lanes], a, b)
+                if BF16_P:  # the kernel's second product: the residual P - bf16(P), in bf16
+                    lo = lambda x: bf16(x - bf16(x))
+                    a2 = [[(lo(L['p'][0][0]), lo(L['p'][0][1])), (lo(L['p'][0][2]), lo(L['p'][0][3])) if two else (0,0),
+                           (lo(L['p'][1][0]), lo(L['p'][1][1])), (lo(L['p'][1][2]), lo(L['p'][1][3])) if two else (0,0)] for L in lanes]
+                    res = mma(res, a2, b)
                 for li, L in enumerate(lanes): L['o'][j] = res[li] if two else [res[li][0], res[li][1], 0, 0]
             t0 += nsl*16
         for li, L in enumerate(lanes):
@@ -181,6 +200,11 @@ def run(D, group, ntok, positions, kb, ke_split, num_splits):
         sc = [sum(q[d]*K[k][d] for d in range(D)) * scale for k in keys]
         mx = max(sc); w = [math.exp(x - mx) for x in sc]; sw = sum(w)
         ref[r] = [sum(w[i]/sw * V[k][d] for i, k in enumerate(keys)) for d in range(D)]
+    if BF16_P:  # tests/kernels/gpu_test_util.h CheckClose: |got - want| / (|want| + rms(want))
+        vals = [ref[r][d] for r in range(rows) for d in range(D)]
+        rms = max(math.sqrt(sum(v * v for v in vals) / len(vals)), 1e-30)
+        return max(abs(out[r][d] - ref[r][d]) / (abs(ref[r][d]) + rms)
+                   for r in range(rows) for d in range(D))
     err = max(abs(out[r][d] - ref[r][d]) for r in range(rows) for d in range(D))
     return err
 
@@ -201,5 +225,13 @@ for c in cases:
     worst = max(worst, e)
     print('D=%d group=%d tokens=%d positions=%s.. split(kb=%d chunk=%d n=%d): max |err| %.2e'
           % (c[0], c[1], c[2], c[3][:3], c[4], c[5], c[6], e))
-import sys
-sys.exit(0 if worst < 1e-9 else 1)
+# With P split into bf16 + bf16 residual (the kernel's only extra rounding
+# besides the bf16 output): the error by the attention tests' measure, whose
+# bf16 tolerance is 1e-2.
+BF16_P = True
+worst_bf16 = 0.0
+for c in cases:
+    worst_bf16 = max(worst_bf16, run(*c))
+print('P as bf16 + residual: worst |err| / (|ref| + rms(ref)) = %.2e (the tests allow 1e-2)'
+      % worst_bf16)
+sys.exit(0 if worst < 1e-9 and worst_bf16 < 1e-2 else 1)
