@@ -80,24 +80,34 @@ SYMTP_ALWAYS_INLINE void StoreBlock(const double out[][4], int rows, int cols, f
     for (int j = 0; j < cols; ++j) y[m * ldy + j] = static_cast<float>(out[m][j]);
 }
 
+// Rows of x per chunk: keep the converted chunk around 256 KiB (L2).
+inline int ChunkRows(int T, int kp) {
+  return std::max(8, std::min(T, static_cast<int>((256 * 1024 / 8) / std::max(kp, 1))));
+}
+
+// tn rows of x (leading dimension ldx, K columns) as doubles, zero-padded to kp.
+SYMTP_ALWAYS_INLINE void ConvertRows(const float* x, int64_t ldx, int tn, int K, int kp,
+                                     double* xd) {
+  for (int t = 0; t < tn; ++t) {
+    const float* src = x + t * ldx;
+    double* dst = xd + static_cast<int64_t>(t) * kp;
+    for (int k = 0; k < K; ++k) dst[k] = src[k];
+    for (int k = K; k < kp; ++k) dst[k] = 0.0;
+  }
+}
+
 template <int MR>
 SYMTP_ALWAYS_INLINE void MatMulBody(const float* x, int64_t ldx, int T, int K, const float* w,
                                     int N, float* y, int64_t ldy, MatMulScratch* s) {
   const int kp = (K + 3) & ~3;
-  // Rows of x per chunk: keep the converted chunk around 256 KiB (L2).
-  const int tc = std::max(8, std::min(T, static_cast<int>((256 * 1024 / 8) / std::max(kp, 1))));
+  const int tc = ChunkRows(T, kp);
   if (s->x.size() < static_cast<size_t>(tc) * kp) s->x.resize(static_cast<size_t>(tc) * kp);
   if (s->w.size() < static_cast<size_t>(4) * kp) s->w.resize(static_cast<size_t>(4) * kp);
   double* xd = s->x.data();
   double* wp = s->w.data();
   for (int t0 = 0; t0 < T; t0 += tc) {
     const int tn = std::min(tc, T - t0);
-    for (int t = 0; t < tn; ++t) {
-      const float* src = x + (t0 + t) * ldx;
-      double* dst = xd + static_cast<int64_t>(t) * kp;
-      for (int k = 0; k < K; ++k) dst[k] = src[k];
-      for (int k = K; k < kp; ++k) dst[k] = 0.0;
-    }
+    ConvertRows(x + t0 * ldx, ldx, tn, K, kp, xd);
     for (int n0 = 0; n0 < N; n0 += 4) {
       const int nn = std::min(4, N - n0);
       for (int j = 0; j < 4; ++j) {
@@ -220,19 +230,14 @@ SYMTP_AVX512 void MatMulAvx512(const float* x, int64_t ldx, int T, int K, const 
                                float* y, int64_t ldy, MatMulScratch* s) {
   constexpr int MR = 4;
   const int kp = (K + 3) & ~3;
-  const int tc = std::max(8, std::min(T, static_cast<int>((256 * 1024 / 8) / std::max(kp, 1))));
+  const int tc = ChunkRows(T, kp);
   if (s->x.size() < static_cast<size_t>(tc) * kp) s->x.resize(static_cast<size_t>(tc) * kp);
   if (s->w.size() < static_cast<size_t>(8) * kp) s->w.resize(static_cast<size_t>(8) * kp);
   double* xd = s->x.data();
   double* wp = s->w.data();
   for (int t0 = 0; t0 < T; t0 += tc) {
     const int tn = std::min(tc, T - t0);
-    for (int t = 0; t < tn; ++t) {
-      const float* src = x + (t0 + t) * ldx;
-      double* dst = xd + static_cast<int64_t>(t) * kp;
-      for (int k = 0; k < K; ++k) dst[k] = src[k];
-      for (int k = K; k < kp; ++k) dst[k] = 0.0;
-    }
+    ConvertRows(x + t0 * ldx, ldx, tn, K, kp, xd);
     for (int n0 = 0; n0 < N; n0 += 8) {
       const int nn = std::min(8, N - n0);
       PackPanel8(w, N, K, kp, n0, wp);

@@ -34,6 +34,11 @@ absl::StatusOr<ShardLayout> MakeShardLayout(const ModelConfig& cfg, int tp_rank,
   return l;
 }
 
+size_t KvCacheBytesPerBlock(const ModelConfig& cfg, const ShardLayout& layout, size_t elem_bytes) {
+  return 2 * static_cast<size_t>(cfg.layers) * cfg.block_size * layout.kv_heads_local *
+         cfg.head_dim * elem_bytes;
+}
+
 int LocalKvHeadForQHead(const ModelConfig& cfg, const ShardLayout& layout, int local_q_head) {
   const int group = cfg.heads / cfg.kv_heads;
   return (layout.q_head_begin + local_q_head) / group - layout.kv_head_begin;

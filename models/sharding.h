@@ -27,6 +27,10 @@ struct ShardLayout {
 // ValidateForTp(cfg, tp_size) and 0 <= tp_rank < tp_size, else InvalidArgument.
 absl::StatusOr<ShardLayout> MakeShardLayout(const ModelConfig& cfg, int tp_rank, int tp_size);
 
+// KV cache bytes of one block (block_size positions) on a rank: K and V of
+// every layer for the rank's kv heads, `elem_bytes` per element.
+size_t KvCacheBytesPerBlock(const ModelConfig& cfg, const ShardLayout& layout, size_t elem_bytes);
+
 // Local kv head (0-based on this rank) used by local q head `local_q_head`
 // (GQA: global q head h uses global kv head h / (NH/NKV)).
 int LocalKvHeadForQHead(const ModelConfig& cfg, const ShardLayout& layout, int local_q_head);

@@ -156,8 +156,7 @@ int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t ele
                      double bytes) {
   absl::StatusOr<model::ShardLayout> layout = model::MakeShardLayout(cfg, rank, tp);
   if (!layout.ok()) return 0;
-  const double per_block = 2.0 * cfg.layers * cfg.block_size * layout->kv_heads_local *
-                           cfg.head_dim * static_cast<double>(elem_bytes);
+  const double per_block = static_cast<double>(model::KvCacheBytesPerBlock(cfg, *layout, elem_bytes));
   return static_cast<int>(std::min(bytes / per_block, static_cast<double>(1 << 28)));
 }
 

@@ -240,6 +240,51 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   return absl::OkStatus();
 }
 
+// The attention shapes both attention tables time (one rank's heads).
+struct AttnShape {
+  const char* name;
+  int nq, nkv, d;
+};
+constexpr AttnShape kAttnShapes[] = {{"llama-8b-shape tp1", 32, 8, 128},
+                                     {"llama-70b-shape tp2", 32, 4, 128}};
+
+template <typename T>
+absl::StatusOr<cuda::DeviceBuffer> Upload(const std::vector<T>& v) {
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer b,
+                         cuda::DeviceBuffer::Create(std::max<size_t>(v.size() * sizeof(T), 16)));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return b;
+}
+
+// One bf16 attention launch over fused qkv rows (stride (nq + 2 nkv) d) and a
+// paged cache of 16-position blocks; split-K and kernel choice left to the caller.
+kernels::PagedAttentionArgs AttnArgs(const AttnShape& cf, const cuda::DeviceBuffer& q,
+                                     const cuda::DeviceBuffer& kc, const cuda::DeviceBuffer& vc,
+                                     const cuda::DeviceBuffer& out, const cuda::DeviceBuffer& pos,
+                                     const cuda::DeviceBuffer& table, int table_stride,
+                                     const cuda::DeviceBuffer& items, int num_items,
+                                     int max_item_tokens, int num_tokens) {
+  kernels::PagedAttentionArgs a;
+  a.q = q.get();
+  a.q_row_stride = static_cast<int64_t>(cf.nq + 2 * cf.nkv) * cf.d;
+  a.k_cache = kc.get();
+  a.v_cache = vc.get();
+  a.out = out.get();
+  a.positions = pos.as<int32_t>();
+  a.block_tables = table.as<int32_t>();
+  a.block_table_stride = table_stride;
+  a.block_size = 16;
+  a.items = items.as<kernels::AttentionItem>();
+  a.num_items = num_items;
+  a.max_item_tokens = max_item_tokens;
+  a.num_tokens = num_tokens;
+  a.num_q_heads = cf.nq;
+  a.num_kv_heads = cf.nkv;
+  a.head_dim = cf.d;
+  a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+  return a;
+}
+
 // Checks one attention output row (bf16) against a double-precision CPU
 // softmax(q . k_j / sqrt(d)) v_j over keys 0..last_key; kv_row(j, k, v)
 // fetches key j's K and V rows. Error `what` when max |out - ref| exceeds
@@ -279,14 +324,10 @@ absl::Status CheckAttentionRow(
 }
 
 absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
-  struct Cfg {
-    const char* name;
-    int nq, nkv, d;
-  } cfgs[] = {{"llama-8b-shape tp1", 32, 8, 128}, {"llama-70b-shape tp2", 32, 4, 128}};
   const int ctx = 1024, B = 16, chunk = 256;
   std::printf("\ndecode attention (bf16 cache, context %d, split-K chunk %d)\n", ctx, chunk);
   std::printf("%-20s %-13s %5s %9s %9s %7s\n", "shape", "kernel", "batch", "us", "GB/s", "%copy");
-  for (const Cfg& cf : cfgs) {
+  for (const AttnShape& cf : kAttnShapes) {
     for (kernels::DecodeKernel dk :
          {kernels::DecodeKernel::kTiled, kernels::DecodeKernel::kWarpStreamed,
           kernels::DecodeKernel::kTensorCore}) {
@@ -313,39 +354,14 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         std::vector<int32_t> pos(batch, ctx - 1);
         std::vector<kernels::AttentionItem> items(batch);
         for (int i = 0; i < batch; ++i) items[i] = {i, i, 1, 0};
-        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab,
-                               cuda::DeviceBuffer::Create(perm.size() * 4));
-        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos,
-                               cuda::DeviceBuffer::Create(pos.size() * 4));
-        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
-                               cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpy(d_tab.get(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpy(d_pos.get(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(),
-                                        items.size() * sizeof(items[0]), cudaMemcpyHostToDevice));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, Upload(perm));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, Upload(pos));
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
         const int splits = (ctx + chunk - 1) / chunk;
         const size_t ws_bytes = kernels::PagedAttentionWorkspaceBytes(batch, cf.nq, cf.d, splits);
         SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wsb, cuda::DeviceBuffer::Create(ws_bytes));
-        kernels::PagedAttentionArgs a;
-        a.q = q.get();
-        a.q_row_stride = qstride;
-        a.k_cache = kc.get();
-        a.v_cache = vc.get();
-        a.out = out.get();
-        a.positions = d_pos.as<int32_t>();
-        a.block_tables = d_tab.as<int32_t>();
-        a.block_table_stride = blocks_per_seq;
-        a.block_size = B;
-        a.items = d_items.as<kernels::AttentionItem>();
-        a.num_items = batch;
-        a.max_item_tokens = 1;
-        a.num_tokens = batch;
-        a.num_q_heads = cf.nq;
-        a.num_kv_heads = cf.nkv;
-        a.head_dim = cf.d;
-        a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+        kernels::PagedAttentionArgs a = AttnArgs(cf, q, kc, vc, out, d_pos, d_tab, blocks_per_seq,
+                                                 d_items, batch, /*max_item_tokens=*/1, batch);
         a.num_splits = splits;
         a.split_chunk = chunk;
         a.workspace = wsb.get();
@@ -396,15 +412,11 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
 // launch GpuModel makes for it (items of MaxAttentionItemTokens tokens, no
 // split), tiled vs tensor-core kernel. Rows checked against a CPU softmax.
 absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) {
-  struct Cfg {
-    const char* name;
-    int nq, nkv, d;
-  } cfgs[] = {{"llama-8b-shape tp1", 32, 8, 128}, {"llama-70b-shape tp2", 32, 4, 128}};
   const int B = 16;
   std::printf("\nprefill attention (bf16, one sequence from position 0, causal)\n");
   std::printf("%-20s %-12s %6s %9s %9s %7s\n", "shape", "kernel", "tokens", "us", "TFLOP/s",
               "%gemm");
-  for (const Cfg& cf : cfgs) {
+  for (const AttnShape& cf : kAttnShapes) {
     for (int n : {512, 4096}) {
       const int nblk = n / B;
       const int64_t cache_elems = static_cast<int64_t>(n) * cf.nkv * cf.d;
@@ -424,14 +436,9 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
       const int per = kernels::MaxAttentionItemTokens(cf.nq, cf.nkv);
       std::vector<kernels::AttentionItem> items;
       kernels::BuildAttentionItems(std::vector<int32_t>{0, n}, per, &items);
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, cuda::DeviceBuffer::Create(nblk * 4));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, cuda::DeviceBuffer::Create(n * 4));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items,
-                             cuda::DeviceBuffer::Create(items.size() * sizeof(items[0])));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_tab.get(), table.data(), nblk * 4, cudaMemcpyHostToDevice));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_pos.get(), pos.data(), n * 4, cudaMemcpyHostToDevice));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(d_items.get(), items.data(), items.size() * sizeof(items[0]),
-                                      cudaMemcpyHostToDevice));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, Upload(table));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, Upload(pos));
+      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
       std::vector<uint16_t> hk(cache_elems), hv(cache_elems), hq(n * qstride);
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       CUDA_RETURN_IF_ERROR(cudaMemcpy(hk.data(), kc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
@@ -441,24 +448,9 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
            {kernels::PrefillKernel::kTiled, kernels::PrefillKernel::kTensorCore}) {
         const char* kname = kernels::PrefillKernelName(pk);
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out.get(), 0xff, static_cast<size_t>(n) * cf.nq * cf.d * 2, s));
-        kernels::PagedAttentionArgs a;
-        a.q = q.get();
-        a.q_row_stride = qstride;
-        a.k_cache = kc.get();
-        a.v_cache = vc.get();
-        a.out = out.get();
-        a.positions = d_pos.as<int32_t>();
-        a.block_tables = d_tab.as<int32_t>();
-        a.block_table_stride = nblk;
-        a.block_size = B;
-        a.items = d_items.as<kernels::AttentionItem>();
-        a.num_items = static_cast<int>(items.size());
-        a.max_item_tokens = per;
-        a.num_tokens = n;
-        a.num_q_heads = cf.nq;
-        a.num_kv_heads = cf.nkv;
-        a.head_dim = cf.d;
-        a.scale = 1.f / std::sqrt(static_cast<float>(cf.d));
+        kernels::PagedAttentionArgs a =
+            AttnArgs(cf, q, kc, vc, out, d_pos, d_tab, nblk, d_items,
+                     static_cast<int>(items.size()), per, n);
         a.prefill_kernel = pk;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));

@@ -812,7 +812,7 @@ absl::Status GpuModel::State::Init() {
   {
     const size_t per_block_layer =
         static_cast<size_t>(cfg.block_size) * NKVl * D * esz;  // K (or V) of one layer
-    const size_t per_block = 2 * static_cast<size_t>(cfg.layers) * per_block_layer;
+    const size_t per_block = KvCacheBytesPerBlock(cfg, layout, esz);
     int64_t blocks = opt.num_kv_blocks;
     if (blocks <= 0) {
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));

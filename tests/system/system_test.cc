@@ -317,16 +317,23 @@ TEST_F(SystemTest, MatchesSingleProcessReference) {
   }
 }
 
+// The launcher's worker processes once `n` of them run (or what is there
+// after 20 s).
+std::vector<pid_t> WaitForWorkers(pid_t launcher, size_t n) {
+  std::vector<pid_t> workers;
+  Deadline d = Deadline::AfterMs(20'000);
+  while (workers.size() < n && !d.Expired()) {
+    usleep(20'000);
+    workers = ChildrenMatching(launcher, " worker ");
+  }
+  return workers;
+}
+
 TEST_F(SystemTest, KilledWorkerEndsTheJobNamingIt) {
   Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
                   "--steady-context=32", "--steady-steps=100000", "--progress=false"},
                  prefix_);
-  std::vector<pid_t> workers;
-  Deadline d = Deadline::AfterMs(20'000);
-  while (workers.size() < 2 && !d.Expired()) {
-    usleep(20'000);
-    workers = ChildrenMatching(p.pid, " worker ");
-  }
+  std::vector<pid_t> workers = WaitForWorkers(p.pid, 2);
   ASSERT_EQ(workers.size(), 2u) << ReadFile(p.err_path);
   std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
   usleep(300'000);  // let it run a few steps
@@ -349,12 +356,7 @@ TEST_F(SystemTest, StoppedWorkerEndsTheJobAfterTheHangTimeout) {
                   "--steady-context=32", "--steady-steps=100000", "--progress=false",
                   "--hang-timeout-ms=500"},
                  prefix_);
-  std::vector<pid_t> workers;
-  Deadline d = Deadline::AfterMs(20'000);
-  while (workers.size() < 2 && !d.Expired()) {
-    usleep(20'000);
-    workers = ChildrenMatching(p.pid, " worker ");
-  }
+  std::vector<pid_t> workers = WaitForWorkers(p.pid, 2);
   ASSERT_EQ(workers.size(), 2u) << ReadFile(p.err_path);
   std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
   usleep(300'000);
@@ -376,12 +378,7 @@ TEST_F(SystemTest, SigintShutsDownCleanly) {
   Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
                   "--steady-context=32", "--steady-steps=100000", "--progress=false"},
                  prefix_);
-  std::vector<pid_t> workers;
-  Deadline d = Deadline::AfterMs(20'000);
-  while (workers.size() < 2 && !d.Expired()) {
-    usleep(20'000);
-    workers = ChildrenMatching(p.pid, " worker ");
-  }
+  std::vector<pid_t> workers = WaitForWorkers(p.pid, 2);
   ASSERT_EQ(workers.size(), 2u);
   std::vector<pid_t> all = ChildrenMatching(p.pid, "symtp");
   kill(p.pid, SIGINT);
