@@ -19,6 +19,15 @@ LOG=$OUT/gpu_run.log
 STEPS=${STEPS:-"build test ar ipc kernels launch ardecode overlap report"}
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 B=build-gpu
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# On a one-GPU machine the TP=2 steps cannot run: leave them out and say so.
+if (( NGPU < 2 )); then
+  for s in ar ardecode overlap; do
+    [[ " $STEPS " == *" $s "* ]] && echo "gpu_run: $NGPU GPU(s): step '$s' needs 2, left out"
+  done
+  STEPS=" $STEPS "; for s in ar ardecode overlap; do STEPS=${STEPS// $s / }; done
+fi
+TP_MAX=$(( NGPU >= 2 ? 2 : 1 ))
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
 finish() {
@@ -77,26 +86,26 @@ if has launch; then
   step "launch: cuda backend end to end (tokens vs the CPU backend)"
   W="--model=tiny --num-requests=24 --prompt-len=uniform:8:80 --output-len=uniform:4:24 --max-batch=8 --progress=false"
   timeout 60 $B/tools/symtp launch --backend=cpu --tp=1 $W --out="$R/launch/cpu_tp1" >"$R/launch/cpu_tp1.log" 2>&1 || true
-  for tp in 1 2; do
+  for tp in $(seq 1 $TP_MAX); do
     for ar in nccl custom; do
       d=$R/launch/cuda_fp32_tp${tp}_$ar
       timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --tp=$tp $W --out="$d" >"$d.log" 2>&1
       echo "cuda fp32 tp=$tp allreduce=$ar exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
     done
   done
-  d=$R/launch/cuda_bf16_tp2
-  timeout 120 $B/tools/symtp launch --backend=cuda --tp=2 $W --out="$d" >"$d.log" 2>&1
-  echo "cuda bf16 tp=2 v1 exit $?" | tee -a "$LOG"
-  d=$R/launch/cuda_bf16_tp2_v0
-  timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=2 $W --out="$d" >"$d.log" 2>&1
-  echo "cuda bf16 tp=2 v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp2/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
+  d=$R/launch/cuda_bf16_tp${TP_MAX}
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX v1 exit $?" | tee -a "$LOG"
+  d=$R/launch/cuda_bf16_tp${TP_MAX}_v0
+  timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=$TP_MAX $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
   # KV cache sized by the workers from free GPU memory, and the tensor-core attention.
-  d=$R/launch/cuda_fp32_tp2_kvfraction
-  timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --tp=2 --kv-cache-fraction=0.3 $W --out="$d" >"$d.log" 2>&1
-  echo "cuda fp32 tp=2 --kv-cache-fraction=0.3 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO); $(grep -o 'KV cache: [0-9]* blocks' "$d.log")" | tee -a "$LOG"
-  d=$R/launch/cuda_bf16_tp2_tensorcore
-  timeout 120 $B/tools/symtp launch --backend=cuda --tp=2 --attention=tensor-core $W --out="$d" >"$d.log" 2>&1
-  echo "cuda bf16 tp=2 --attention=tensor-core exit $? tokens==tiled(bf16): $(cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp2/tokens.jsonl" && echo yes || echo no: bf16 rounding may differ)" | tee -a "$LOG"
+  d=$R/launch/cuda_fp32_tp${TP_MAX}_kvfraction
+  timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --tp=$TP_MAX --kv-cache-fraction=0.3 $W --out="$d" >"$d.log" 2>&1
+  echo "cuda fp32 tp=$TP_MAX --kv-cache-fraction=0.3 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO); $(grep -o 'KV cache: [0-9]* blocks' "$d.log")" | tee -a "$LOG"
+  d=$R/launch/cuda_bf16_tp${TP_MAX}_tensorcore
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX --attention=tensor-core $W --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX --attention=tensor-core exit $? tokens==tiled(bf16): $(cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl" && echo yes || echo no: bf16 rounding may differ)" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has ardecode; then
@@ -137,7 +146,7 @@ PY
 fi
 if has decode; then
   step "decode step sweep (presets x TP x graphs x batch)"
-  SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-1 2}" \
+  SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$(seq -s " " 1 $TP_MAX)}" \
     --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tiled}" \
     ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
@@ -146,8 +155,8 @@ if has fault; then
   # Kill one worker mid-decode on GPUs: the job must end (non-zero, naming the
   # worker) within ~1 s of the death, with no process, shared memory or GPU
   # context left behind.
-  step "fault: SIGKILL a worker mid-decode (tp ${FAULT_TP:-2})"
-  tp=${FAULT_TP:-2}
+  tp=${FAULT_TP:-$TP_MAX}
+  step "fault: SIGKILL a worker mid-decode (tp $tp)"
   d=$R/fault
   mkdir -p "$d"
   ls /dev/shm | grep -c symtp >"$d/shm_before.txt" || true
@@ -180,7 +189,7 @@ if has overlap; then
 fi
 if has report && [[ -x tools/report.sh ]]; then
   step "v0 vs v1 report"
-  SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "1 2" \
+  SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "$(seq -s " " 1 $TP_MAX)" \
     --model llama-70b-shape --overrides "${REPORT_OVERRIDES:-layers=4}" --out "$R/report" \
     ${REPORT_EXTRA:+-- $REPORT_EXTRA} >"$R/report.log" 2>&1
   tail -20 "$R/report.log" | tee -a "$LOG"
