@@ -302,7 +302,8 @@ absl::Status CheckAttentionRow(
     vs[j].resize(d);
     SYMTP_RETURN_IF_ERROR(kv_row(j, &k, &vs[j]));
     double dot = 0;
-    for (size_t i = 0; i < d; ++i) dot += static_cast<double>(Bf16ToFloat(q[i])) * Bf16ToFloat(k[i]);
+    for (size_t i = 0; i < d; ++i)
+      dot += static_cast<double>(Bf16ToFloat(q[i])) * Bf16ToFloat(k[i]);
     sc[j] = dot / std::sqrt(static_cast<double>(d));
     mx = std::max(mx, sc[j]);
   }
@@ -317,20 +318,32 @@ absl::Status CheckAttentionRow(
     ref = std::max(ref, std::fabs(acc[i]));
   }
   if (!(err <= 2e-2 * ref + 1e-3)) {
-    return absl::InternalError(absl::StrFormat("attention check failed (%s): max error %g, max |ref| %g",
-                                               what, err, ref));
+    return absl::InternalError(
+        absl::StrFormat("attention check failed (%s): max error %g, max |ref| %g", what, err, ref));
   }
   return absl::OkStatus();
 }
 
 absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
-  const int ctx = 1024, B = 16, chunk = 256;
-  std::printf("\ndecode attention (bf16 cache, context %d, split-K chunk %d)\n", ctx, chunk);
-  std::printf("%-20s %-13s %5s %9s %9s %7s\n", "shape", "kernel", "batch", "us", "GB/s", "%copy");
+  const int ctx = 1024, B = 16;
+  // Every kernel at GpuModel's default split-K chunk (256 positions: 4 splits
+  // at context 1024), and the tensor-core kernel with fewer, longer splits.
+  struct Variant {
+    kernels::DecodeKernel kernel;
+    int chunk;
+  };
+  const Variant variants[] = {{kernels::DecodeKernel::kTiled, 256},
+                              {kernels::DecodeKernel::kWarpStreamed, 256},
+                              {kernels::DecodeKernel::kTensorCore, 256},
+                              {kernels::DecodeKernel::kTensorCore, 512},
+                              {kernels::DecodeKernel::kTensorCore, 1024}};
+  std::printf("\ndecode attention (bf16 cache, context %d)\n", ctx);
+  std::printf("%-20s %-13s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
+              "GB/s", "%copy");
   for (const AttnShape& cf : kAttnShapes) {
-    for (kernels::DecodeKernel dk :
-         {kernels::DecodeKernel::kTiled, kernels::DecodeKernel::kWarpStreamed,
-          kernels::DecodeKernel::kTensorCore}) {
+    for (const Variant& var : variants) {
+      const kernels::DecodeKernel dk = var.kernel;
+      const int chunk = var.chunk;
       const char* kname = kernels::DecodeKernelName(dk);
       for (int batch : {32, 64, 128, 256, 512}) {
         const int blocks_per_seq = ctx / B;
@@ -390,13 +403,14 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
             return absl::OkStatus();
           };
           SYMTP_RETURN_IF_ERROR(CheckAttentionRow(
-              qh, o, ctx - 1, kv_row, absl::StrFormat("%s, %s, batch %d", cf.name, kname, batch)));
+              qh, o, ctx - 1, kv_row,
+              absl::StrFormat("%s, %s, chunk %d, batch %d", cf.name, kname, chunk, batch)));
         }
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
         const double gbps = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-20s %-13s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname, batch, us, gbps,
-                    100.0 * gbps / c.copy_gbps);
+        std::printf("%-20s %-13s %5d %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname, chunk, batch, us,
+                    gbps, 100.0 * gbps / c.copy_gbps);
         js->attn.push_back(absl::StrFormat(
             "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
             "\"head_dim\": %d, \"batch\": %d, \"context\": %d, \"split_chunk\": %d, \"us\": %.2f, "
@@ -441,23 +455,25 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
       std::vector<uint16_t> hk(cache_elems), hv(cache_elems), hq(n * qstride);
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(hk.data(), kc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
-      CUDA_RETURN_IF_ERROR(cudaMemcpy(hv.data(), vc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(hk.data(), kc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(hv.data(), vc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
       CUDA_RETURN_IF_ERROR(cudaMemcpy(hq.data(), q.get(), n * qstride * 2, cudaMemcpyDeviceToHost));
       for (kernels::PrefillKernel pk :
            {kernels::PrefillKernel::kTiled, kernels::PrefillKernel::kTensorCore}) {
         const char* kname = kernels::PrefillKernelName(pk);
-        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out.get(), 0xff, static_cast<size_t>(n) * cf.nq * cf.d * 2, s));
-        kernels::PagedAttentionArgs a =
-            AttnArgs(cf, q, kc, vc, out, d_pos, d_tab, nblk, d_items,
-                     static_cast<int>(items.size()), per, n);
+        CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(out.get(), 0xff, static_cast<size_t>(n) * cf.nq * cf.d * 2, s));
+        kernels::PagedAttentionArgs a = AttnArgs(cf, q, kc, vc, out, d_pos, d_tab, nblk, d_items,
+                                                 static_cast<int>(items.size()), per, n);
         a.prefill_kernel = pk;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
         // Check (token, q head) rows at the start, middle and end.
-        for (const auto& [t, h] : {std::pair{0, 0}, std::pair{n / 2 + 3, cf.nq - 1},
-                                   std::pair{n - 1, 1}}) {
+        for (const auto& [t, h] :
+             {std::pair{0, 0}, std::pair{n / 2 + 3, cf.nq - 1}, std::pair{n - 1, 1}}) {
           const int kvh = h / (cf.nq / cf.nkv);
           std::vector<uint16_t> o(cf.d);
           CUDA_RETURN_IF_ERROR(cudaMemcpy(

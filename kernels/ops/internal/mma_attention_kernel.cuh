@@ -30,6 +30,15 @@
 //     2tig+8, 2tig+9): contiguous loads, paired across keys with byte_perm.
 //   P is the C fragment of S re-packed as the A fragment of P V (the
 //     FlashAttention-2 register reuse), as a bf16 term plus a bf16 residual.
+//
+// Loads: every lane reads exactly the K and V bytes it later feeds to its own
+// fragments, so the tiles can be staged through shared memory with cp.async
+// without any exchange between lanes: each warp keeps a ring of kStages
+// tiles per lane (layout [stage][warp][16-byte unit][lane], conflict-free),
+// issues tile i + kStages - 1 before it waits for tile i and never needs a
+// barrier in the key loop. The first version loaded each tile into registers
+// and used it at once: one DRAM round trip per 16 keys per warp, ~40% of the
+// copy bandwidth at context 1024 on an H200 (bench/results/h200-2026-11-23).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -73,25 +82,42 @@ __device__ __forceinline__ uint32_t PackBf16x2Residual(float lo, float hi, uint3
   return PackBf16x2(lo - __uint_as_float(packed << 16), hi - __uint_as_float(packed & 0xffff0000u));
 }
 
-// kWords 32-bit words from `p` (16-, 16- or 8-byte aligned for 8, 4, 2).
-template <int kWords>
-__device__ __forceinline__ void LoadWords(const bf16* p, uint32_t (&w)[kWords]) {
-  static_assert(kWords == 2 || kWords == 4 || kWords == 8, "V slice of 4, 8 or 16 elements");
-  if constexpr (kWords == 2) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = v.x;
-    w[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      w[4 * i + 0] = v.x;
-      w[4 * i + 1] = v.y;
-      w[4 * i + 2] = v.z;
-      w[4 * i + 3] = v.w;
-    }
-  }
+// Asynchronous global -> shared copies of 16 (L2 only) or 8 bytes; with
+// `valid` false the destination is zero-filled and nothing is read.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
+__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Per-lane staging of one 16-key tile, in 16-byte units: K rows (2 n-tiles x
+// D/32 units), then the 4 V row slices (D/16 words each, packed).
+template <int D>
+struct MmaTileLayout {
+  static constexpr int kKC = D / 32;            // 16-byte K units per n-tile
+  static constexpr int kVW = D / 16;            // 32-bit V words per key row
+  static constexpr int kUnits = 2 * kKC + kVW;  // 4 rows x kVW words = kVW units
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr size_t kStageBytes = static_cast<size_t>(kUnits) * 32 * 16;  // per warp
+  static constexpr size_t kRingBytes = kStageBytes * kMmaAttnWarps * kStages;
+  // The epilogue's per-row accumulators and stats reuse the ring.
+  static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 2 * kMmaAttnMaxRows) * 4;
+  static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
+};
 
 // kTwoHalves: rows gid+8 of a row group exist (R > 8). Decode launches with
 // G <= 8 use false and keep only half the accumulators live.
@@ -99,14 +125,17 @@ template <int D, bool kTwoHalves>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     MmaAttentionKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
-  constexpr int kKS = D / 16;   // k-steps of Q K^T
-  constexpr int kKC = D / 32;   // uint4 per K row per lane
-  constexpr int kNT = D / 8;    // n-tiles of P V = V elements per row per lane
-  constexpr int kVW = kNT / 2;  // 32-bit words of those
+  using L = MmaTileLayout<D>;
+  constexpr int kKS = D / 16;  // k-steps of Q K^T
+  constexpr int kKC = L::kKC;  // uint4 per K row per lane
+  constexpr int kNT = D / 8;   // n-tiles of P V = V elements per row per lane
+  constexpr int kVW = L::kVW;  // 32-bit words of those
+  constexpr int kStages = L::kStages;
 
-  __shared__ float wacc_s[kMmaAttnMaxRows * D];
-  __shared__ float wm_s[kMmaAttnMaxRows];
-  __shared__ float wl_s[kMmaAttnMaxRows];
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  float* wacc_s = reinterpret_cast<float*>(mma_smem);
+  float* wm_s = wacc_s + kMmaAttnMaxRows * D;
+  float* wl_s = wm_s + kMmaAttnMaxRows;
 
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -177,31 +206,71 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     for (int e = 0; e < (kTwoHalves ? 4 : 2); ++e) o[j][e] = 0.f;
   }
 
-  for (int t0 = kb + slice * kMmaKeyTile; t0 < warp_end; t0 += nslices * kMmaKeyTile) {
-    // Issue every load of the tile first: K rows t0 + 8nt + gid, V rows
-    // t0 + 2tig + {0, 1, 8, 9}. Keys past warp_end read as zeros.
+  // This warp's tiles: t0 = first + i * stride, i < ntiles.
+  const int stride = nslices * kMmaKeyTile;
+  const int first = kb + slice * kMmaKeyTile;
+  const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
+  uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
+                static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
+  auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
+  // Starts the copies of tile i into stage i % kStages (an empty group past
+  // the last tile, so that the wait below counts the same way). Keys past
+  // warp_end are zero-filled.
+  auto issue = [&](int i) {
+    if (i < ntiles) {
+      const int t0 = first + i * stride;
+      const int stage = i % kStages;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int key = t0 + nt * 8 + gid;
+        const bool ok = key < warp_end;
+        const bf16* krow = (ok ? row_of(kc, key) : kc) + tig * 8;
+#pragma unroll
+        for (int c = 0; c < kKC; ++c) CpAsync16(unit(stage, nt * kKC + c), krow + c * 32, ok);
+      }
+#pragma unroll
+      for (int qi = 0; qi < 4; ++qi) {
+        const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
+        const bool ok = key < warp_end;
+        const bf16* vrow = (ok ? row_of(vc, key) : vc) + gid * kNT;
+        if constexpr (kVW >= 4) {
+#pragma unroll
+          for (int c = 0; c < kVW / 4; ++c)
+            CpAsync16(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
+        } else {  // 8 bytes per row: two rows per unit
+          CpAsync8(reinterpret_cast<uint2*>(unit(stage, 2 * kKC + qi / 2)) + (qi & 1), vrow, ok);
+        }
+      }
+    }
+    CpAsyncCommit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+  for (int i = 0; i < ntiles; ++i) {
+    issue(i + kStages - 1);      // refills the stage read in iteration i - 1
+    CpAsyncWait<kStages - 1>();  // tile i has landed
+    const int t0 = first + i * stride;
+    const int stage = i % kStages;
     uint4 kr[2][kKC];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const int key = t0 + nt * 8 + gid;
-      if (key < warp_end) {
-        const bf16* krow = row_of(kc, key) + tig * 8;
 #pragma unroll
-        for (int c = 0; c < kKC; ++c) kr[nt][c] = __ldg(reinterpret_cast<const uint4*>(krow + c * 32));
-      } else {
-#pragma unroll
-        for (int c = 0; c < kKC; ++c) kr[nt][c] = make_uint4(0u, 0u, 0u, 0u);
-      }
+      for (int c = 0; c < kKC; ++c) kr[nt][c] = *unit(stage, nt * kKC + c);
     }
     uint32_t vr[4][kVW];
+    {
+      uint4 vu[kVW];
 #pragma unroll
-    for (int qi = 0; qi < 4; ++qi) {
-      const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
-      if (key < warp_end) {
-        LoadWords<kVW>(row_of(vc, key) + gid * kNT, vr[qi]);
-      } else {
+      for (int u = 0; u < kVW; ++u) vu[u] = *unit(stage, 2 * kKC + u);
 #pragma unroll
-        for (int w = 0; w < kVW; ++w) vr[qi][w] = 0u;
+      for (int qi = 0; qi < 4; ++qi) {
+#pragma unroll
+        for (int w = 0; w < kVW; ++w) {
+          const int word = qi * kVW + w;
+          const uint4 v = vu[word / 4];
+          vr[qi][w] = (word & 3) == 0 ? v.x : (word & 3) == 1 ? v.y : (word & 3) == 2 ? v.z : v.w;
+        }
       }
     }
 
@@ -290,6 +359,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     }
   }
 
+  // Every warp is out of its key loop before the ring is reused.
+  CpAsyncWait<0>();
+  __syncthreads();
   // Each slice's rows to shared memory: o[j][e] is row (e < 2 ? r0 : r1),
   // head dim (2tig + (e & 1)) * kNT + j.
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -330,7 +402,14 @@ template <int D, bool kTwoHalves>
 absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(a.num_splits));
-  MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, 0, stream>>>(a);
+  constexpr size_t kSmem = MmaTileLayout<D>::kSmemBytes;
+  // Above the 48 KiB default: opt in once per instantiation (not a stream
+  // operation, so also fine while a graph is being captured).
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  CUDA_RETURN_IF_ERROR(attr);
+  MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
