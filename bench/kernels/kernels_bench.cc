@@ -326,26 +326,33 @@ absl::Status CheckAttentionRow(
 
 absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   const int ctx = 1024, B = 16;
-  // Every kernel at GpuModel's default split-K chunk (256 positions: 4 splits
-  // at context 1024), and the tensor-core kernel with fewer, longer splits.
+  // Every kernel at the smallest split-K chunk (256 positions: 4 splits at
+  // context 1024), the tensor-core kernel with fewer, longer splits, and the
+  // chunk GpuModel plans per step (PlanDecodeSplitChunk; chunk 0 here,
+  // printed with a leading '=').
   struct Variant {
     kernels::DecodeKernel kernel;
     int chunk;
   };
-  const Variant variants[] = {{kernels::DecodeKernel::kTiled, 256},
-                              {kernels::DecodeKernel::kWarpStreamed, 256},
-                              {kernels::DecodeKernel::kTensorCore, 256},
-                              {kernels::DecodeKernel::kTensorCore, 512},
-                              {kernels::DecodeKernel::kTensorCore, 1024}};
+  const Variant variants[] = {
+      {kernels::DecodeKernel::kTiled, 256},       {kernels::DecodeKernel::kWarpStreamed, 256},
+      {kernels::DecodeKernel::kTensorCore, 256},  {kernels::DecodeKernel::kTensorCore, 512},
+      {kernels::DecodeKernel::kTensorCore, 1024}, {kernels::DecodeKernel::kTiled, 0},
+      {kernels::DecodeKernel::kTensorCore, 0}};
+  int num_sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("\ndecode attention (bf16 cache, context %d)\n", ctx);
   std::printf("%-20s %-13s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
               "GB/s", "%copy");
   for (const AttnShape& cf : kAttnShapes) {
     for (const Variant& var : variants) {
       const kernels::DecodeKernel dk = var.kernel;
-      const int chunk = var.chunk;
       const char* kname = kernels::DecodeKernelName(dk);
       for (int batch : {32, 64, 128, 256, 512}) {
+        const int chunk = var.chunk > 0
+                              ? var.chunk
+                              : kernels::PlanDecodeSplitChunk(std::vector<int32_t>(batch, ctx),
+                                                              cf.nkv, num_sms, /*min_chunk=*/256);
         const int blocks_per_seq = ctx / B;
         const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
         const int64_t cache_elems = blocks * B * cf.nkv * cf.d;
@@ -409,13 +416,16 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
         const double gbps = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-20s %-13s %5d %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname, chunk, batch, us,
-                    gbps, 100.0 * gbps / c.copy_gbps);
+        std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
+                    absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
+                    100.0 * gbps / c.copy_gbps);
         js->attn.push_back(absl::StrFormat(
             "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
-            "\"head_dim\": %d, \"batch\": %d, \"context\": %d, \"split_chunk\": %d, \"us\": %.2f, "
+            "\"head_dim\": %d, \"batch\": %d, \"context\": %d, \"split_chunk\": %d, "
+            "\"chunk_planned\": %s, \"us\": %.2f, "
             "\"kv_gbps\": %.1f, \"frac_of_copy_bw\": %.4f}",
-            cf.name, kname, cf.nq, cf.nkv, cf.d, batch, ctx, chunk, us, gbps, gbps / c.copy_gbps));
+            cf.name, kname, cf.nq, cf.nkv, cf.d, batch, ctx, chunk,
+            var.chunk > 0 ? "false" : "true", us, gbps, gbps / c.copy_gbps));
       }
     }
   }

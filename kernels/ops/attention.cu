@@ -16,7 +16,9 @@ namespace {
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* __restrict__ ml,
                                   const int32_t* __restrict__ positions, T* __restrict__ out,
-                                  int num_q_heads, int head_dim, int num_splits, int chunk) {
+                                  int num_q_heads, int head_dim, int num_splits, int chunk_arg,
+                                  const int32_t* __restrict__ chunk_dev) {
+  const int chunk = SplitChunk(chunk_arg, chunk_dev);
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const int d = threadIdx.x;
@@ -62,6 +64,27 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   return group > 64 ? 0 : 64 / group;
 }
 
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
+                         int min_chunk) {
+  min_chunk = std::max(1, min_chunk);
+  int64_t total = 0;
+  int max_ctx = 1;
+  for (int32_t c : context_lens) {
+    total += std::max(1, c);
+    max_ctx = std::max(max_ctx, static_cast<int>(c));
+  }
+  const int64_t work = total * std::max(1, num_kv_heads);
+  const int64_t sms = std::max(1, num_sms);
+  const int64_t per_block = (work + sms - 1) / sms;
+  if (per_block >= max_ctx) return std::max(max_ctx, min_chunk);  // the SMs are full: no split
+  const int64_t want = std::max<int64_t>(min_chunk, per_block);
+  const int64_t splits = (max_ctx + want - 1) / want;
+  // The same number of splits with even chunks (16-key multiples, the
+  // kernels' tile), never below min_chunk.
+  const int64_t even = ((max_ctx + splits - 1) / splits + 15) / 16 * 16;
+  return static_cast<int>(std::max<int64_t>(min_chunk, even));
+}
+
 size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits) {
   if (num_splits <= 1) return 0;
   return static_cast<size_t>(num_tokens) * num_q_heads * num_splits *
@@ -100,7 +123,8 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
         "q_row_stride=%d",
         a.num_items, a.num_tokens, a.block_size, a.block_table_stride, a.q_row_stride));
   }
-  if (a.num_splits < 1 || a.num_splits > 65535 || (a.num_splits > 1 && a.split_chunk <= 0)) {
+  if (a.num_splits < 1 || a.num_splits > 65535 ||
+      (a.num_splits > 1 && a.split_chunk_dev == nullptr && a.split_chunk <= 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: bad split num_splits=%d split_chunk=%d", a.num_splits, a.split_chunk));
   }
@@ -118,11 +142,10 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
 
   const bool decode = a.max_item_tokens == 1;
   // The tensor-core kernel reads q as aligned bf16 pairs.
-  const bool tensor_core =
-      dtype == DType::kBF16 &&
-      (decode ? a.decode_kernel == DecodeKernel::kTensorCore
-              : a.prefill_kernel == PrefillKernel::kTensorCore) &&
-      a.q_row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(a.q) % 4 == 0;
+  const bool tensor_core = dtype == DType::kBF16 &&
+                           (decode ? a.decode_kernel == DecodeKernel::kTensorCore
+                                   : a.prefill_kernel == PrefillKernel::kTensorCore) &&
+                           a.q_row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(a.q) % 4 == 0;
   const bool warp_decode = decode && a.decode_kernel == DecodeKernel::kWarpStreamed &&
                            a.num_q_heads / a.num_kv_heads <= 8;
   absl::Status st =
@@ -140,13 +163,13 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
       part + static_cast<int64_t>(a.num_tokens) * a.num_q_heads * a.num_splits * a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
   if (dtype == DType::kF32) {
-    MergeSplitsKernel<float>
-        <<<grid, a.head_dim, 0, stream>>>(part, ml, a.positions, static_cast<float*>(a.out),
-                                          a.num_q_heads, a.head_dim, a.num_splits, a.split_chunk);
+    MergeSplitsKernel<float><<<grid, a.head_dim, 0, stream>>>(
+        part, ml, a.positions, static_cast<float*>(a.out), a.num_q_heads, a.head_dim, a.num_splits,
+        a.split_chunk, a.split_chunk_dev);
   } else {
     MergeSplitsKernel<internal::bf16><<<grid, a.head_dim, 0, stream>>>(
         part, ml, a.positions, static_cast<internal::bf16*>(a.out), a.num_q_heads, a.head_dim,
-        a.num_splits, a.split_chunk);
+        a.num_splits, a.split_chunk, a.split_chunk_dev);
   }
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -90,14 +90,41 @@ struct PagedAttentionArgs {
   // num_splits = 1: no split, no workspace.
   int num_splits = 1;
   int split_chunk = 256;
+  // When set, the chunk is read from this device int32 (> 0) when the
+  // kernels run and split_chunk is ignored: a captured CUDA graph then
+  // replays with each step's chunk (GpuModel plans one per decode step with
+  // PlanDecodeSplitChunk and uploads it with the step's inputs).
+  const int32_t* split_chunk_dev = nullptr;
   void* workspace = nullptr;  // PagedAttentionWorkspaceBytes(...) bytes when num_splits > 1
   size_t workspace_bytes = 0;
   DecodeKernel decode_kernel = DecodeKernel::kTiled;
   PrefillKernel prefill_kernel = PrefillKernel::kTiled;
 };
 
+#ifdef __CUDACC__
+// The split-K chunk a kernel uses (device code only).
+__device__ __forceinline__ int SplitChunk(int chunk, const int32_t* chunk_dev) {
+  return chunk_dev != nullptr ? max(1, *chunk_dev) : chunk;
+}
+__device__ __forceinline__ int SplitChunk(const PagedAttentionArgs& a) {
+  return SplitChunk(a.split_chunk, a.split_chunk_dev);
+}
+#endif
+
 // Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
+
+// The split-K chunk for a decode step over sequences of these context lengths
+// (keys per sequence): at least min_chunk, and otherwise about one
+// (sequence, kv head, split) block per SM, spread evenly over the longest
+// context. A block pays a fixed cost (its query, block table and epilogue,
+// and the merge) per split, so the split count that keeps every SM busy and
+// no more is the fastest on an H200: at context 1024, llama-8b shape, batch
+// 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%
+// (bench/results/h200-2026-11-23/kernels.txt). Returns a chunk >=
+// max(context) (no split) when the sequences alone fill the SMs.
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
+                         int min_chunk);
 
 // Workspace of a split-K launch (fp32 partial outputs and softmax stats).
 size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits);

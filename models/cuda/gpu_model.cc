@@ -93,7 +93,7 @@ struct LayerPtrs {
 // and in the device input buffer (except block tables: compact [S, width]
 // in staging, [max_seqs, cap_blocks] on the device).
 struct InputLayout {
-  size_t tokens, positions, slots, prev_row, items, sample_rows, params, block_tables;
+  size_t tokens, positions, slots, prev_row, items, sample_rows, params, block_tables, split_chunk;
   size_t staging_bytes, device_bytes;
 };
 
@@ -103,6 +103,7 @@ struct StepShape {
   int num_items = 0;
   int max_item_tokens = 1;
   int splits = 1;
+  int split_chunk = 0;  // decode: this step's split-K chunk (uploaded with the inputs)
   int num_sampled = 0;  // LM-head rows
   bool sample = false;
   bool forward_tokens = false;
@@ -155,7 +156,7 @@ struct GpuModel::State {
 
   // Device inputs.
   int32_t *d_tokens = nullptr, *d_positions = nullptr, *d_slots = nullptr, *d_prev_row = nullptr,
-          *d_block_tables = nullptr, *d_sample_rows = nullptr;
+          *d_block_tables = nullptr, *d_sample_rows = nullptr, *d_split_chunk = nullptr;
   kernels::AttentionItem* d_items = nullptr;
   kernels::DeviceSamplingParams* d_params = nullptr;
 
@@ -264,8 +265,8 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
     const int sms = b > 0 && reduce && opt.bucket_gemm_sm_margin > 0
                         ? std::max(1, num_sms - opt.bucket_gemm_sm_margin)
                         : 0;
-    SYMTP_RETURN_IF_ERROR(Gemm(in, Offset(w, static_cast<size_t>(n0) * k * esz), tb, rows, width,
-                               k, dt, s, sms));
+    SYMTP_RETURN_IF_ERROR(
+        Gemm(in, Offset(w, static_cast<size_t>(n0) * k * esz), tb, rows, width, k, dt, s, sms));
     // Edge in: the side stream waits for exactly this bucket's GEMM.
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_gemm[b].get(), s));
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_gemm[b].get(), 0));
@@ -275,8 +276,8 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
           absl::StrCat("row-parallel all-reduce, bucket ", b));
     }
     CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(Offset(out, static_cast<size_t>(n0) * esz), H * esz, tb,
-                                           width * esz, width * esz, rows,
-                                           cudaMemcpyDeviceToDevice, side.get()));
+                                           width * esz, width * esz, rows, cudaMemcpyDeviceToDevice,
+                                           side.get()));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_ar[b].get(), side.get()));
     last = b;
   }
@@ -329,6 +330,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     a.num_splits = sh.splits;
     a.split_chunk = opt.attention_split_chunk;
+    a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
     a.workspace = attn_ws;
     a.workspace_bytes = attn_ws_bytes;
     a.decode_kernel = opt.attention_decode_kernel;
@@ -451,7 +453,11 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     sh.max_item_tokens = 1;
     int max_ctx = 1;
     for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
-    const int chunk = opt.attention_split_chunk;
+    const int chunk = opt.attention_balance_splits
+                          ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl, num_sms,
+                                                          opt.attention_split_chunk)
+                          : opt.attention_split_chunk;
+    sh.split_chunk = chunk;
     sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
   } else {
     int per = kernels::MaxAttentionItemTokens(NHl, NKVl);
@@ -484,6 +490,8 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   int32_t* h_rows = At<int32_t>(st, il.sample_rows);
   auto* h_params = At<kernels::DeviceSamplingParams>(st, il.params);
   int32_t* h_bt = At<int32_t>(st, il.block_tables);
+  int32_t* h_chunk = At<int32_t>(st, il.split_chunk);
+  *h_chunk = sh.split_chunk > 0 ? sh.split_chunk : opt.attention_split_chunk;
   for (int t = 0; t < T; ++t) {
     h_tokens[t] = in.tokens[t];
     h_pos[t] = in.positions[t];
@@ -526,6 +534,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   const size_t pb = static_cast<size_t>(P) * sizeof(int32_t);
   SYMTP_RETURN_IF_ERROR(h2d(d_tokens, h_tokens, pb));
   SYMTP_RETURN_IF_ERROR(h2d(d_positions, h_pos, pb));
+  SYMTP_RETURN_IF_ERROR(h2d(d_split_chunk, h_chunk, sizeof(int32_t)));
   SYMTP_RETURN_IF_ERROR(h2d(d_slots, h_slots, pb));
   if (sh.forward_tokens) SYMTP_RETURN_IF_ERROR(h2d(d_prev_row, h_prev, pb));
   SYMTP_RETURN_IF_ERROR(
@@ -590,8 +599,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     // Two halves by step parity: a pipelined caller reads step t's tokens
     // while step t + 1 (which copies into the other half) runs.
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_tokens_buf.as<int32_t>() + (step & 1) * max_sampled,
-                                         sampled,
-                                         static_cast<size_t>(NS) * sizeof(int32_t),
+                                         sampled, static_cast<size_t>(NS) * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, stream));
   }
   if (copy_logits && NS > 0) {
@@ -671,8 +679,8 @@ absl::Status GpuModel::State::Init() {
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
   }
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
-  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 || opt.bucket_gemm_sm_margin < 0 ||
-      opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
+  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
+      opt.bucket_gemm_sm_margin < 0 || opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "
                         "attention_split_chunk=%d max_sampled_rows=%d",
@@ -786,6 +794,7 @@ absl::Status GpuModel::State::Init() {
     il.sample_rows = c.Take(static_cast<size_t>(max_sampled) * 4);
     il.params = c.Take(static_cast<size_t>(max_sampled) * sizeof(kernels::DeviceSamplingParams));
     il.block_tables = c.Take(static_cast<size_t>(max_seqs) * cap_blocks * 4);
+    il.split_chunk = c.Take(4);
     il.staging_bytes = il.device_bytes = c.size();
     SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.device_bytes));
     for (auto& st : staging) {
@@ -799,6 +808,7 @@ absl::Status GpuModel::State::Init() {
     d_sample_rows = At<int32_t>(inputs, il.sample_rows);
     d_params = At<kernels::DeviceSamplingParams>(inputs, il.params);
     d_block_tables = At<int32_t>(inputs, il.block_tables);
+    d_split_chunk = At<int32_t>(inputs, il.split_chunk);
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.device_bytes, s));
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
                            cuda::PinnedBuffer::Create(2 * static_cast<size_t>(max_sampled) * 4));

@@ -85,8 +85,13 @@ struct GpuModelOptions {
   // Copy the logits to pinned host memory (allocates max_sampled_rows x
   // vocab floats of pinned memory).
   bool host_logits = true;
-  // Split-K chunk of decode attention, in positions.
+  // Split-K chunk of decode attention, in positions: the smallest chunk when
+  // attention_balance_splits, else the chunk of every decode step.
   int attention_split_chunk = 256;
+  // Plan each decode step's chunk from its context lengths
+  // (kernels::PlanDecodeSplitChunk: about one block per SM, no split when
+  // the sequences alone fill the SMs).
+  bool attention_balance_splits = true;
   // Attention kernels (kernels/ops/attention.h) of decode steps and of
   // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTiled;
@@ -168,8 +173,8 @@ class GpuModel {
   // the step did not sample or is out of that window.
   absl::Span<const int32_t> host_tokens_of(int64_t step) const;
   int64_t steps_enqueued() const;
-  const float* device_logits() const;             // [num_sampled, vocab], fp32
-  const int32_t* device_tokens() const;           // [num_sampled]
+  const float* device_logits() const;    // [num_sampled, vocab], fp32
+  const int32_t* device_tokens() const;  // [num_sampled]
 
   // Per-class timing with events around each op of eager steps (adds event
   // records; replayed graph steps are not profiled).

@@ -80,7 +80,7 @@ class AttnProblem {
   // max_per_item: tokens per item (<= MaxAttentionItemTokens).
   std::vector<float> Run(int num_splits, int chunk, int max_per_item, cudaStream_t stream,
                          DecodeKernel dk = DecodeKernel::kTiled,
-                         PrefillKernel pk = PrefillKernel::kTiled) {
+                         PrefillKernel pk = PrefillKernel::kTiled, bool chunk_on_device = false) {
     std::vector<AttentionItem> items;
     BuildAttentionItems(seq_start_, max_per_item, &items);
     for (int t = seq_start_.back(); t < T_; ++t) {
@@ -115,6 +115,12 @@ class AttnProblem {
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
     a.num_splits = num_splits;
     a.split_chunk = chunk;
+    cuda::DeviceBuffer d_chunk;
+    if (chunk_on_device) {  // the host value must then be ignored
+      d_chunk = testing::UploadRaw(std::vector<int32_t>{chunk});
+      a.split_chunk = -7;
+      a.split_chunk_dev = d_chunk.as<int32_t>();
+    }
     a.workspace = ws->get();
     a.workspace_bytes = ws_bytes;
     a.decode_kernel = dk;
@@ -227,6 +233,15 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
     const std::vector<float> got_big = p.Run(splits + 37, chunk, 1, stream(), dk);
     ASSERT_EQ(got.size(), got_big.size());
     EXPECT_EQ(0, std::memcmp(got.data(), got_big.data(), got.size() * sizeof(float)));
+    // The chunk read from device memory (how GpuModel's graphs get each
+    // step's planned chunk) gives the same bits.
+    const std::vector<float> got_dev =
+        p.Run(splits + 37, chunk, 1, stream(), dk, PrefillKernel::kTiled, /*chunk_on_device=*/true);
+    EXPECT_EQ(0, std::memcmp(got.data(), got_dev.data(), got.size() * sizeof(float)));
+    const std::vector<float> got_dev96 =
+        p.Run(splits, 96, 1, stream(), dk, PrefillKernel::kTiled, /*chunk_on_device=*/true);
+    testing::CheckClose(got_dev96, p.Reference(), Tol(),
+                        std::string("decode split-K, chunk 96 on device ") + Name(dk));
     // One active split merges to exactly the unsplit result (eager vs graph).
     AttnProblem shortp(dt, D, nq, nkv, {{5, 1}, {40, 1}, {63, 1}}, 14);
     const std::vector<float> one = shortp.Run(1, chunk, 1, stream(), dk);
@@ -281,6 +296,49 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                   std::to_string(std::get<2>(i.param)) + "_KV" +
                                   std::to_string(std::get<3>(i.param));
                          });
+
+// The decode split planner (host only: runs without a GPU).
+TEST(PlanDecodeSplitChunkTest, SplitsOnlyUntilTheSmsAreBusy) {
+  const std::vector<int32_t> b256(256, 1024), b32(32, 1024), b1(1, 1024);
+  // 256 sequences x 8 kv heads fill 132 SMs: no split.
+  EXPECT_GE(PlanDecodeSplitChunk(b256, 8, 132, 256), 1024);
+  EXPECT_GE(PlanDecodeSplitChunk(b32, 8, 132, 256), 1024);
+  // 32 x 4 = 128 blocks < 132 SMs: two even splits.
+  EXPECT_EQ(PlanDecodeSplitChunk(b32, 4, 132, 256), 512);
+  // One sequence: as many splits as the smallest chunk allows.
+  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 256), 256);
+  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 64), 64);
+  // One long sequence among short ones: the long one is cut into 16 even chunks.
+  std::vector<int32_t> mixed(16, 100);
+  mixed.push_back(32768);
+  EXPECT_EQ(PlanDecodeSplitChunk(mixed, 8, 132, 256), 2048);
+  EXPECT_GE(PlanDecodeSplitChunk({}, 8, 132, 256), 1);
+}
+
+TEST(PlanDecodeSplitChunkTest, AlwaysAtLeastTheSmallestChunkAndCoversEveryContext) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<int32_t> ctx(1 + rng() % 300);
+    for (int32_t& c : ctx) c = 1 + static_cast<int32_t>(rng() % (rng() % 2 ? 40000 : 2000));
+    const int nkv = 1 + static_cast<int>(rng() % 16);
+    const int sms = 1 + static_cast<int>(rng() % 200);
+    const int min_chunk = 16 + static_cast<int>(rng() % 512);
+    const int chunk = PlanDecodeSplitChunk(ctx, nkv, sms, min_chunk);
+    const int max_ctx = *std::max_element(ctx.begin(), ctx.end());
+    ASSERT_GE(chunk, min_chunk);
+    // GpuModel sizes its split grid as ceil(max_seq_len / min_chunk).
+    ASSERT_LE((max_ctx + chunk - 1) / chunk, (max_ctx + min_chunk - 1) / min_chunk);
+    // Splits only when the sequences alone give some SM no work, and then
+    // chunks no longer than an even share of the work per SM.
+    int64_t total = 0;
+    for (int32_t c : ctx) total += c;
+    const int64_t per_block = (total * nkv + sms - 1) / sms;
+    const int64_t want = std::max<int64_t>(min_chunk, per_block);
+    const int splits = (max_ctx + chunk - 1) / chunk;
+    ASSERT_EQ(splits == 1, want >= max_ctx) << "chunk " << chunk << " want " << want;
+    if (splits > 1) ASSERT_LE(chunk, std::max<int64_t>(min_chunk, (want + 15) / 16 * 16));
+  }
+}
 
 class AttentionArgsTest : public testing::GpuTest {};
 

@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(kWarpDecodeThreads, kMaxG <= 4 ? 4 : 3)
   const int key_end = pos + 1;
   int kb = 0, ke = key_end;
   if (a.num_splits > 1) {
-    kb = split * a.split_chunk;
-    ke = min(key_end, kb + a.split_chunk);
+    const int chunk = SplitChunk(a);
+    kb = split * chunk;
+    ke = min(key_end, kb + chunk);
     if (kb >= ke) return;  // block-uniform; the merge skips this split
   }
   if (item.num_tokens <= 0) return;

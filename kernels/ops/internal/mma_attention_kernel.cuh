@@ -153,8 +153,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   const int key_end = max_pos + 1;
   int kb = 0, ke = key_end;
   if (a.num_splits > 1) {
-    kb = split * a.split_chunk;
-    ke = min(key_end, kb + a.split_chunk);
+    const int chunk = SplitChunk(a);
+    kb = split * chunk;
+    ke = min(key_end, kb + chunk);
     if (kb >= ke) return;  // block-uniform: nothing in this split; the merge skips it
   }
 
