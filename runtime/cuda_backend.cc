@@ -2,10 +2,9 @@
 // custom one-shot all-reduce below the crossover) for the tensor-parallel
 // collectives, bootstrapped through the job's shared memory.
 #include <cuda_runtime.h>
-
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -37,7 +36,8 @@ class ShmPeerExchange : public kernels::PeerExchange {
           "peer exchange of %d bytes exceeds the %d-byte slot", bytes, kExchangeBytesPerRank));
     }
     std::memcpy(cb_->exchange[rank_], mine, bytes);
-    SYMTP_RETURN_IF_ERROR(BarrierWait(&cb_->exchange_barrier, tp_, cb_, tp_, deadline, "peer exchange"));
+    SYMTP_RETURN_IF_ERROR(
+        BarrierWait(&cb_->exchange_barrier, tp_, cb_, tp_, deadline, "peer exchange"));
     for (int r = 0; r < tp_; ++r) {
       std::memcpy(static_cast<uint8_t*>(all) + r * bytes, cb_->exchange[r], bytes);
     }
@@ -67,7 +67,8 @@ class CudaBackend : public Backend {
       SYMTP_ASSIGN_OR_RETURN(sl.start, cuda::Event::Create(/*timing=*/true));
       SYMTP_ASSIGN_OR_RETURN(sl.end, cuda::Event::Create(/*timing=*/true));
     }
-    const Deadline boot = Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
+    const Deadline boot =
+        Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
     ShmPeerExchange exchange(job->control, rank, opts.tp);
     if (opts.tp > 1) {
       // NCCL unique id from rank 0 to everyone through the exchange area.
@@ -86,9 +87,9 @@ class CudaBackend : public Backend {
         o.calibrate = opts.allreduce == "auto";
         o.crossover_bytes = opts.allreduce == "custom" ? (size_t{1} << 20) : opts.crossover_bytes;
         o.max_custom_bytes = std::max<size_t>(size_t{1} << 20, o.crossover_bytes);
-        SYMTP_ASSIGN_OR_RETURN(auto d, kernels::AllReduceDispatcher::Create(
-                                           rank, opts.tp, b->device_, std::move(nccl), &exchange,
-                                           boot, o));
+        SYMTP_ASSIGN_OR_RETURN(
+            auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
+                                                         &exchange, boot, o));
         SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
         b->comm_ = std::move(d);
       }
@@ -98,12 +99,11 @@ class CudaBackend : public Backend {
     // KV cache: --kv-cache-fraction of the memory left after the weights,
     // --kv-cache-mib, or what the workload needs (NumKvBlocks).
     mo.kv_cache_memory_fraction = opts.kv_cache_fraction;
-    mo.num_kv_blocks =
-        opts.kv_cache_fraction > 0 ? 0
-        : opts.kv_cache_mib > 0
-            ? KvBlocksForBytes(cfg, rank, opts.tp, opts.dtype == "fp32" ? 4 : 2,
-                               opts.kv_cache_mib * 1048576.0)
-            : NumKvBlocks(opts, cfg);
+    mo.num_kv_blocks = opts.kv_cache_fraction > 0 ? 0
+                       : opts.kv_cache_mib > 0
+                           ? KvBlocksForBytes(cfg, rank, opts.tp, opts.dtype == "fp32" ? 4 : 2,
+                                              opts.kv_cache_mib * 1048576.0)
+                           : NumKvBlocks(opts, cfg);
     if (opts.kv_cache_fraction <= 0 && mo.num_kv_blocks < 1) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--kv-cache-mib %g holds no KV block on rank %d", opts.kv_cache_mib, rank));
@@ -113,17 +113,22 @@ class CudaBackend : public Backend {
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.comm_stream_high_priority = opts.comm_priority == "high";
-    if (opts.attention == "tensor-core") {
-      mo.attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
-      mo.attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
+    if (opts.attention == "tiled") {
+      mo.attention_decode_kernel = kernels::DecodeKernel::kTiled;
+      mo.attention_prefill_kernel = kernels::PrefillKernel::kTiled;
     } else if (opts.attention == "warp-streamed") {
       mo.attention_decode_kernel = kernels::DecodeKernel::kWarpStreamed;
+      mo.attention_prefill_kernel = kernels::PrefillKernel::kTiled;
+    } else {
+      mo.attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
+      mo.attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
     }
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
-    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, rank, opts.tp, b->device_,
-                                                                       mo, b->comm_.get()));
+    SYMTP_ASSIGN_OR_RETURN(
+        model::GpuModel m,
+        model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo, b->comm_.get()));
     b->model_.emplace(std::move(m));
     return b;
   }
@@ -149,8 +154,8 @@ class CudaBackend : public Backend {
                       absl::Span<const int32_t> prev_sample) override {
     (void)positions;  // the model derives them from the batch (same values)
     if (in_flight_ >= kMaxInFlight) {
-      return absl::FailedPreconditionError(absl::StrCat("Launch with ", in_flight_,
-                                                        " steps in flight"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("Launch with ", in_flight_, " steps in flight"));
     }
     Slot& sl = slots_[launched_ % kSlots];
     step_opts_.sampling.assign(params.begin(), params.end());
@@ -204,27 +209,31 @@ class CudaBackend : public Backend {
   absl::Status BroadcastBatch(void* data, size_t bytes, int root) override {
     if (opts_.tp == 1) return absl::OkStatus();
     if (bcast_.bytes() < bytes) {
-      SYMTP_ASSIGN_OR_RETURN(bcast_, cuda::DeviceBuffer::Create(std::max(bytes, bcast_.bytes() * 2)));
+      SYMTP_ASSIGN_OR_RETURN(bcast_,
+                             cuda::DeviceBuffer::Create(std::max(bytes, bcast_.bytes() * 2)));
     }
     const int rank = comm_->rank();
     // v0: the root's host tensors go to its GPU, NCCL broadcasts them, and
     // the other ranks bring them to the host where the step input is built.
     if (rank == root) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bcast_.get(), data, bytes, cudaMemcpyHostToDevice, stream_.get()));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(bcast_.get(), data, bytes, cudaMemcpyHostToDevice, stream_.get()));
     }
     const size_t count = (bytes + 1) / 2;
-    SYMTP_RETURN_IF_ERROR(comm_->Broadcast(bcast_.get(), count, kernels::DType::kBF16, root, stream_.get()));
+    SYMTP_RETURN_IF_ERROR(
+        comm_->Broadcast(bcast_.get(), count, kernels::DType::kBF16, root, stream_.get()));
     if (rank != root) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data, bcast_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(data, bcast_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
     }
     return SyncStream();
   }
 
   std::string Describe() const override {
-    return absl::StrFormat("cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
-                           device_, opts_.dtype, model_->weight_bytes() >> 20,
-                           model_->kv_cache_bytes() >> 20, model_->num_kv_blocks(), opts_.buckets,
-                           opts_.cuda_graphs ? "on" : "off");
+    return absl::StrFormat(
+        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
+        device_, opts_.dtype, model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
+        model_->num_kv_blocks(), opts_.buckets, opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
@@ -293,8 +302,8 @@ class CudaBackend : public Backend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const JobOptions& opts,
-                                                           const model::ModelConfig& cfg,
-                                                           int rank, int device, JobHandle* job) {
+                                                           const model::ModelConfig& cfg, int rank,
+                                                           int device, JobHandle* job) {
   SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b,
                          CudaBackend::Create(opts, cfg, rank, device, job));
   return std::unique_ptr<Backend>(std::move(b));

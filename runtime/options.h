@@ -59,7 +59,7 @@ struct JobOptions {
   bool cuda_graphs = true;
   bool pipeline = true;  // v1 worker launches step t+1 before collecting step t
   std::string allreduce = "auto";  // auto | nccl | custom
-  std::string attention = "tiled";  // tiled | warp-streamed | tensor-core (kernels/ops/attention.h)
+  std::string attention = "tensor-core";  // tiled | warp-streamed | tensor-core (kernels/ops/attention.h)
   int64_t crossover_bytes = 1 << 20;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

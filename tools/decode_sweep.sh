@@ -4,12 +4,12 @@
 # (GPU forward time by CUDA events, median over the steady steps; iteration time).
 #   tools/decode_sweep.sh [--models "llama-8b-shape llama-70b-shape"] [--overrides layers=4]
 #       [--tps "1 2"] [--batches "32 128 256 512"] [--graphs "true false"] [--context 1024]
-#       [--steps 30] [--backend cuda] [--attention "tiled"] [--out out/decode]
+#       [--steps 30] [--backend cuda] [--attention "tensor-core"] [--out out/decode]
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODELS="llama-8b-shape llama-70b-shape" OVERRIDES=layers=4 TPS="1 2" BATCHES="32 128 256 512"
-GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tiled
+GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tensor-core
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) MODELS=$2; shift 2;; --overrides) OVERRIDES=$2; shift 2;; --tps) TPS=$2; shift 2;;

@@ -88,14 +88,16 @@ struct GpuModelOptions {
   // Split-K chunk of decode attention, in positions: the smallest chunk when
   // attention_balance_splits, else the chunk of every decode step.
   int attention_split_chunk = 256;
-  // Plan each decode step's chunk from its context lengths
-  // (kernels::PlanDecodeSplitChunk: about one block per SM, no split when
-  // the sequences alone fill the SMs).
+  // With the tensor-core decode kernel in bf16, plan each decode step's
+  // chunk from its context lengths (kernels::PlanDecodeSplitChunk: about one
+  // block per SM, no split when the sequences alone fill the SMs). The tiled
+  // and warp-streamed kernels keep the fixed chunk: on an H200 they ran
+  // slower with fewer splits at batch 32-64 (bench/results/h200-2026-11-23).
   bool attention_balance_splits = true;
   // Attention kernels (kernels/ops/attention.h) of decode steps and of
   // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
-  kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTiled;
-  kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTiled;
+  kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
+  kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
   size_t gemm_workspace_bytes = size_t{32} << 20;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.

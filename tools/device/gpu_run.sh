@@ -147,7 +147,7 @@ fi
 if has decode; then
   step "decode step sweep (presets x TP x graphs x batch)"
   SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$(seq -s " " 1 $TP_MAX)}" \
-    --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tiled}" \
+    --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tensor-core}" \
     ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
 fi
