@@ -160,13 +160,17 @@ if has fault; then
   d=$R/fault
   mkdir -p "$d"
   ls /dev/shm | grep -c symtp >"$d/shm_before.txt" || true
-  $B/tools/symtp launch --backend=cuda --tp=$tp --model=llama-8b-shape --model-overrides=layers=4 \
-    --steady-batch=64 --max-batch=64 --steady-context=512 --steady-steps=100000 --progress=false \
+  # max_seq_len raised so that the steady decode outlasts the wait (at the
+  # preset's 4096 it ended after ~3600 steps, 7 s, before the kill).
+  $B/tools/symtp launch --backend=cuda --tp=$tp --model=llama-8b-shape \
+    --model-overrides=layers=4,max_seq_len=65536 --steady-batch=64 --max-batch=64 \
+    --steady-context=512 --steady-steps=60000 --progress=false \
     --out="$d/run" >"$d/launch.log" 2>&1 &
   lp=$!
-  sleep 25
+  sleep 20
   victim=$(pgrep -f "symtp worker.*--rank=$((tp - 1))" | head -1)
   [[ -z $victim ]] && victim=$(pgrep -P "$lp" | tail -1)
+  [[ -z $victim ]] && echo "fault: no worker found to kill (did the job end early?)" | tee -a "$LOG"
   t_kill=$(date +%s.%N)
   kill -9 "$victim" 2>/dev/null
   timeout 30 tail --pid="$lp" -f /dev/null
