@@ -82,13 +82,22 @@ __device__ __forceinline__ uint32_t PackBf16x2Residual(float lo, float hi, uint3
   return PackBf16x2(lo - __uint_as_float(packed << 16), hi - __uint_as_float(packed & 0xffff0000u));
 }
 
-// Asynchronous global -> shared copies of 16 (L2 only) or 8 bytes; with
-// `valid` false the destination is zero-filled and nothing is read.
+// Asynchronous global -> shared copies of 16 or 8 bytes; with `valid` false
+// the destination is zero-filled and nothing is read. kL1: also cache in L1
+// (prefill: the row groups' warps read the same K/V), else L2 only (decode
+// streams each byte once).
+template <bool kL1>
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
+  if constexpr (kL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
 }
 __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -227,7 +236,8 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         const bool ok = key < warp_end;
         const bf16* krow = (ok ? row_of(kc, key) : kc) + tig * 8;
 #pragma unroll
-        for (int c = 0; c < kKC; ++c) CpAsync16(unit(stage, nt * kKC + c), krow + c * 32, ok);
+        for (int c = 0; c < kKC; ++c)
+          CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
       }
 #pragma unroll
       for (int qi = 0; qi < 4; ++qi) {
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         if constexpr (kVW >= 4) {
 #pragma unroll
           for (int c = 0; c < kVW / 4; ++c)
-            CpAsync16(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
+            CpAsync16<kTwoHalves>(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
         } else {  // 8 bytes per row: two rows per unit
           CpAsync8(reinterpret_cast<uint2*>(unit(stage, 2 * kKC + qi / 2)) + (qi & 1), vrow, ok);
         }
