@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
@@ -623,6 +624,7 @@ absl::Status Run(int argc, char** argv) {
   std::string json_path;
   int layers = 4;
   bool skip_model = false;
+  std::string sections = "gemm,attention,prefill,model";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -631,10 +633,13 @@ absl::Status Run(int argc, char** argv) {
       layers = std::atoi(argv[++i]);
     } else if (a == "--skip-model") {
       skip_model = true;
+    } else if (a == "--sections" && i + 1 < argc) {
+      sections = argv[++i];
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", a,
-                                                     "'; usage: kernels_bench [--json FILE] "
-                                                     "[--layers N] [--skip-model]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown argument '", a,
+                       "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
+                       "[--sections gemm,attention,prefill,model]"));
     }
   }
   std::string why;
@@ -659,10 +664,14 @@ absl::Status Run(int argc, char** argv) {
     std::printf("SECTION %s FAILED: %s\n", name, st.ToString().c_str());
     if (first_error.ok()) first_error = Annotate(st, name);
   };
-  section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
-  section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
-  section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
-  if (!skip_model) section("model_decode", BenchModelDecode(layers, stream.get(), &js));
+  const std::vector<std::string> want = absl::StrSplit(sections, ',');
+  auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
+  if (on("gemm")) section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
+  if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
+  if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
+  if (on("model") && !skip_model) {
+    section("model_decode", BenchModelDecode(layers, stream.get(), &js));
+  }
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);

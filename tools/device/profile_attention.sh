@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Nsight Compute on the tensor-core decode attention kernel (device machine,
+# Firecracker kinds: ncu reads the counters there). Builds kernels_bench,
+# runs only its decode-attention section under ncu and profiles chosen
+# launches of MmaAttentionKernel (--launch-skip counts launches of that
+# kernel only). Writes $OUT/ncu_*.txt.
+#   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")
+# Launch order in the section: per shape (llama-8b tp1, llama-70b tp2), the
+# tensor-core variants chunk 256, 512, 1024, planned, each at batch 32, 64,
+# 128, 256, 512, each config 1 check + 5 warm-up + 30 timed launches (36).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+tools/device/build.sh kernels_bench >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
+per_config=36
+# name:launches to skip (the 36-launch config index x 36 + 10: a timed launch)
+CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$(( (4 * 5 + 3 * 5 + 0) * per_config + 10 )) 8b_c256_b256:$(( 3 * per_config + 10 ))"}
+for c in $CASES; do
+  name=${c%%:*}
+  skip=${c##*:}
+  timeout 240 "$NCU" --clock-control none --kernel-name regex:MmaAttentionKernel \
+    --launch-skip "$skip" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis \
+    build-gpu/bench/kernels/kernels_bench --sections attention >"$OUT/ncu_$name.txt" 2>&1
+  echo "== $name (skip $skip): exit $?"
+  grep -E 'MmaAttentionKernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -40
+done
