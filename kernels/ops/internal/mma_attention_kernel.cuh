@@ -223,10 +223,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
                 static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
   auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
-  // Unit u of another lane's slot in this warp's ring.
-  auto ring_lane = [&](int stage, int u, int ln) -> uint4* {
-    return ring - lane + ln + (stage * L::kUnits + u) * 32;
-  };
   // Starts the copies of tile i into stage i % kStages (an empty group past
   // the last tile, so that the wait below counts the same way). Keys past
   // warp_end are zero-filled.
@@ -247,23 +243,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
       for (int qi = 0; qi < 4; ++qi) {
         const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
         const bool ok = key < warp_end;
-        if constexpr (kVW == 8) {
-          // D = 128: lane gid needs the 32-byte sector gid of the V row, two
-          // 16-byte halves. Copied by the lane that needs them, each warp
-          // instruction would read half of 8 sectors and every sector would
-          // go to L2 twice (ncu: L2 at 80% busy, hit rate 38%, DRAM at 52%).
-          // Instead lanes 2m and 2m+1 copy the two halves of one sector per
-          // instruction into the consumer's slot (lane (2m + c, tig)):
-          // whole sectors, and a __syncwarp before anyone reads them.
-          const int h = gid & 1;
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int sg = (gid & ~1) + c;
-            const bf16* vsrc = (ok ? row_of(vc, key) : vc) + sg * kNT + h * 8;
-            CpAsync16<kTwoHalves>(ring_lane(stage, 2 * kKC + qi * 2 + h, sg * 4 + tig), vsrc, ok);
-          }
-          continue;
-        }
         const bf16* vrow = (ok ? row_of(vc, key) : vc) + gid * kNT;
         if constexpr (kVW >= 4) {
 #pragma unroll
@@ -280,9 +259,8 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   for (int i = 0; i < kStages - 1; ++i) issue(i);
 
   for (int i = 0; i < ntiles; ++i) {
-    issue(i + kStages - 1);                // refills the stage read in iteration i - 1
-    CpAsyncWait<kStages - 1>();            // tile i has landed
-    if constexpr (kVW == 8) __syncwarp();  // and the V halves other lanes copied for this one
+    issue(i + kStages - 1);      // refills the stage read in iteration i - 1
+    CpAsyncWait<kStages - 1>();  // tile i has landed
     const int t0 = first + i * stride;
     const int stage = i % kStages;
     uint4 kr[2][kKC];
@@ -306,8 +284,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         }
       }
     }
-    // Every lane has read this stage before any lane refills it (next iteration).
-    if constexpr (kVW == 8) __syncwarp();
 
     // S = Q K^T for the two 8-key n-tiles.
     float s[2][4];
