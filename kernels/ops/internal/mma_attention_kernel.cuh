@@ -416,16 +416,9 @@ absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t strea
   constexpr size_t kSmem = MmaTileLayout<D>::kSmemBytes;
   // Above the 48 KiB default: opt in once per instantiation (not a stream
   // operation, so also fine while a graph is being captured).
-  // The largest shared-memory carveout, so that two blocks fit per SM.
-  static const cudaError_t attr = [] {
-    const cudaError_t e =
-        cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-    if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
-                                cudaFuncAttributePreferredSharedMemoryCarveout,
-                                static_cast<int>(cudaSharedmemCarveoutMaxShared));
-  }();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
   MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
