@@ -223,10 +223,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
                 static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
   auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
-  // Unit u of lane ln's slot in this warp's ring.
-  auto ring_lane = [&](int stage, int u, int ln) -> uint4* {
-    return ring - lane + ln + (stage * L::kUnits + u) * 32;
-  };
   // Starts the copies of tile i into stage i % kStages (an empty group past
   // the last tile, so that the wait below counts the same way). Keys past
   // warp_end are zero-filled.
@@ -243,30 +239,8 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         for (int c = 0; c < kKC; ++c)
           CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
       }
-      if constexpr (kVW == 8) {
-        // D = 128: the V tile is copied row by row, two whole 256-byte rows
-        // per warp instruction (lane l: row 2j + l / 16, 16-byte piece
-        // l % 16), into the slot of the lane that consumes each piece:
-        // lane (gid = piece / 2, tig of the row), unit of (the row's qi,
-        // half = piece % 2). Copied by their consumers, a warp instruction
-        // read half of each 32-byte sector and every V sector went to L2
-        // twice (ncu: L2 80% busy at 52% DRAM); copying sectors by lane pairs
-        // instead split each row over two instructions and ran slower.
-        // Cross-lane: __syncwarp before the reads and before the refill.
-        const int piece = lane & 15, h = lane & 1;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int r = 2 * j + (lane >> 4);
-          const int key = t0 + r;
-          const bool ok = key < warp_end;
-          const bf16* src = (ok ? row_of(vc, key) : vc) + piece * 8;
-          const int ctig = (r & 7) >> 1, cqi = (r & 1) | ((r >> 3) << 1);
-          CpAsync16<kTwoHalves>(ring_lane(stage, 2 * kKC + cqi * 2 + h, (piece >> 1) * 4 + ctig),
-                                src, ok);
-        }
-      }
-#pragma unroll
-      for (int qi = 0; qi < 4 && kVW != 8; ++qi) {
+      for (int qi = 0; qi < 4; ++qi) {
         const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
         const bool ok = key < warp_end;
         const bf16* vrow = (ok ? row_of(vc, key) : vc) + gid * kNT;
@@ -285,9 +259,8 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   for (int i = 0; i < kStages - 1; ++i) issue(i);
 
   for (int i = 0; i < ntiles; ++i) {
-    issue(i + kStages - 1);                // refills the stage read in iteration i - 1
-    CpAsyncWait<kStages - 1>();            // tile i has landed
-    if constexpr (kVW == 8) __syncwarp();  // with the V pieces other lanes copied
+    issue(i + kStages - 1);      // refills the stage read in iteration i - 1
+    CpAsyncWait<kStages - 1>();  // tile i has landed
     const int t0 = first + i * stride;
     const int stage = i % kStages;
     uint4 kr[2][kKC];
@@ -311,7 +284,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         }
       }
     }
-    if constexpr (kVW == 8) __syncwarp();  // every lane has read the stage before its refill
 
     // S = Q K^T for the two 8-key n-tiles.
     float s[2][4];
