@@ -121,7 +121,7 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // and the merge) per split, so the split count that keeps every SM busy and
 // no more is the fastest on an H200: at context 1024, llama-8b shape, batch
 // 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%
-// (bench/results/h200-2026-11-23/kernels.txt). Returns a chunk >=
+// (bench/results/h200-2026-11-23/d_default/kernels.txt). Returns a chunk >=
 // max(context) (no split) when the sequences alone fill the SMs.
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
                          int min_chunk);

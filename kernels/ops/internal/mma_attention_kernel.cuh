@@ -37,8 +37,10 @@
 // tiles per lane (layout [stage][warp][16-byte unit][lane], conflict-free),
 // issues tile i + kStages - 1 before it waits for tile i and never needs a
 // barrier in the key loop. The first version loaded each tile into registers
-// and used it at once: one DRAM round trip per 16 keys per warp, ~40% of the
-// copy bandwidth at context 1024 on an H200 (bench/results/h200-2026-11-23).
+// and used it at once, and measured the same (~40% of the copy bandwidth at
+// context 1024 with 4 splits on an H200); what raised it to 50-61% was fewer
+// splits (PlanDecodeSplitChunk). Copying V across lanes in whole sectors was
+// tried twice and was slower (bench/results/h200-2026-11-23/README.md).
 #pragma once
 
 #include <cuda_bf16.h>
