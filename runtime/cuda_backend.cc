@@ -112,6 +112,7 @@ class CudaBackend : public Backend {
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
+    mo.gemm_autotune_candidates = opts.gemm_autotune;
     mo.comm_stream_high_priority = opts.comm_priority == "high";
     if (opts.attention == "tiled") {
       mo.attention_decode_kernel = kernels::DecodeKernel::kTiled;

@@ -162,6 +162,7 @@ const std::map<std::string, Flag>& Flags() {
       {"kv-cache-fraction", {Real(&JobOptions::kv_cache_fraction, 0, 0.95), Get(&JobOptions::kv_cache_fraction), "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)"}},
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
+      {"gemm-autotune", {Int(&JobOptions::gemm_autotune, 1, 32), Get(&JobOptions::gemm_autotune), "cuda: GEMM algorithm per shape: 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N candidates, timed once per shape at its first (eager) use (bf16 bits may then differ between runs)"}},
       {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
       {"comm-priority", {Str(&JobOptions::comm_priority, {"normal", "high"}), Get(&JobOptions::comm_priority), "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)"}},
       {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},

@@ -24,16 +24,16 @@ struct JobOptions {
   std::string backend = "auto";  // auto | cpu | cuda
   std::string mode = "v1";       // v1 | v0
   std::string model = "tiny";
-  std::string model_overrides;   // "layers=4,seed=7"
-  std::string dtype = "bf16";    // cuda backend: bf16 | fp32
+  std::string model_overrides;  // "layers=4,seed=7"
+  std::string dtype = "bf16";   // cuda backend: bf16 | fp32
 
   // Workload.
   int num_requests = 32;
   LengthDist prompt_len{"fixed", 128, 0};
   LengthDist output_len{"fixed", 32, 0};
-  double arrival_rate = 0;       // requests/s (Poisson); 0 = closed loop
-  int concurrency = 0;           // closed loop: requests in flight (0 = max_batch)
-  int steady_batch = 0;          // >0: hold exactly B running at steady_context
+  double arrival_rate = 0;  // requests/s (Poisson); 0 = closed loop
+  int concurrency = 0;      // closed loop: requests in flight (0 = max_batch)
+  int steady_batch = 0;     // >0: hold exactly B running at steady_context
   int steady_context = 1024;
   int steady_steps = 50;
   int warmup_steps = 5;
@@ -41,11 +41,11 @@ struct JobOptions {
   float temperature = 0.f;
   int top_k = 0;
   float top_p = 1.f;
-  int eos_id = -1;               // -1: no EOS stop
+  int eos_id = -1;  // -1: no EOS stop
 
   // Scheduler limits.
-  int max_batch = 64;            // max running sequences
-  int max_batched_tokens = 2048; // per step
+  int max_batch = 64;             // max running sequences
+  int max_batched_tokens = 2048;  // per step
   int prefill_chunk = 512;
   int num_kv_blocks = 0;         // 0: derived from the workload, or sized by the workers:
   double kv_cache_mib = 0;       //   KV cache bytes per rank (MiB), or
@@ -54,12 +54,14 @@ struct JobOptions {
 
   // CUDA backend.
   int buckets = 1;
+  int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority
   bool cuda_graphs = true;
-  bool pipeline = true;  // v1 worker launches step t+1 before collecting step t
+  bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   std::string allreduce = "auto";  // auto | nccl | custom
-  std::string attention = "tensor-core";  // tiled | warp-streamed | tensor-core (kernels/ops/attention.h)
+  std::string attention =
+      "tensor-core";  // tiled | warp-streamed | tensor-core (kernels/ops/attention.h)
   int64_t crossover_bytes = 1 << 20;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 
@@ -67,9 +69,9 @@ struct JobOptions {
   int64_t step_timeout_ms = 60000;  // any single wait in a step
   int64_t hang_timeout_ms = 2000;   // heartbeat staleness that tears the job down
 
-  std::string out_dir;           // summary.json, tokens.jsonl
-  std::string trace_file;        // Chrome trace JSON
-  bool progress = true;          // live progress line on a TTY
+  std::string out_dir;     // summary.json, tokens.jsonl
+  std::string trace_file;  // Chrome trace JSON
+  bool progress = true;    // live progress line on a TTY
 
   // Resolved by the launcher.
   std::string resolved_backend;  // cpu | cuda
@@ -87,9 +89,9 @@ namespace symtp::runtime {
 
 // Role-specific flags that are not part of JobOptions.
 struct ProcArgs {
-  std::string job;   // --job: shared-memory segment name
-  int rank = -1;     // --rank (workers)
-  int device = -1;   // --device (cuda workers)
+  std::string job;  // --job: shared-memory segment name
+  int rank = -1;    // --rank (workers)
+  int device = -1;  // --device (cuda workers)
 };
 
 // Parses --name=value / --name value flags into `opts` and `proc`. Unknown

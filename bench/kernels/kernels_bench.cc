@@ -190,52 +190,68 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(max_m * max_k * 2));
   SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 4, 1.f, s));
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
-  std::printf("\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s\n", "model", "tp", "layer", "N", "K", "M",
-              "us", "TFLOP/s", "%peak", "W GB/s");
+  // The same GEMMs with the algorithm chosen by timing 16 candidates once per
+  // shape (CublasLtHandle::set_autotune_candidates; off by default).
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
+  tuned.set_autotune_candidates(16);
+  std::printf(
+      "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
+      "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once\n");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s\n", "model", "tp", "layer", "N",
+              "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     const size_t slots = arena / wbytes;
     for (int64_t m : {32, 128, 256, 512}) {
-      auto run = [&](int i) {
+      auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
         const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-        return kernels::Gemm(h, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
+        return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
                              kernels::kGemmWorkspaceBytes, s);
       };
-      // Verify two output elements against a CPU dot product first.
-      SYMTP_RETURN_IF_ERROR(run(0));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      for (int64_t probe : {int64_t{0}, (m - 1) * g.n + g.n - 1}) {
-        const int64_t row = probe / g.n, col = probe % g.n;
-        std::vector<uint16_t> ar(g.k), wr(g.k);
-        uint16_t cv = 0;
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(ar.data(), static_cast<char*>(abuf.get()) + row * g.k * 2,
-                                        g.k * 2, cudaMemcpyDeviceToHost));
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(), static_cast<char*>(wbuf.get()) + col * g.k * 2,
-                                        g.k * 2, cudaMemcpyDeviceToHost));
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2, cudaMemcpyDeviceToHost));
-        double ref = 0, mag = 0;
-        for (int64_t k = 0; k < g.k; ++k) {
-          ref += static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]);
-          mag += std::fabs(static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]));
-        }
-        if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
-          return absl::InternalError(absl::StrFormat("GEMM check failed for %s %s M=%d: %g vs %g",
-                                                     g.model, g.layer, m, Bf16ToFloat(cv), ref));
+      auto run = [&](int i) { return run_on(h, i); };
+      auto run_tuned = [&](int i) { return run_on(tuned, i); };
+      // Verify two output elements against a CPU dot product first (both choices).
+      for (kernels::CublasLtHandle* hh : {&h, &tuned}) {
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
+        SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        for (int64_t probe : {int64_t{0}, (m - 1) * g.n + g.n - 1}) {
+          const int64_t row = probe / g.n, col = probe % g.n;
+          std::vector<uint16_t> ar(g.k), wr(g.k);
+          uint16_t cv = 0;
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(ar.data(), static_cast<char*>(abuf.get()) + row * g.k * 2,
+                                          g.k * 2, cudaMemcpyDeviceToHost));
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(), static_cast<char*>(wbuf.get()) + col * g.k * 2,
+                                          g.k * 2, cudaMemcpyDeviceToHost));
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2,
+                                          cudaMemcpyDeviceToHost));
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < g.k; ++k) {
+            ref += static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]);
+            mag += std::fabs(static_cast<double>(Bf16ToFloat(ar[k])) * Bf16ToFloat(wr[k]));
+          }
+          if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
+            return absl::InternalError(
+                absl::StrFormat("GEMM check failed for %s %s M=%d%s: %g vs %g", g.model, g.layer, m,
+                                hh == &tuned ? " (tuned)" : "", Bf16ToFloat(cv), ref));
+          }
         }
       }
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+      SYMTP_ASSIGN_OR_RETURN(double us_tuned, TimeUs(s, 5, 30, run_tuned));
+      const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
-      std::printf("%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f\n", g.model, g.tp,
-                  g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-                  static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps);
+      std::printf("%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%\n",
+                  g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+                  static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps,
+                  us_tuned, 100.0 * tflops_tuned / c.gemm_tflops);
       js->gemm.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
-          "%.1f}",
-          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps));
+          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f}",
+          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_tuned,
+          tflops_tuned / c.gemm_tflops));
     }
   }
   return absl::OkStatus();

@@ -1,11 +1,13 @@
 #include "kernels/ops/gemm.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
+#include "common/cuda_raii.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -50,6 +52,7 @@ int AlignmentOf(const void* p) {
 struct CublasLtHandle::State {
   cublasLtHandle_t handle = nullptr;
   std::map<PlanKey, Plan> plans;
+  int autotune = 1;
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -70,11 +73,53 @@ absl::StatusOr<CublasLtHandle> CublasLtHandle::Create() {
 
 cublasLtHandle_t CublasLtHandle::get() const { return state_ ? state_->handle : nullptr; }
 size_t CublasLtHandle::cached_plans() const { return state_ ? state_->plans.size() : 0; }
+void CublasLtHandle::set_autotune_candidates(int n) {
+  if (state_) state_->autotune = std::max(1, std::min(n, 32));
+}
+int CublasLtHandle::autotune_candidates() const { return state_ ? state_->autotune : 1; }
 
 namespace {
 
+// Index of the fastest of `cands` on g's operands: each is run once to warm
+// up, then timed 3 times (CUDA events, the stream synchronized) and scored by
+// its best run. A candidate that fails to run is skipped; an event failure
+// is an error.
+absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
+                                     const cublasLtMatmulHeuristicResult_t* cands, int n,
+                                     cudaStream_t stream) {
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(/*timing=*/true));
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(/*timing=*/true));
+  const float alpha = 1.f, beta = 0.f;
+  int best = 0;
+  float best_ms = -1.f;
+  for (int i = 0; i < n; ++i) {
+    if (cands[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    auto run = [&] {
+      return cublasLtMatmul(h, p.op, &alpha, g.w, p.w, g.a, p.a, &beta, g.c, p.c, g.c, p.c,
+                            &cands[i].algo, g.workspace, g.workspace_bytes,
+                            stream) == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!run()) continue;
+    float ms = -1.f;
+    for (int rep = 0; rep < 3 && ms != -2.f; ++rep) {
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), stream));
+      const bool ran = run();
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), stream));
+      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
+      float t = 0.f;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, e0.get(), e1.get()));
+      ms = !ran ? -2.f : (ms < 0.f || t < ms) ? t : ms;
+    }
+    if (ms >= 0.f && (best_ms < 0.f || ms < best_ms)) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  return best;
+}
+
 absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t lda, int64_t ldw,
-                               int64_t ldc) {
+                               int64_t ldc, int autotune, cudaStream_t stream) {
   Plan p;
   auto fail = [&](absl::Status s) {
     DestroyPlan(p);
@@ -130,10 +175,16 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
                                        sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                        sizeof(al_c));
-  cublasLtMatmulHeuristicResult_t result{};
+  // Autotuning runs the candidates, which a stream capture must not record.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (autotune > 1 && cudaStreamIsCapturing(stream, &capturing) != cudaSuccess) {
+    capturing = cudaStreamCaptureStatusActive;
+  }
+  const int want = capturing == cudaStreamCaptureStatusNone ? autotune : 1;
+  cublasLtMatmulHeuristicResult_t results[32]{};
   int found = 0;
   const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.a, p.c, p.c, pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.a, p.c, p.c, pref, want, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
     return fail(absl::UnimplementedError(absl::StrFormat(
@@ -141,7 +192,13 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
         g.m, g.n, g.m, g.k, g.n, g.k, DTypeName(g.in_dtype), DTypeName(g.out_dtype), lda, ldw, ldc,
         cublasGetStatusString(hs))));
   }
-  p.algo = result.algo;
+  int pick = 0;
+  if (found > 1) {
+    absl::StatusOr<int> fastest = FastestCandidate(h, p, g, results, found, stream);
+    if (!fastest.ok()) return fail(fastest.status());
+    pick = *fastest;
+  }
+  p.algo = results[pick].algo;
   return p;
 }
 
@@ -180,7 +237,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
                     g.sm_count_target};
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
-    SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc));
+    SYMTP_ASSIGN_OR_RETURN(Plan plan,
+                           BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune, stream));
     it = st->plans.emplace(key, plan).first;
   }
   const Plan& p = it->second;

@@ -38,6 +38,16 @@ class CublasLtHandle {
   // Number of distinct shapes planned so far.
   size_t cached_plans() const;
 
+  // Algorithm choice for shapes planned from now on: 1 (the default) takes
+  // cuBLASLt's first heuristic; N > 1 times up to N of its candidates once,
+  // on the call's own operands (3 runs each, the stream synchronized), and
+  // keeps the fastest. Planning inside a stream capture always takes the
+  // first heuristic. The choice depends on timing, so two processes may pick
+  // different algorithms for a shape (bf16 bits may then differ between
+  // runs, never within one: the plan is cached).
+  void set_autotune_candidates(int n);
+  int autotune_candidates() const;
+
   struct State;  // implementation detail (gemm.cc)
   State* state() const { return state_.get(); }
 

@@ -99,6 +99,10 @@ struct GpuModelOptions {
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
   kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
   size_t gemm_workspace_bytes = size_t{32} << 20;
+  // GEMM algorithm per shape (kernels::CublasLtHandle::set_autotune_candidates):
+  // 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N, timed once per
+  // shape when first planned (eagerly: the first step of each batch size).
+  int gemm_autotune_candidates = 1;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.
   bool bench_skip_allreduce = false;
