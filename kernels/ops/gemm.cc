@@ -4,6 +4,7 @@
 #include <map>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -192,13 +193,53 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
         g.m, g.n, g.m, g.k, g.n, g.k, DTypeName(g.in_dtype), DTypeName(g.out_dtype), lda, ldw, ldc,
         cublasGetStatusString(hs))));
   }
+  // Autotuning also tries split-K versions of the first heuristic picks:
+  // decode GEMMs with M <= 256 and N of a few thousand make only 24-48 output
+  // tiles for 132 SMs, and the heuristic's list rarely splits them.
+  std::vector<cublasLtMatmulHeuristicResult_t> cands(results, results + found);
+  if (want > 1) {
+    const int base = std::min(found, 4);
+    for (int i = 0; i < base; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      int32_t splitk_ok = 0;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                                            &splitk_ok, sizeof(splitk_ok),
+                                            &written) != CUBLAS_STATUS_SUCCESS ||
+          splitk_ok == 0) {
+        continue;
+      }
+      for (const uint32_t splits : {2u, 3u, 4u, 6u}) {
+        cublasLtMatmulHeuristicResult_t c = results[i];
+        // Partial sums in fp32 (the compute type) in the workspace.
+        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                 &splits, sizeof(splits)) !=
+                CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme, sizeof(scheme)) !=
+                CUBLAS_STATUS_SUCCESS) {
+          continue;
+        }
+        // Valid for this problem and within the workspace, or skipped.
+        if (cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &c.algo, &c) !=
+                CUBLAS_STATUS_SUCCESS ||
+            c.workspaceSize > g.workspace_bytes) {
+          continue;
+        }
+        c.state = CUBLAS_STATUS_SUCCESS;
+        cands.push_back(c);
+      }
+    }
+  }
   int pick = 0;
-  if (found > 1) {
-    absl::StatusOr<int> fastest = FastestCandidate(h, p, g, results, found, stream);
+  if (cands.size() > 1) {
+    absl::StatusOr<int> fastest =
+        FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), stream);
     if (!fastest.ok()) return fail(fastest.status());
     pick = *fastest;
   }
-  p.algo = results[pick].algo;
+  p.algo = cands[pick].algo;
   return p;
 }
 

@@ -26,9 +26,10 @@ struct Seq {
 // A random cache and batch; Run() launches the kernel with a split choice.
 class AttnProblem {
  public:
+  // block_size: cache page size in tokens (GpuModel: 16).
   AttnProblem(DType dt, int D, int nq, int nkv, std::vector<Seq> seqs, uint64_t seed,
-              int pad_rows = 0)
-      : dt_(dt), D_(D), nq_(nq), nkv_(nkv), seqs_(std::move(seqs)) {
+              int pad_rows = 0, int block_size = 16)
+      : B(block_size), dt_(dt), D_(D), nq_(nq), nkv_(nkv), seqs_(std::move(seqs)) {
     std::mt19937_64 rng(seed);
     int max_ctx = 0;
     seq_start_.push_back(0);
@@ -173,7 +174,7 @@ class AttnProblem {
   }
 
  private:
-  static constexpr int B = 16;
+  const int B;
   DType dt_;
   int D_, nq_, nkv_;
   std::vector<Seq> seqs_;
@@ -285,6 +286,29 @@ TEST_P(AttentionTest, TensorCorePrefillEveryItemSizeMatchesReference) {
   }
 }
 
+// Pages that are not a multiple of the tensor-core kernel's 16-key tile, and
+// split chunks that start tiles off a 16-key boundary: every kernel takes its
+// per-row page lookup there instead of one lookup per tile.
+TEST_P(AttentionTest, OddPageSizesAndChunksMatchReference) {
+  const auto [dt, D, nq, nkv] = GetParam();
+  const int per = MaxAttentionItemTokens(nq, nkv);
+  for (const int bs : {8, 24, 32}) {
+    SCOPED_TRACE("block size " + std::to_string(bs));
+    AttnProblem p(dt, D, nq, nkv, {{0, 1}, {23, 1}, {47, 1}, {300, 1}, {0, 29}, {61, 9}}, 16 + bs,
+                  /*pad_rows=*/1, bs);
+    for (DecodeKernel dk : kDecodeKernels) {
+      const std::string k = Name(dk);
+      testing::CheckClose(p.Run(1, 256, 1, stream(), dk, PrefillKernel::kTensorCore),
+                          p.Reference(), Tol(), "unsplit " + k);
+      for (const int chunk : {40, 64}) {
+        const int splits = (p.max_ctx() + chunk - 1) / chunk;
+        testing::CheckClose(p.Run(splits, chunk, per, stream(), dk, PrefillKernel::kTensorCore),
+                            p.Reference(), Tol(), "chunk " + std::to_string(chunk) + " " + k);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(32, 64, 128), ::testing::Values(8),
@@ -336,7 +360,9 @@ TEST(PlanDecodeSplitChunkTest, AlwaysAtLeastTheSmallestChunkAndCoversEveryContex
     const int64_t want = std::max<int64_t>(min_chunk, per_block);
     const int splits = (max_ctx + chunk - 1) / chunk;
     ASSERT_EQ(splits == 1, want >= max_ctx) << "chunk " << chunk << " want " << want;
-    if (splits > 1) ASSERT_LE(chunk, std::max<int64_t>(min_chunk, (want + 15) / 16 * 16));
+    if (splits > 1) {
+      ASSERT_LE(chunk, std::max<int64_t>(min_chunk, (want + 15) / 16 * 16));
+    }
   }
 }
 

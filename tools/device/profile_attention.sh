@@ -27,7 +27,8 @@ for c in $CASES; do
     --launch-skip "$skip" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_launched.sum" \
     build-gpu/bench/kernels/kernels_bench --sections attention >"$OUT/ncu_$name.txt" 2>&1
   echo "== $name (skip $skip): exit $?"
-  grep -E 'MmaAttentionKernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -40
+  grep -E 'MmaAttentionKernel|issue_stalled|inst_executed|warps_launched|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -70
 done

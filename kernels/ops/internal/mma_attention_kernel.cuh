@@ -84,6 +84,15 @@ __device__ __forceinline__ uint32_t PackBf16x2Residual(float lo, float hi, uint3
   return PackBf16x2(lo - __uint_as_float(packed << 16), hi - __uint_as_float(packed & 0xffff0000u));
 }
 
+// 2^x in one MUFU op (ex2.approx.ftz: ~2 ulp, -inf -> 0). The kernel keeps
+// scores in base-2 units (scale * log2 e folded into the Q K^T scale), so the
+// online softmax needs no expf (a dozen instructions each, 10 per tile).
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Asynchronous global -> shared copies of 16 or 8 bytes; with `valid` false
 // the destination is zero-filled and nothing is read. kL1: also cache in L1
 // (prefill: the row groups' warps read the same K/V), else L2 only (decode
@@ -201,11 +210,7 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   const bf16* vc = static_cast<const bf16*>(a.v_cache);
   const int bs = a.block_size;
   const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
-  auto row_of = [&](const bf16* cache, int key) -> const bf16* {
-    const int64_t slot = static_cast<int64_t>(table[key / bs]) * bs + key % bs;
-    return cache + slot * slot_elems + static_cast<int64_t>(kvh) * D;
-  };
-  const float scale = a.scale;
+  const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
 
   // This warp's rows need keys up to their largest position.
   const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
@@ -225,27 +230,83 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
                 static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
   auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
+  // The keys this lane copies for the tile at t0: K rows 8nt + gid, V rows
+  // 2tig + (qi & 1) + 8 (qi >> 1).
+  auto k_key = [&](int t0, int nt) { return t0 + nt * 8 + gid; };
+  auto v_key = [&](int t0, int qi) { return t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8; };
+  // Where those rows start, read from the block table one iteration before
+  // the copies that need them: a copy's address depends on that read, and
+  // reading the table in issue() stalled the warp for an L2 round trip per
+  // tile (ncu at small batch: 0.25 instructions issued per scheduler-cycle,
+  // 7.6 cycles per instruction). When a 16-key tile never straddles a page
+  // (block size a multiple of 16 and tiles starting on 16-key boundaries,
+  // which PlanDecodeSplitChunk's chunks and the unsplit range keep) the
+  // whole tile is one table entry and one base address, and each lane's six
+  // rows sit at fixed offsets from it; otherwise every row is looked up.
+  const bool tile_in_page = bs % kMmaKeyTile == 0 && first % kMmaKeyTile == 0 &&
+                            stride % kMmaKeyTile == 0;
+  const int64_t head_off = static_cast<int64_t>(kvh) * D;
+  int k_off[2], v_off[4];  // element offsets of this lane's rows from the tile's first slot
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) k_off[nt] = static_cast<int>(k_key(0, nt) * slot_elems);
+#pragma unroll
+  for (int qi = 0; qi < 4; ++qi) v_off[qi] = static_cast<int>(v_key(0, qi) * slot_elems);
+  struct TilePages {
+    int k[2];  // tile_in_page: k[0] = the tile's page; else each row's page
+    int v[4];
+  };
+  auto lookup = [&](int i, TilePages& p) {
+    if (i >= ntiles) return;
+    const int t0 = first + i * stride;
+    if (tile_in_page) {
+      p.k[0] = table[t0 / bs];
+      return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int key = k_key(t0, nt);
+      p.k[nt] = key < warp_end ? table[key / bs] : 0;
+    }
+#pragma unroll
+    for (int qi = 0; qi < 4; ++qi) {
+      const int key = v_key(t0, qi);
+      p.v[qi] = key < warp_end ? table[key / bs] : 0;
+    }
+  };
+  auto slot_row = [&](const bf16* cache, int page, int key) -> const bf16* {
+    const int64_t slot = static_cast<int64_t>(page) * bs + key % bs;
+    return cache + slot * slot_elems + head_off;
+  };
   // Starts the copies of tile i into stage i % kStages (an empty group past
   // the last tile, so that the wait below counts the same way). Keys past
-  // warp_end are zero-filled.
-  auto issue = [&](int i) {
+  // warp_end are zero-filled (nothing is read; their addresses stay inside
+  // the tile's page or point at the cache's base).
+  auto issue = [&](int i, const TilePages& p) {
     if (i < ntiles) {
       const int t0 = first + i * stride;
       const int stage = i % kStages;
+      const int64_t tile_slot = static_cast<int64_t>(p.k[0]) * bs + t0 % bs;
+      const int64_t tile_elem = tile_slot * slot_elems + head_off;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int key = t0 + nt * 8 + gid;
+        const int key = k_key(t0, nt);
         const bool ok = key < warp_end;
-        const bf16* krow = (ok ? row_of(kc, key) : kc) + tig * 8;
+        const bf16* krow = tile_in_page ? kc + tile_elem + k_off[nt]
+                           : ok         ? slot_row(kc, p.k[nt], key)
+                                        : kc;
+        krow += tig * 8;
 #pragma unroll
         for (int c = 0; c < kKC; ++c)
           CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
       }
 #pragma unroll
       for (int qi = 0; qi < 4; ++qi) {
-        const int key = t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8;
+        const int key = v_key(t0, qi);
         const bool ok = key < warp_end;
-        const bf16* vrow = (ok ? row_of(vc, key) : vc) + gid * kNT;
+        const bf16* vrow = tile_in_page ? vc + tile_elem + v_off[qi]
+                           : ok         ? slot_row(vc, p.v[qi], key)
+                                        : vc;
+        vrow += gid * kNT;
         if constexpr (kVW >= 4) {
 #pragma unroll
           for (int c = 0; c < kVW / 4; ++c)
@@ -257,12 +318,18 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     }
     CpAsyncCommit();
   };
+  TilePages pages{};
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int i = 0; i < kStages - 1; ++i) {
+    lookup(i, pages);
+    issue(i, pages);
+  }
+  lookup(kStages - 1, pages);
 
   for (int i = 0; i < ntiles; ++i) {
-    issue(i + kStages - 1);      // refills the stage read in iteration i - 1
-    CpAsyncWait<kStages - 1>();  // tile i has landed
+    issue(i + kStages - 1, pages);  // refills the stage read in iteration i - 1
+    lookup(i + kStages, pages);     // in flight during this iteration's products
+    CpAsyncWait<kStages - 1>();     // tile i has landed
     const int t0 = first + i * stride;
     const int stage = i % kStages;
     uint4 kr[2][kKC];
@@ -287,18 +354,23 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
       }
     }
 
-    // S = Q K^T for the two 8-key n-tiles.
-    float s[2][4];
+    // S = Q K^T for the two 8-key n-tiles, even and odd k-steps in separate
+    // accumulators: four dependent chains of D/32 products instead of two of
+    // D/16 (a warp waits on each product's latency at small batch).
+    float s[2][4], so[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = so[nt][e] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < kKS; ++ks) {
         const uint4 k4 = kr[nt][ks >> 1];
         const uint32_t b0 = (ks & 1) ? k4.z : k4.x;
         const uint32_t b1 = (ks & 1) ? k4.w : k4.y;
-        MmaBf16(s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+        MmaBf16((ks & 1) ? so[nt] : s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
     }
     // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
     float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -319,15 +391,15 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = mn0 == -INFINITY ? 1.f : expf(m0 - mn0);
-    const float al1 = mn1 == -INFINITY ? 1.f : expf(m1 - mn1);
+    const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+    const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float mn = e < 2 ? mn0 : mn1;
-        s[nt][e] = mn == -INFINITY ? 0.f : expf(s[nt][e] - mn);
+        s[nt][e] = mn == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - mn);
       }
       ps0 += s[nt][0] + s[nt][1];
       ps1 += s[nt][2] + s[nt][3];
@@ -382,6 +454,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const int srow = slice * nrg * 16;
+  // The epilogue and the split merge work in natural-log units.
+  m0 *= 0.693147180559945309f;
+  m1 *= 0.693147180559945309f;
   if (r0 < rows) {
     if (tig == 0) {
       wm_s[srow + r0] = m0;
