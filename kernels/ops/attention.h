@@ -122,7 +122,9 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // no more is the fastest on an H200: at context 1024, llama-8b shape, batch
 // 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%
 // (bench/results/h200-2026-11-23/d_default/kernels.txt). Returns a chunk >=
-// max(context) (no split) when the sequences alone fill the SMs.
+// max(context) (no split) when the sequences alone fill more than half the
+// SMs (then splitting cannot double the blocks in flight, and its merge
+// costs more than it gains: bench/results/h200-2026-11-23/README.md run k).
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
                          int min_chunk);
 

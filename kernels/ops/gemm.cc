@@ -238,6 +238,10 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
         FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), stream);
     if (!fastest.ok()) return fail(fastest.status());
     pick = *fastest;
+    SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": "
+                             << found << " heuristic + " << cands.size() - found
+                             << " split-K candidates, picked #" << pick
+                             << (pick >= found ? " (split-K)" : "");
   }
   p.algo = cands[pick].algo;
   return p;

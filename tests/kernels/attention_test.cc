@@ -327,8 +327,12 @@ TEST(PlanDecodeSplitChunkTest, SplitsOnlyUntilTheSmsAreBusy) {
   // 256 sequences x 8 kv heads fill 132 SMs: no split.
   EXPECT_GE(PlanDecodeSplitChunk(b256, 8, 132, 256), 1024);
   EXPECT_GE(PlanDecodeSplitChunk(b32, 8, 132, 256), 1024);
-  // 32 x 4 = 128 blocks < 132 SMs: two even splits.
-  EXPECT_EQ(PlanDecodeSplitChunk(b32, 4, 132, 256), 512);
+  // 32 x 4 = 128 blocks, just under 132 SMs: no split either (it cannot
+  // double the blocks in flight); 16 x 4 = 64 blocks: three even splits
+  // (an even share of the work per SM is 497 keys: 1024 / 3 rounded up to 16).
+  EXPECT_GE(PlanDecodeSplitChunk(b32, 4, 132, 256), 1024);
+  const std::vector<int32_t> b16(16, 1024);
+  EXPECT_EQ(PlanDecodeSplitChunk(b16, 4, 132, 256), 352);
   // One sequence: as many splits as the smallest chunk allows.
   EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 256), 256);
   EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 64), 64);
@@ -352,14 +356,15 @@ TEST(PlanDecodeSplitChunkTest, AlwaysAtLeastTheSmallestChunkAndCoversEveryContex
     ASSERT_GE(chunk, min_chunk);
     // GpuModel sizes its split grid as ceil(max_seq_len / min_chunk).
     ASSERT_LE((max_ctx + chunk - 1) / chunk, (max_ctx + min_chunk - 1) / min_chunk);
-    // Splits only when the sequences alone give some SM no work, and then
-    // chunks no longer than an even share of the work per SM.
+    // Splits only when the sequences alone leave over half the SMs without
+    // work, and then chunks no longer than an even share of the work per SM.
     int64_t total = 0;
     for (int32_t c : ctx) total += c;
     const int64_t per_block = (total * nkv + sms - 1) / sms;
     const int64_t want = std::max<int64_t>(min_chunk, per_block);
     const int splits = (max_ctx + chunk - 1) / chunk;
-    ASSERT_EQ(splits == 1, want >= max_ctx) << "chunk " << chunk << " want " << want;
+    ASSERT_EQ(splits == 1, want >= max_ctx || 2 * per_block > max_ctx)
+        << "chunk " << chunk << " want " << want;
     if (splits > 1) {
       ASSERT_LE(chunk, std::max<int64_t>(min_chunk, (want + 15) / 16 * 16));
     }

@@ -32,3 +32,19 @@ for c in $CASES; do
   echo "== $name (skip $skip): exit $?"
   grep -E 'MmaAttentionKernel|issue_stalled|inst_executed|warps_launched|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -70
 done
+# SOURCE=1: per-instruction stall samples of the first case (ncu source page,
+# SASS) and the kernel's SASS from the object file, for reading the key loop.
+if [[ ${SOURCE:-0} == 1 ]]; then
+  first=${CASES%% *}
+  timeout 240 "$NCU" --clock-control none --kernel-name regex:MmaAttentionKernel \
+    --launch-skip "${first##*:}" --launch-count 1 --section SourceCounters --section WarpStateStats \
+    --page source --print-source sass --csv \
+    build-gpu/bench/kernels/kernels_bench --sections attention >"$OUT/ncu_source_${first%%:*}.csv" 2>&1
+  echo "== source page of ${first%%:*}: exit $? ($(wc -l <"$OUT/ncu_source_${first%%:*}.csv") lines)"
+  CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
+  obj=$(find build-gpu -name 'mma_attention_bf16.cu.o' | head -1)
+  if [[ -n $CUOBJDUMP && -n $obj ]]; then
+    "$CUOBJDUMP" -sass "$obj" >"$OUT/mma_attention.sass" 2>&1
+    echo "== SASS: $(grep -c HMMA "$OUT/mma_attention.sass") HMMA lines in $(wc -l <"$OUT/mma_attention.sass") lines"
+  fi
+fi

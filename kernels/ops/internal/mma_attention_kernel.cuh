@@ -216,12 +216,23 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
 
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  float o[kNT][kTwoHalves ? 4 : 2];
+  // o[j][e]: row (e < 2 ? r0 : r1). With one half (rows <= 8) the A rows
+  // gid + 8 of P V carry P's bf16 residual instead of zeros, so o[j][2..3]
+  // hold the residual's share of row r0 (added in at the end): one product
+  // per n-tile instead of two.
+  float o[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-    for (int e = 0; e < (kTwoHalves ? 4 : 2); ++e) o[j][e] = 0.f;
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
   }
+  // Keys below unmasked_end are visible to every row of this warp (rows past
+  // `rows` do not count: their outputs are never stored), so tiles below it
+  // skip the per-score mask.
+  int unmasked_end = 0x7fffffff;
+  if (r0 < rows) unmasked_end = pos0 + 1;
+  if (kTwoHalves && r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
+  unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
 
   // This warp's tiles: t0 = first + i * stride, i < ntiles.
   const int stride = nslices * kMmaKeyTile;
@@ -373,48 +384,62 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
       for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
     }
     // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+    constexpr int kE = kTwoHalves ? 4 : 2;  // the rows r1 exist
+    if (t0 + kMmaKeyTile <= unmasked_end) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = t0 + nt * 8 + 2 * tig + (e & 1);
-        const int pos = e < 2 ? pos0 : pos1;
-        s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+        for (int e = 0; e < kE; ++e) s[nt][e] *= scale;
       }
-      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) {
+          const int key = t0 + nt * 8 + 2 * tig + (e & 1);
+          const int pos = e < 2 ? pos0 : pos1;
+          s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+        }
+      }
     }
+    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
     // Row max over the quad (the 4 lanes of a row), then the online softmax.
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float mn0 = fmaxf(m0, mx0);
     const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-    const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+    float mn1 = -INFINITY, al1 = 1.f;
+    if constexpr (kTwoHalves) {
+      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      mn1 = fmaxf(m1, mx1);
+      al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+    }
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < kE; ++e) {
         const float mn = e < 2 ? mn0 : mn1;
         s[nt][e] = mn == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - mn);
       }
       ps0 += s[nt][0] + s[nt][1];
-      ps1 += s[nt][2] + s[nt][3];
+      if constexpr (kTwoHalves) ps1 += s[nt][2] + s[nt][3];
     }
     l0 = l0 * al0 + ps0;
-    l1 = l1 * al1 + ps1;
     m0 = mn0;
-    m1 = mn1;
+    if constexpr (kTwoHalves) {
+      l1 = l1 * al1 + ps1;
+      m1 = mn1;
+    }
 
     // O = O * alpha + P V, P as bf16 (pa) plus its bf16 residual (pr): two
     // products per n-tile, nearly free where loads bound the kernel, and the
     // weights keep ~16 bits (bf16 alone: ~5e-3 relative error in the lane
     // model's output, the residual: ~1e-5).
     const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]);  // P[r0][keys 2tig, 2tig+1]
-    const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;
+    const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;  // unused with one half
     const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]);  // P[r0][keys 2tig+8, 2tig+9]
     const uint32_t pa3 = kTwoHalves ? PackBf16x2(s[1][2], s[1][3]) : 0u;
     const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
@@ -434,13 +459,18 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         o[j][3] *= al1;
         MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
         MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
-      } else {
-        float d[4] = {o[j][0] * al0, o[j][1] * al0, 0.f, 0.f};
-        MmaBf16(d, pa0, pa1, pa2, pa3, b0, b1);
-        MmaBf16(d, pr0, pr1, pr2, pr3, b0, b1);
-        o[j][0] = d[0];
-        o[j][1] = d[1];
+      } else {  // rows gid + 8 of A: the residual of row gid
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] *= al0;
+        MmaBf16(o[j], pa0, pr0, pa2, pr2, b0, b1);
       }
+    }
+  }
+  if constexpr (!kTwoHalves) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      o[j][0] += o[j][2];
+      o[j][1] += o[j][3];
     }
   }
 
