@@ -4,6 +4,14 @@
 namespace symtp::kernels::internal {
 
 absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream) {
+  // 16-byte loads of Q rows and of K/V rows (cp.async).
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(a.q) || misaligned(a.k_cache) || misaligned(a.v_cache) || a.q_row_stride % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention (tensor-core): q, k_cache and v_cache must be 16-byte aligned and "
+        "q_row_stride a multiple of 8 elements (q=%p k=%p v=%p q_row_stride=%d)",
+        a.q, a.k_cache, a.v_cache, a.q_row_stride));
+  }
   const bool two_halves = a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > 8;
   switch (a.head_dim) {
     case 32:

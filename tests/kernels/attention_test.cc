@@ -309,6 +309,26 @@ TEST_P(AttentionTest, OddPageSizesAndChunksMatchReference) {
   }
 }
 
+// Contexts long enough that a warp of the tensor-core kernel walks more than
+// 64 key tiles without a split (its lane-held slots are refilled every 32
+// tiles), in decode and in prefill.
+TEST_P(AttentionTest, LongContextsWithoutSplitMatchReference) {
+  const auto [dt, D, nq, nkv] = GetParam();
+  const int per = MaxAttentionItemTokens(nq, nkv);
+  for (const int bs : {16, 32}) {
+    SCOPED_TRACE("block size " + std::to_string(bs));
+    AttnProblem p(dt, D, nq, nkv, {{9000, 1}, {4500, 1}, {0, 1}, {4100, 6}}, 40 + bs,
+                  /*pad_rows=*/0, bs);
+    for (DecodeKernel dk : kDecodeKernels) {
+      testing::CheckClose(p.Run(1, 1 << 20, 1, stream(), dk, PrefillKernel::kTensorCore),
+                          p.Reference(), Tol(), std::string("decode items ") + Name(dk));
+    }
+    testing::CheckClose(
+        p.Run(1, 1 << 20, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+        p.Reference(), Tol(), "prefill items");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(32, 64, 128), ::testing::Values(8),

@@ -15,26 +15,51 @@ namespace symtp::kernels::internal {
 // s * slice_rows + r of wm / wl and of wacc's D-float rows; a slice that saw
 // no key of the row holds (-inf, 0, 0). Without split-K the normalized row
 // goes to a.out; with it, this split's accumulator and (max, sum) go to the
-// workspace. Call from every thread of the block after a barrier.
+// workspace. `scratch` holds nslices * slice_rows + 2 * rows floats of shared
+// memory. Call from every thread of the block after a barrier.
+//
+// Each row's slice weights e^(m_s - M) and denominator are computed once
+// (first pass, a thread per row) instead of once per output element: at
+// small batch the per-element exps were an eighth of the tensor-core decode
+// kernel's stall samples. Same operations in the same order as the
+// per-element form, so the same bits.
 template <typename T, int D>
 __device__ __forceinline__ void MergeSlicesAndStore(const PagedAttentionArgs& a,
                                                     int64_t token_begin, int kvh, int split,
                                                     int group, int rows, int nslices,
                                                     int slice_rows, const float* wm,
-                                                    const float* wl, const float* wacc) {
+                                                    const float* wl, const float* wacc,
+                                                    float* scratch) {
+  float* wf = scratch;                         // [s * slice_rows + r]: weight of slice s
+  float* wden = scratch + nslices * slice_rows;  // [r]
+  float* wmax = wden + rows;                     // [r]
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    float m = -INFINITY;
+    for (int s = 0; s < nslices; ++s) m = fmaxf(m, wm[s * slice_rows + r]);
+    float den = 0.f;
+    for (int s = 0; s < nslices; ++s) {
+      const int i = s * slice_rows + r;
+      float f = 0.f;
+      if (m != -INFINITY && wm[i] != -INFINITY) {
+        f = expf(wm[i] - m);
+        den = fmaf(wl[i], f, den);
+      }
+      wf[i] = f;
+    }
+    wden[r] = den;
+    wmax[r] = m;
+  }
+  __syncthreads();
   const int64_t out_ld = static_cast<int64_t>(a.num_q_heads) * D;
   for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx - (idx / D) * D;
-    float m = -INFINITY;
-    for (int s = 0; s < nslices; ++s) m = fmaxf(m, wm[s * slice_rows + r]);
-    float num = 0.f, den = 0.f;
+    const float m = wmax[r], den = wden[r];
+    float num = 0.f;
     if (m != -INFINITY) {
       for (int s = 0; s < nslices; ++s) {
         const int i = s * slice_rows + r;
         if (wm[i] == -INFINITY) continue;
-        const float f = expf(wm[i] - m);
-        den = fmaf(wl[i], f, den);
-        num = fmaf(wacc[static_cast<int64_t>(i) * D + d], f, num);
+        num = fmaf(wacc[static_cast<int64_t>(i) * D + d], wf[i], num);
       }
     }
     const int64_t t = token_begin + r / group;

@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(kWarpDecodeThreads, kMaxG <= 4 ? 4 : 3)
   __shared__ float wacc_s[kWarpDecodeWarps][kMaxG][D];
   __shared__ float wm_s[kWarpDecodeWarps][kMaxG];
   __shared__ float wl_s[kWarpDecodeWarps][kMaxG];
+  __shared__ float merge_s[kWarpDecodeWarps * kMaxG + 2 * kMaxG];
 
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kWarpDecodeThreads, kMaxG <= 4 ? 4 : 3)
   }
   __syncthreads();
   MergeSlicesAndStore<T, D>(a, t, kvh, split, group, group, kWarpDecodeWarps, kMaxG, &wm_s[0][0],
-                            &wl_s[0][0], &wacc_s[0][0][0]);
+                            &wl_s[0][0], &wacc_s[0][0][0], merge_s);
 }
 
 template <typename T, int D, int kMaxG>

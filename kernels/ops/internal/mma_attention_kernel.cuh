@@ -135,7 +135,8 @@ struct MmaTileLayout {
   static constexpr size_t kStageBytes = static_cast<size_t>(kUnits) * 32 * 16;  // per warp
   static constexpr size_t kRingBytes = kStageBytes * kMmaAttnWarps * kStages;
   // The epilogue's per-row accumulators and stats reuse the ring.
-  static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 2 * kMmaAttnMaxRows) * 4;
+  // (accumulators, max, sum, then the merge's weights, denominators, maxima)
+  static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 5 * kMmaAttnMaxRows) * 4;
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
 };
 
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   float* wacc_s = reinterpret_cast<float*>(mma_smem);
   float* wm_s = wacc_s + kMmaAttnMaxRows * D;
   float* wl_s = wm_s + kMmaAttnMaxRows;
+  float* merge_s = wl_s + kMmaAttnMaxRows;
 
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -187,22 +189,31 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   const int pos1 = kTwoHalves && r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
 
   // Q as A fragments (unscaled bf16; the scale is applied to S in fp32).
+  // Lane (gid, tig) needs dims [32c + 8tig, +8) of its rows for k-steps 2c
+  // and 2c + 1: one 16-byte load per row and c (the launcher checks the
+  // alignment).
   const bf16* q = static_cast<const bf16*>(a.q);
-  auto q_word = [&](int r, int dim) -> uint32_t {
-    if (r >= rows) return 0u;
+  auto q_row = [&](int r) -> const uint4* {
+    if (r >= rows) return nullptr;
     const int64_t tok = item.token_begin + r / group;
     const int qh = kvh * group + r % group;
-    return *reinterpret_cast<const uint32_t*>(q + tok * a.q_row_stride +
-                                              static_cast<int64_t>(qh) * D + dim);
+    return reinterpret_cast<const uint4*>(q + tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
   };
+  const uint4* q0 = q_row(r0);
+  const uint4* q1 = kTwoHalves ? q_row(r1) : nullptr;
   uint32_t qf[kKS][4];
 #pragma unroll
-  for (int ks = 0; ks < kKS; ++ks) {
-    const int dim = (ks >> 1) * 32 + tig * 8 + (ks & 1) * 4;
-    qf[ks][0] = q_word(r0, dim);
-    qf[ks][2] = q_word(r0, dim + 2);
-    qf[ks][1] = kTwoHalves ? q_word(r1, dim) : 0u;
-    qf[ks][3] = kTwoHalves ? q_word(r1, dim + 2) : 0u;
+  for (int c = 0; c < kKS / 2; ++c) {
+    const uint4 v0 = q0 ? q0[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 v1 = q1 ? q1[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
+    qf[2 * c][0] = v0.x;
+    qf[2 * c][2] = v0.y;
+    qf[2 * c + 1][0] = v0.z;
+    qf[2 * c + 1][2] = v0.w;
+    qf[2 * c][1] = v1.x;
+    qf[2 * c][3] = v1.y;
+    qf[2 * c + 1][1] = v1.z;
+    qf[2 * c + 1][3] = v1.w;
   }
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
@@ -245,17 +256,25 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   // 2tig + (qi & 1) + 8 (qi >> 1).
   auto k_key = [&](int t0, int nt) { return t0 + nt * 8 + gid; };
   auto v_key = [&](int t0, int qi) { return t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8; };
-  // Where those rows start, read from the block table one iteration before
-  // the copies that need them: a copy's address depends on that read, and
-  // reading the table in issue() stalled the warp for an L2 round trip per
-  // tile (ncu at small batch: 0.25 instructions issued per scheduler-cycle,
-  // 7.6 cycles per instruction). When a 16-key tile never straddles a page
-  // (block size a multiple of 16 and tiles starting on 16-key boundaries,
-  // which PlanDecodeSplitChunk's chunks and the unsplit range keep) the
-  // whole tile is one table entry and one base address, and each lane's six
-  // rows sit at fixed offsets from it; otherwise every row is looked up.
+  // Where those rows start. A copy's address depends on a block-table read,
+  // and reading the table next to the copies stalled the warp on it (ncu
+  // source view at small batch: a fifth of all stall samples on the first
+  // use of the entry, and the entry's division by the page size on every
+  // tile). When a 16-key tile never straddles a page (block size a multiple
+  // of 16 and tiles starting on 16-key boundaries, which PlanDecodeSplitChunk's
+  // chunks and the unsplit range keep) the whole tile is one slot: lane l
+  // holds the first slot of tile 32b + l for two blocks b of 32 tiles, read
+  // 32 tiles before use, and each tile takes its slot with one shuffle; each
+  // lane's six rows sit at fixed offsets from it. Otherwise every row is
+  // looked up one iteration ahead.
   const bool tile_in_page = bs % kMmaKeyTile == 0 && first % kMmaKeyTile == 0 &&
                             stride % kMmaKeyTile == 0;
+  auto tile_slot_of = [&](int i) -> int {  // this lane's entry of tile i (or 0)
+    if (!tile_in_page || i >= ntiles) return 0;
+    const int t0 = first + i * stride;
+    return table[t0 / bs] * bs + t0 % bs;
+  };
+  int slots_even = tile_slot_of(lane), slots_odd = tile_slot_of(32 + lane);
   const int64_t head_off = static_cast<int64_t>(kvh) * D;
   int k_off[2], v_off[4];  // element offsets of this lane's rows from the tile's first slot
 #pragma unroll
@@ -263,16 +282,26 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
 #pragma unroll
   for (int qi = 0; qi < 4; ++qi) v_off[qi] = static_cast<int>(v_key(0, qi) * slot_elems);
   struct TilePages {
-    int k[2];  // tile_in_page: k[0] = the tile's page; else each row's page
+    int k[2];  // tile_in_page: k[0] = the tile's first slot; else each row's page
     int v[4];
   };
+  // Called for i = 0, 1, 2, ... in order.
   auto lookup = [&](int i, TilePages& p) {
     if (i >= ntiles) return;
-    const int t0 = first + i * stride;
     if (tile_in_page) {
-      p.k[0] = table[t0 / bs];
+      const bool odd = (i >> 5) & 1;
+      p.k[0] = __shfl_sync(0xffffffffu, odd ? slots_odd : slots_even, i & 31);
+      if ((i & 31) == 31) {  // block i >> 5 used up: its register takes block (i >> 5) + 2
+        const int next = tile_slot_of(i + 1 + 32 + lane);
+        if (odd) {
+          slots_odd = next;
+        } else {
+          slots_even = next;
+        }
+      }
       return;
     }
+    const int t0 = first + i * stride;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int key = k_key(t0, nt);
@@ -296,8 +325,7 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     if (i < ntiles) {
       const int t0 = first + i * stride;
       const int stage = i % kStages;
-      const int64_t tile_slot = static_cast<int64_t>(p.k[0]) * bs + t0 % bs;
-      const int64_t tile_elem = tile_slot * slot_elems + head_off;
+      const int64_t tile_elem = static_cast<int64_t>(p.k[0]) * slot_elems + head_off;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int key = k_key(t0, nt);
@@ -513,7 +541,7 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   }
   __syncthreads();
   MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
-                               wm_s, wl_s, wacc_s);
+                               wm_s, wl_s, wacc_s, merge_s);
 }
 
 template <int D, bool kTwoHalves>
