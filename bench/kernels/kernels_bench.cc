@@ -346,30 +346,25 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   // Every kernel at the smallest split-K chunk (256 positions: 4 splits at
   // context 1024), the tensor-core kernel with fewer, longer splits, and the
   // chunk GpuModel plans per step (PlanDecodeSplitChunk; chunk 0 here,
-  // printed with a leading '='); last, the planned chunk with the tensor-core
-  // kernel held at 4 warps per block (it takes 8 when the blocks do not
-  // outnumber the SMs), for the side-by-side.
+  // printed with a leading '=').
   struct Variant {
     kernels::DecodeKernel kernel;
     int chunk;
-    int tc_warps = 0;
   };
   const Variant variants[] = {
       {kernels::DecodeKernel::kTiled, 256},       {kernels::DecodeKernel::kWarpStreamed, 256},
       {kernels::DecodeKernel::kTensorCore, 256},  {kernels::DecodeKernel::kTensorCore, 512},
       {kernels::DecodeKernel::kTensorCore, 1024}, {kernels::DecodeKernel::kTiled, 0},
-      {kernels::DecodeKernel::kTensorCore, 0},    {kernels::DecodeKernel::kTensorCore, 0, 4}};
+      {kernels::DecodeKernel::kTensorCore, 0}};
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("\ndecode attention (bf16 cache, context %d)\n", ctx);
-  std::printf("%-20s %-15s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
+  std::printf("%-20s %-13s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
               "GB/s", "%copy");
   for (const AttnShape& cf : kAttnShapes) {
     for (const Variant& var : variants) {
       const kernels::DecodeKernel dk = var.kernel;
-      const std::string kname_s =
-          absl::StrCat(kernels::DecodeKernelName(dk), var.tc_warps ? "/4w" : "");
-      const char* kname = kname_s.c_str();
+      const char* kname = kernels::DecodeKernelName(dk);
       for (int batch : {32, 64, 128, 256, 512}) {
         const int chunk = var.chunk > 0
                               ? var.chunk
@@ -409,7 +404,6 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         a.workspace = wsb.get();
         a.workspace_bytes = ws_bytes;
         a.decode_kernel = dk;
-        a.tensor_core_warps = var.tc_warps;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -439,7 +433,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
         const double gbps = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-20s %-15s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
+        std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
                     absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
                     100.0 * gbps / c.copy_gbps);
         js->attn.push_back(absl::StrFormat(

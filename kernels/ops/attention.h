@@ -99,9 +99,6 @@ struct PagedAttentionArgs {
   size_t workspace_bytes = 0;
   DecodeKernel decode_kernel = DecodeKernel::kTiled;
   PrefillKernel prefill_kernel = PrefillKernel::kTiled;
-  // Tensor-core kernel, warps per block: 0 chooses (8 for decode launches
-  // with no more blocks than SMs, else 4); 4 or 8 forces it (tests, benches).
-  int tensor_core_warps = 0;
 };
 
 #ifdef __CUDACC__

@@ -126,7 +126,6 @@ class AttnProblem {
     a.workspace_bytes = ws_bytes;
     a.decode_kernel = dk;
     a.prefill_kernel = pk;
-    a.tensor_core_warps = tc_warps_;
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -168,9 +167,6 @@ class AttnProblem {
     return out;
   }
 
-  // The tensor-core kernel's warps per block (0: its own choice).
-  void set_tensor_core_warps(int w) { tc_warps_ = w; }
-
   int max_ctx() const {
     int m = 1;
     for (const Seq& s : seqs_) m = std::max(m, s.start + s.n);
@@ -179,7 +175,6 @@ class AttnProblem {
 
  private:
   const int B;
-  int tc_warps_ = 0;
   DType dt_;
   int D_, nq_, nkv_;
   std::vector<Seq> seqs_;
@@ -223,12 +218,6 @@ TEST_P(AttentionTest, DecodeNoSplitMatchesReference) {
     const std::vector<float> got = p.Run(1, 256, 1, stream(), dk);
     testing::CheckClose(got, p.Reference(), Tol(), std::string("decode ") + Name(dk));
   }
-  // Both block shapes of the tensor-core kernel (this grid picks 8 warps).
-  for (const int w : {4, 8}) {
-    p.set_tensor_core_warps(w);
-    testing::CheckClose(p.Run(1, 256, 1, stream(), DecodeKernel::kTensorCore), p.Reference(),
-                        Tol(), "decode tensor-core, warps " + std::to_string(w));
-  }
 }
 
 TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
@@ -259,12 +248,6 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
     const std::vector<float> one = shortp.Run(1, chunk, 1, stream(), dk);
     const std::vector<float> merged = shortp.Run(16, chunk, 1, stream(), dk);
     EXPECT_EQ(0, std::memcmp(one.data(), merged.data(), one.size() * sizeof(float)));
-  }
-  for (const int w : {4, 8}) {
-    p.set_tensor_core_warps(w);
-    testing::CheckClose(p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore),
-                        p.Reference(), Tol(), "decode split-K tensor-core, warps " +
-                                                  std::to_string(w));
   }
 }
 
@@ -343,9 +326,6 @@ TEST_P(AttentionTest, LongContextsWithoutSplitMatchReference) {
     testing::CheckClose(
         p.Run(1, 1 << 20, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
         p.Reference(), Tol(), "prefill items");
-    p.set_tensor_core_warps(4);  // this grid picks 8: 4 walks twice the tiles per warp
-    testing::CheckClose(p.Run(1, 1 << 20, 1, stream(), DecodeKernel::kTensorCore),
-                        p.Reference(), Tol(), "decode items, 4 warps");
   }
 }
 

@@ -6,7 +6,7 @@
 # kernel only). Writes $OUT/ncu_*.txt.
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")
 # Launch order in the section: per shape (llama-8b tp1, llama-70b tp2), the
-# tensor-core variants chunk 256, 512, 1024, planned, planned at 4 warps, each at batch 32, 64,
+# tensor-core variants chunk 256, 512, 1024, planned, each at batch 32, 64,
 # 128, 256, 512, each config 1 check + 5 warm-up + 30 timed launches (36).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 [[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
 per_config=36
 # name:launches to skip (the 36-launch config index x 36 + 10: a timed launch)
-CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$(( (5 * 5 + 3 * 5 + 0) * per_config + 10 )) 8b_c256_b256:$(( 3 * per_config + 10 ))"}
+CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$(( (4 * 5 + 3 * 5 + 0) * per_config + 10 )) 8b_c256_b256:$(( 3 * per_config + 10 ))"}
 for c in $CASES; do
   name=${c%%:*}
   skip=${c##*:}

@@ -56,10 +56,8 @@
 
 namespace symtp::kernels::internal {
 
-// Warps per block: 4 (2 blocks per SM), or 8 (1 block per SM) for decode
-// launches with no more blocks than SMs, where 4 warps per SM left one warp
-// per scheduler to cover every latency alone (llama-70b TP=2 slice, batch
-// 32: 128 blocks; ncu: 0.15 instructions issued per scheduler-cycle).
+constexpr int kMmaAttnThreads = 128;
+constexpr int kMmaAttnWarps = kMmaAttnThreads / 32;
 constexpr int kMmaAttnMaxRows = 64;
 constexpr int kMmaKeyTile = 16;
 
@@ -128,31 +126,27 @@ __device__ __forceinline__ void CpAsyncWait() {
 
 // Per-lane staging of one 16-key tile, in 16-byte units: K rows (2 n-tiles x
 // D/32 units), then the 4 V row slices (D/16 words each, packed).
-template <int D, int kWarps>
+template <int D>
 struct MmaTileLayout {
   static constexpr int kKC = D / 32;            // 16-byte K units per n-tile
   static constexpr int kVW = D / 16;            // 32-bit V words per key row
   static constexpr int kUnits = 2 * kKC + kVW;  // 4 rows x kVW words = kVW units
   static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr size_t kStageBytes = static_cast<size_t>(kUnits) * 32 * 16;  // per warp
-  static constexpr size_t kRingBytes = kStageBytes * kWarps * kStages;
-  // The epilogue's per-row accumulators and stats reuse the ring: 16 rows per
-  // warp (accumulators, max, sum, the merge's weights), then the merge's
-  // denominators and maxima of up to kMmaAttnMaxRows rows.
-  static constexpr int kSlotRows = kWarps * 16;
-  static constexpr size_t kEpilogueBytes =
-      (static_cast<size_t>(kSlotRows) * (D + 3) + 2 * kMmaAttnMaxRows) * 4;
+  static constexpr size_t kRingBytes = kStageBytes * kMmaAttnWarps * kStages;
+  // The epilogue's per-row accumulators and stats reuse the ring.
+  // (accumulators, max, sum, then the merge's weights, denominators, maxima)
+  static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 5 * kMmaAttnMaxRows) * 4;
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
 };
 
 // kTwoHalves: rows gid+8 of a row group exist (R > 8). Decode launches with
 // G <= 8 use false and keep only half the accumulators live.
-template <int D, bool kTwoHalves, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
+template <int D, bool kTwoHalves>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2)
     MmaAttentionKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
-  static_assert(kWarps == 4 || kWarps == 8, "warps per block");
-  using L = MmaTileLayout<D, kWarps>;
+  using L = MmaTileLayout<D>;
   constexpr int kKS = D / 16;  // k-steps of Q K^T
   constexpr int kKC = L::kKC;  // uint4 per K row per lane
   constexpr int kNT = D / 8;   // n-tiles of P V = V elements per row per lane
@@ -161,9 +155,9 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
 
   extern __shared__ __align__(16) unsigned char mma_smem[];
   float* wacc_s = reinterpret_cast<float*>(mma_smem);
-  float* wm_s = wacc_s + L::kSlotRows * D;
-  float* wl_s = wm_s + L::kSlotRows;
-  float* merge_s = wl_s + L::kSlotRows;
+  float* wm_s = wacc_s + kMmaAttnMaxRows * D;
+  float* wl_s = wm_s + kMmaAttnMaxRows;
+  float* merge_s = wl_s + kMmaAttnMaxRows;
 
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -188,7 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
   }
 
   const int nrg = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
-  const int nslices = kWarps / nrg;
+  const int nslices = kMmaAttnWarps / nrg;
   const int rg = warp % nrg, slice = warp / nrg;
   const int r0 = rg * 16 + gid, r1 = r0 + 8;
   const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
@@ -550,18 +544,18 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
                                wm_s, wl_s, wacc_s, merge_s);
 }
 
-template <int D, bool kTwoHalves, int kWarps>
+template <int D, bool kTwoHalves>
 absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(a.num_splits));
-  constexpr size_t kSmem = MmaTileLayout<D, kWarps>::kSmemBytes;
+  constexpr size_t kSmem = MmaTileLayout<D>::kSmemBytes;
   // Above the 48 KiB default: opt in once per instantiation (not a stream
   // operation, so also fine while a graph is being captured).
   static const cudaError_t attr =
-      cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves, kWarps>,
+      cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
-  MmaAttentionKernel<D, kTwoHalves, kWarps><<<grid, kWarps * 32, kSmem, stream>>>(a);
+  MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
