@@ -99,6 +99,15 @@ struct PagedAttentionArgs {
   size_t workspace_bytes = 0;
   DecodeKernel decode_kernel = DecodeKernel::kTiled;
   PrefillKernel prefill_kernel = PrefillKernel::kTiled;
+  // Tensor-core kernel only (the others launch num_splits): > 0 launches
+  // min(split_grid, num_splits) blocks per (item, kv head), each walking the
+  // splits z, z + split_grid, ...; same partition, same bits. A CUDA graph
+  // must size num_splits for the longest context (GpuModel: max_seq_len /
+  // smallest chunk, 16 at 4096 / 256); with split_grid it need not launch
+  // that many blocks: each reserves its ~98 KB of shared memory before it
+  // finds its split empty, and 15 of 16 empty blocks per item made graph
+  // steps slower than eager ones (bench/results/h200-2026-11-23, run n).
+  int split_grid = 0;
 };
 
 #ifdef __CUDACC__

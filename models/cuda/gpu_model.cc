@@ -104,6 +104,7 @@ struct StepShape {
   int max_item_tokens = 1;
   int splits = 1;
   int split_chunk = 0;  // decode: this step's split-K chunk (uploaded with the inputs)
+  int split_grid = 0;   // PagedAttentionArgs::split_grid (graphs: fewer blocks than splits)
   int num_sampled = 0;  // LM-head rows
   bool sample = false;
   bool forward_tokens = false;
@@ -329,6 +330,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.head_dim = D;
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     a.num_splits = sh.splits;
+    a.split_grid = sh.split_grid;
     a.split_chunk = opt.attention_split_chunk;
     a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
     a.workspace = attn_ws;
@@ -564,6 +566,13 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
       StepShape gsh = sh;
       gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
+      // ... but launch only about the blocks the planner fills the SMs with
+      // at this batch (2 x SMs over P x kv heads); the tensor-core kernel's
+      // blocks walk the rest of a step's splits (long outliers).
+      const int64_t pairs = static_cast<int64_t>(std::max(1, P)) * NKVl;
+      gsh.split_grid = static_cast<int>(
+          std::clamp<int64_t>((2 * static_cast<int64_t>(num_sms) + pairs - 1) / pairs, 1,
+                              std::max(1, max_splits)));
       cudaGraphExec_t exec = nullptr;
       const absl::Status cs = Capture(gsh, stream, &exec);
       if (cs.ok()) {

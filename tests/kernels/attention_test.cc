@@ -126,6 +126,7 @@ class AttnProblem {
     a.workspace_bytes = ws_bytes;
     a.decode_kernel = dk;
     a.prefill_kernel = pk;
+    a.split_grid = split_grid_;
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -167,6 +168,9 @@ class AttnProblem {
     return out;
   }
 
+  // PagedAttentionArgs::split_grid (0: one block per split).
+  void set_split_grid(int g) { split_grid_ = g; }
+
   int max_ctx() const {
     int m = 1;
     for (const Seq& s : seqs_) m = std::max(m, s.start + s.n);
@@ -175,6 +179,7 @@ class AttnProblem {
 
  private:
   const int B;
+  int split_grid_ = 0;
   DType dt_;
   int D_, nq_, nkv_;
   std::vector<Seq> seqs_;
@@ -249,6 +254,18 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
     const std::vector<float> merged = shortp.Run(16, chunk, 1, stream(), dk);
     EXPECT_EQ(0, std::memcmp(one.data(), merged.data(), one.size() * sizeof(float)));
   }
+  // Fewer blocks than splits (GpuModel's graphs): the tensor-core kernel's
+  // blocks walk the remaining splits; the same bits as one block per split
+  // (the other kernels ignore split_grid).
+  const std::vector<float> full = p.Run(splits + 37, chunk, 1, stream(), DecodeKernel::kTensorCore);
+  for (const int g : {1, 3, splits - 1}) {
+    p.set_split_grid(g);
+    const std::vector<float> walked =
+        p.Run(splits + 37, chunk, 1, stream(), DecodeKernel::kTensorCore);
+    EXPECT_EQ(0, std::memcmp(full.data(), walked.data(), full.size() * sizeof(float)))
+        << "split_grid " << g;
+  }
+  p.set_split_grid(0);
 }
 
 TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
@@ -298,8 +315,8 @@ TEST_P(AttentionTest, OddPageSizesAndChunksMatchReference) {
                   /*pad_rows=*/1, bs);
     for (DecodeKernel dk : kDecodeKernels) {
       const std::string k = Name(dk);
-      testing::CheckClose(p.Run(1, 256, 1, stream(), dk, PrefillKernel::kTensorCore),
-                          p.Reference(), Tol(), "unsplit " + k);
+      testing::CheckClose(p.Run(1, 256, 1, stream(), dk, PrefillKernel::kTensorCore), p.Reference(),
+                          Tol(), "unsplit " + k);
       for (const int chunk : {40, 64}) {
         const int splits = (p.max_ctx() + chunk - 1) / chunk;
         testing::CheckClose(p.Run(splits, chunk, per, stream(), dk, PrefillKernel::kTensorCore),

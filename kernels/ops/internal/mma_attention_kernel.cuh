@@ -45,6 +45,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -161,7 +162,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
 
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
-  const int split = blockIdx.z;
   const int group = a.num_q_heads / a.num_kv_heads;
   const int ntok = item.num_tokens;
   const int rows = ntok * group;
@@ -173,381 +173,391 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   for (int i = lane; i < ntok; i += 32) max_pos = max(max_pos, a.positions[item.token_begin + i]);
   max_pos = __reduce_max_sync(0xffffffffu, max_pos);
   const int key_end = max_pos + 1;
-  int kb = 0, ke = key_end;
-  if (a.num_splits > 1) {
-    const int chunk = SplitChunk(a);
-    kb = split * chunk;
-    ke = min(key_end, kb + chunk);
-    if (kb >= ke) return;  // block-uniform: nothing in this split; the merge skips it
-  }
-
-  const int nrg = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
-  const int nslices = kMmaAttnWarps / nrg;
-  const int rg = warp % nrg, slice = warp / nrg;
-  const int r0 = rg * 16 + gid, r1 = r0 + 8;
-  const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
-  const int pos1 = kTwoHalves && r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
-
-  // Q as A fragments (unscaled bf16; the scale is applied to S in fp32).
-  // Lane (gid, tig) needs dims [32c + 8tig, +8) of its rows for k-steps 2c
-  // and 2c + 1: one 16-byte load per row and c (the launcher checks the
-  // alignment).
-  const bf16* q = static_cast<const bf16*>(a.q);
-  auto q_row = [&](int r) -> const uint4* {
-    if (r >= rows) return nullptr;
-    const int64_t tok = item.token_begin + r / group;
-    const int qh = kvh * group + r % group;
-    return reinterpret_cast<const uint4*>(q + tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
-  };
-  const uint4* q0 = q_row(r0);
-  const uint4* q1 = kTwoHalves ? q_row(r1) : nullptr;
-  uint32_t qf[kKS][4];
-#pragma unroll
-  for (int c = 0; c < kKS / 2; ++c) {
-    const uint4 v0 = q0 ? q0[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
-    const uint4 v1 = q1 ? q1[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
-    qf[2 * c][0] = v0.x;
-    qf[2 * c][2] = v0.y;
-    qf[2 * c + 1][0] = v0.z;
-    qf[2 * c + 1][2] = v0.w;
-    qf[2 * c][1] = v1.x;
-    qf[2 * c][3] = v1.y;
-    qf[2 * c + 1][1] = v1.z;
-    qf[2 * c + 1][3] = v1.w;
-  }
-
-  const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
-  const bf16* kc = static_cast<const bf16*>(a.k_cache);
-  const bf16* vc = static_cast<const bf16*>(a.v_cache);
-  const int bs = a.block_size;
-  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
-  const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
-
-  // This warp's rows need keys up to their largest position.
-  const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
-
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  // o[j][e]: row (e < 2 ? r0 : r1). With one half (rows <= 8) the A rows
-  // gid + 8 of P V carry P's bf16 residual instead of zeros, so o[j][2..3]
-  // hold the residual's share of row r0 (added in at the end): one product
-  // per n-tile instead of two.
-  float o[kNT][4];
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-  }
-  // Keys below unmasked_end are visible to every row of this warp (rows past
-  // `rows` do not count: their outputs are never stored), so tiles below it
-  // skip the per-score mask.
-  int unmasked_end = 0x7fffffff;
-  if (r0 < rows) unmasked_end = pos0 + 1;
-  if (kTwoHalves && r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
-  unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
-
-  // This warp's tiles: t0 = first + i * stride, i < ntiles.
-  const int stride = nslices * kMmaKeyTile;
-  const int first = kb + slice * kMmaKeyTile;
-  const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
-  uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
-                static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
-  auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
-  // The keys this lane copies for the tile at t0: K rows 8nt + gid, V rows
-  // 2tig + (qi & 1) + 8 (qi >> 1).
-  auto k_key = [&](int t0, int nt) { return t0 + nt * 8 + gid; };
-  auto v_key = [&](int t0, int qi) { return t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8; };
-  // Where those rows start. A copy's address depends on a block-table read,
-  // and reading the table next to the copies stalled the warp on it (ncu
-  // source view at small batch: a fifth of all stall samples on the first
-  // use of the entry, and the entry's division by the page size on every
-  // tile). When a 16-key tile never straddles a page (block size a multiple
-  // of 16 and tiles starting on 16-key boundaries, which PlanDecodeSplitChunk's
-  // chunks and the unsplit range keep) the whole tile is one slot: lane l
-  // holds the first slot of tile 32b + l for two blocks b of 32 tiles, read
-  // 32 tiles before use, and each tile takes its slot with one shuffle; each
-  // lane's six rows sit at fixed offsets from it. Otherwise every row is
-  // looked up one iteration ahead.
-  const bool tile_in_page = bs % kMmaKeyTile == 0 && first % kMmaKeyTile == 0 &&
-                            stride % kMmaKeyTile == 0;
-  auto tile_slot_of = [&](int i) -> int {  // this lane's entry of tile i (or 0)
-    if (!tile_in_page || i >= ntiles) return 0;
-    const int t0 = first + i * stride;
-    return table[t0 / bs] * bs + t0 % bs;
-  };
-  int slots_even = tile_slot_of(lane), slots_odd = tile_slot_of(32 + lane);
-  const int64_t head_off = static_cast<int64_t>(kvh) * D;
-  int k_off[2], v_off[4];  // element offsets of this lane's rows from the tile's first slot
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) k_off[nt] = static_cast<int>(k_key(0, nt) * slot_elems);
-#pragma unroll
-  for (int qi = 0; qi < 4; ++qi) v_off[qi] = static_cast<int>(v_key(0, qi) * slot_elems);
-  struct TilePages {
-    int k[2];  // tile_in_page: k[0] = the tile's first slot; else each row's page
-    int v[4];
-  };
-  // Called for i = 0, 1, 2, ... in order.
-  auto lookup = [&](int i, TilePages& p) {
-    if (i >= ntiles) return;
-    if (tile_in_page) {
-      const bool odd = (i >> 5) & 1;
-      p.k[0] = __shfl_sync(0xffffffffu, odd ? slots_odd : slots_even, i & 31);
-      if ((i & 31) == 31) {  // block i >> 5 used up: its register takes block (i >> 5) + 2
-        const int next = tile_slot_of(i + 1 + 32 + lane);
-        if (odd) {
-          slots_odd = next;
-        } else {
-          slots_even = next;
-        }
-      }
-      return;
+  // Splits blockIdx.z, + gridDim.z, ...: a launch with split_grid < num_splits
+  // (GpuModel's CUDA graphs, sized for the splits a batch of that size
+  // plans, not for the longest context) walks several splits per block.
+  for (int split = blockIdx.z; split < a.num_splits; split += gridDim.z) {
+    int kb = 0, ke = key_end;
+    if (a.num_splits > 1) {
+      const int chunk = SplitChunk(a);
+      kb = split * chunk;
+      ke = min(key_end, kb + chunk);
+      // Block-uniform: nothing in this split, nor in the later ones; the merge
+      // skips them.
+      if (kb >= ke) return;
     }
-    const int t0 = first + i * stride;
+
+    const int nrg = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    const int nslices = kMmaAttnWarps / nrg;
+    const int rg = warp % nrg, slice = warp / nrg;
+    const int r0 = rg * 16 + gid, r1 = r0 + 8;
+    const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
+    const int pos1 = kTwoHalves && r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
+
+    // Q as A fragments (unscaled bf16; the scale is applied to S in fp32).
+    // Lane (gid, tig) needs dims [32c + 8tig, +8) of its rows for k-steps 2c
+    // and 2c + 1: one 16-byte load per row and c (the launcher checks the
+    // alignment).
+    const bf16* q = static_cast<const bf16*>(a.q);
+    auto q_row = [&](int r) -> const uint4* {
+      if (r >= rows) return nullptr;
+      const int64_t tok = item.token_begin + r / group;
+      const int qh = kvh * group + r % group;
+      return reinterpret_cast<const uint4*>(q + tok * a.q_row_stride +
+                                            static_cast<int64_t>(qh) * D);
+    };
+    const uint4* q0 = q_row(r0);
+    const uint4* q1 = kTwoHalves ? q_row(r1) : nullptr;
+    uint32_t qf[kKS][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int key = k_key(t0, nt);
-      p.k[nt] = key < warp_end ? table[key / bs] : 0;
+    for (int c = 0; c < kKS / 2; ++c) {
+      const uint4 v0 = q0 ? q0[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 v1 = q1 ? q1[4 * c + tig] : make_uint4(0u, 0u, 0u, 0u);
+      qf[2 * c][0] = v0.x;
+      qf[2 * c][2] = v0.y;
+      qf[2 * c + 1][0] = v0.z;
+      qf[2 * c + 1][2] = v0.w;
+      qf[2 * c][1] = v1.x;
+      qf[2 * c][3] = v1.y;
+      qf[2 * c + 1][1] = v1.z;
+      qf[2 * c + 1][3] = v1.w;
     }
+
+    const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
+    const bf16* kc = static_cast<const bf16*>(a.k_cache);
+    const bf16* vc = static_cast<const bf16*>(a.v_cache);
+    const int bs = a.block_size;
+    const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+    const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
+
+    // This warp's rows need keys up to their largest position.
+    const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
+
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    // o[j][e]: row (e < 2 ? r0 : r1). With one half (rows <= 8) the A rows
+    // gid + 8 of P V carry P's bf16 residual instead of zeros, so o[j][2..3]
+    // hold the residual's share of row r0 (added in at the end): one product
+    // per n-tile instead of two.
+    float o[kNT][4];
 #pragma unroll
-    for (int qi = 0; qi < 4; ++qi) {
-      const int key = v_key(t0, qi);
-      p.v[qi] = key < warp_end ? table[key / bs] : 0;
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
     }
-  };
-  auto slot_row = [&](const bf16* cache, int page, int key) -> const bf16* {
-    const int64_t slot = static_cast<int64_t>(page) * bs + key % bs;
-    return cache + slot * slot_elems + head_off;
-  };
-  // Starts the copies of tile i into stage i % kStages (an empty group past
-  // the last tile, so that the wait below counts the same way). Keys past
-  // warp_end are zero-filled (nothing is read; their addresses stay inside
-  // the tile's page or point at the cache's base).
-  auto issue = [&](int i, const TilePages& p) {
-    if (i < ntiles) {
+    // Keys below unmasked_end are visible to every row of this warp (rows past
+    // `rows` do not count: their outputs are never stored), so tiles below it
+    // skip the per-score mask.
+    int unmasked_end = 0x7fffffff;
+    if (r0 < rows) unmasked_end = pos0 + 1;
+    if (kTwoHalves && r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
+    unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
+
+    // This warp's tiles: t0 = first + i * stride, i < ntiles.
+    const int stride = nslices * kMmaKeyTile;
+    const int first = kb + slice * kMmaKeyTile;
+    const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
+    uint4* ring = reinterpret_cast<uint4*>(mma_smem) +
+                  static_cast<size_t>(warp) * kStages * L::kUnits * 32 + lane;
+    auto unit = [&](int stage, int u) -> uint4* { return ring + (stage * L::kUnits + u) * 32; };
+    // The keys this lane copies for the tile at t0: K rows 8nt + gid, V rows
+    // 2tig + (qi & 1) + 8 (qi >> 1).
+    auto k_key = [&](int t0, int nt) { return t0 + nt * 8 + gid; };
+    auto v_key = [&](int t0, int qi) { return t0 + 2 * tig + (qi & 1) + (qi >> 1) * 8; };
+    // Where those rows start. A copy's address depends on a block-table read,
+    // and reading the table next to the copies stalled the warp on it (ncu
+    // source view at small batch: a fifth of all stall samples on the first
+    // use of the entry, and the entry's division by the page size on every
+    // tile). When a 16-key tile never straddles a page (block size a multiple
+    // of 16 and tiles starting on 16-key boundaries, which PlanDecodeSplitChunk's
+    // chunks and the unsplit range keep) the whole tile is one slot: lane l
+    // holds the first slot of tile 32b + l for two blocks b of 32 tiles, read
+    // 32 tiles before use, and each tile takes its slot with one shuffle; each
+    // lane's six rows sit at fixed offsets from it. Otherwise every row is
+    // looked up one iteration ahead.
+    const bool tile_in_page =
+        bs % kMmaKeyTile == 0 && first % kMmaKeyTile == 0 && stride % kMmaKeyTile == 0;
+    auto tile_slot_of = [&](int i) -> int {  // this lane's entry of tile i (or 0)
+      if (!tile_in_page || i >= ntiles) return 0;
       const int t0 = first + i * stride;
-      const int stage = i % kStages;
-      const int64_t tile_elem = static_cast<int64_t>(p.k[0]) * slot_elems + head_off;
+      return table[t0 / bs] * bs + t0 % bs;
+    };
+    int slots_even = tile_slot_of(lane), slots_odd = tile_slot_of(32 + lane);
+    const int64_t head_off = static_cast<int64_t>(kvh) * D;
+    int k_off[2], v_off[4];  // element offsets of this lane's rows from the tile's first slot
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) k_off[nt] = static_cast<int>(k_key(0, nt) * slot_elems);
+#pragma unroll
+    for (int qi = 0; qi < 4; ++qi) v_off[qi] = static_cast<int>(v_key(0, qi) * slot_elems);
+    struct TilePages {
+      int k[2];  // tile_in_page: k[0] = the tile's first slot; else each row's page
+      int v[4];
+    };
+    // Called for i = 0, 1, 2, ... in order.
+    auto lookup = [&](int i, TilePages& p) {
+      if (i >= ntiles) return;
+      if (tile_in_page) {
+        const bool odd = (i >> 5) & 1;
+        p.k[0] = __shfl_sync(0xffffffffu, odd ? slots_odd : slots_even, i & 31);
+        if ((i & 31) == 31) {  // block i >> 5 used up: its register takes block (i >> 5) + 2
+          const int next = tile_slot_of(i + 1 + 32 + lane);
+          if (odd) {
+            slots_odd = next;
+          } else {
+            slots_even = next;
+          }
+        }
+        return;
+      }
+      const int t0 = first + i * stride;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int key = k_key(t0, nt);
-        const bool ok = key < warp_end;
-        const bf16* krow = tile_in_page ? kc + tile_elem + k_off[nt]
-                           : ok         ? slot_row(kc, p.k[nt], key)
-                                        : kc;
-        krow += tig * 8;
-#pragma unroll
-        for (int c = 0; c < kKC; ++c)
-          CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
+        p.k[nt] = key < warp_end ? table[key / bs] : 0;
       }
 #pragma unroll
       for (int qi = 0; qi < 4; ++qi) {
         const int key = v_key(t0, qi);
-        const bool ok = key < warp_end;
-        const bf16* vrow = tile_in_page ? vc + tile_elem + v_off[qi]
-                           : ok         ? slot_row(vc, p.v[qi], key)
-                                        : vc;
-        vrow += gid * kNT;
-        if constexpr (kVW >= 4) {
+        p.v[qi] = key < warp_end ? table[key / bs] : 0;
+      }
+    };
+    auto slot_row = [&](const bf16* cache, int page, int key) -> const bf16* {
+      const int64_t slot = static_cast<int64_t>(page) * bs + key % bs;
+      return cache + slot * slot_elems + head_off;
+    };
+    // Starts the copies of tile i into stage i % kStages (an empty group past
+    // the last tile, so that the wait below counts the same way). Keys past
+    // warp_end are zero-filled (nothing is read; their addresses stay inside
+    // the tile's page or point at the cache's base).
+    auto issue = [&](int i, const TilePages& p) {
+      if (i < ntiles) {
+        const int t0 = first + i * stride;
+        const int stage = i % kStages;
+        const int64_t tile_elem = static_cast<int64_t>(p.k[0]) * slot_elems + head_off;
 #pragma unroll
-          for (int c = 0; c < kVW / 4; ++c)
-            CpAsync16<kTwoHalves>(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
-        } else {  // 8 bytes per row: two rows per unit
-          CpAsync8(reinterpret_cast<uint2*>(unit(stage, 2 * kKC + qi / 2)) + (qi & 1), vrow, ok);
+        for (int nt = 0; nt < 2; ++nt) {
+          const int key = k_key(t0, nt);
+          const bool ok = key < warp_end;
+          const bf16* krow = tile_in_page ? kc + tile_elem + k_off[nt]
+                             : ok         ? slot_row(kc, p.k[nt], key)
+                                          : kc;
+          krow += tig * 8;
+#pragma unroll
+          for (int c = 0; c < kKC; ++c)
+            CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
+        }
+#pragma unroll
+        for (int qi = 0; qi < 4; ++qi) {
+          const int key = v_key(t0, qi);
+          const bool ok = key < warp_end;
+          const bf16* vrow = tile_in_page ? vc + tile_elem + v_off[qi]
+                             : ok         ? slot_row(vc, p.v[qi], key)
+                                          : vc;
+          vrow += gid * kNT;
+          if constexpr (kVW >= 4) {
+#pragma unroll
+            for (int c = 0; c < kVW / 4; ++c)
+              CpAsync16<kTwoHalves>(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
+          } else {  // 8 bytes per row: two rows per unit
+            CpAsync8(reinterpret_cast<uint2*>(unit(stage, 2 * kKC + qi / 2)) + (qi & 1), vrow, ok);
+          }
         }
       }
-    }
-    CpAsyncCommit();
-  };
-  TilePages pages{};
+      CpAsyncCommit();
+    };
+    TilePages pages{};
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    lookup(i, pages);
-    issue(i, pages);
-  }
-  lookup(kStages - 1, pages);
+    for (int i = 0; i < kStages - 1; ++i) {
+      lookup(i, pages);
+      issue(i, pages);
+    }
+    lookup(kStages - 1, pages);
 
-  for (int i = 0; i < ntiles; ++i) {
-    issue(i + kStages - 1, pages);  // refills the stage read in iteration i - 1
-    lookup(i + kStages, pages);     // in flight during this iteration's products
-    CpAsyncWait<kStages - 1>();     // tile i has landed
-    const int t0 = first + i * stride;
-    const int stage = i % kStages;
-    uint4 kr[2][kKC];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int c = 0; c < kKC; ++c) kr[nt][c] = *unit(stage, nt * kKC + c);
-    }
-    uint32_t vr[4][kVW];
-    {
-      uint4 vu[kVW];
-#pragma unroll
-      for (int u = 0; u < kVW; ++u) vu[u] = *unit(stage, 2 * kKC + u);
-#pragma unroll
-      for (int qi = 0; qi < 4; ++qi) {
-#pragma unroll
-        for (int w = 0; w < kVW; ++w) {
-          const int word = qi * kVW + w;
-          const uint4 v = vu[word / 4];
-          vr[qi][w] = (word & 3) == 0 ? v.x : (word & 3) == 1 ? v.y : (word & 3) == 2 ? v.z : v.w;
-        }
-      }
-    }
-
-    // S = Q K^T for the two 8-key n-tiles, even and odd k-steps in separate
-    // accumulators: four dependent chains of D/32 products instead of two of
-    // D/16 (a warp waits on each product's latency at small batch).
-    float s[2][4], so[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = so[nt][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < kKS; ++ks) {
-        const uint4 k4 = kr[nt][ks >> 1];
-        const uint32_t b0 = (ks & 1) ? k4.z : k4.x;
-        const uint32_t b1 = (ks & 1) ? k4.w : k4.y;
-        MmaBf16((ks & 1) ? so[nt] : s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
-    }
-    // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
-    constexpr int kE = kTwoHalves ? 4 : 2;  // the rows r1 exist
-    if (t0 + kMmaKeyTile <= unmasked_end) {
+    for (int i = 0; i < ntiles; ++i) {
+      issue(i + kStages - 1, pages);  // refills the stage read in iteration i - 1
+      lookup(i + kStages, pages);     // in flight during this iteration's products
+      CpAsyncWait<kStages - 1>();     // tile i has landed
+      const int t0 = first + i * stride;
+      const int stage = i % kStages;
+      uint4 kr[2][kKC];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < kE; ++e) s[nt][e] *= scale;
+        for (int c = 0; c < kKC; ++c) kr[nt][c] = *unit(stage, nt * kKC + c);
       }
-    } else {
+      uint32_t vr[4][kVW];
+      {
+        uint4 vu[kVW];
+#pragma unroll
+        for (int u = 0; u < kVW; ++u) vu[u] = *unit(stage, 2 * kKC + u);
+#pragma unroll
+        for (int qi = 0; qi < 4; ++qi) {
+#pragma unroll
+          for (int w = 0; w < kVW; ++w) {
+            const int word = qi * kVW + w;
+            const uint4 v = vu[word / 4];
+            vr[qi][w] = (word & 3) == 0 ? v.x : (word & 3) == 1 ? v.y : (word & 3) == 2 ? v.z : v.w;
+          }
+        }
+      }
+
+      // S = Q K^T for the two 8-key n-tiles, even and odd k-steps in separate
+      // accumulators: four dependent chains of D/32 products instead of two of
+      // D/16 (a warp waits on each product's latency at small batch).
+      float s[2][4], so[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = so[nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kKS; ++ks) {
+          const uint4 k4 = kr[nt][ks >> 1];
+          const uint32_t b0 = (ks & 1) ? k4.z : k4.x;
+          const uint32_t b1 = (ks & 1) ? k4.w : k4.y;
+          MmaBf16((ks & 1) ? so[nt] : s[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
+      }
+      // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
+      constexpr int kE = kTwoHalves ? 4 : 2;  // the rows r1 exist
+      if (t0 + kMmaKeyTile <= unmasked_end) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) s[nt][e] *= scale;
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+            const int key = t0 + nt * 8 + 2 * tig + (e & 1);
+            const int pos = e < 2 ? pos0 : pos1;
+            s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+          }
+        }
+      }
+      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      // Row max over the quad (the 4 lanes of a row), then the online softmax.
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      const float mn0 = fmaxf(m0, mx0);
+      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+      float mn1 = -INFINITY, al1 = 1.f;
+      if constexpr (kTwoHalves) {
+        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        mn1 = fmaxf(m1, mx1);
+        al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+      }
+      float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < kE; ++e) {
-          const int key = t0 + nt * 8 + 2 * tig + (e & 1);
-          const int pos = e < 2 ? pos0 : pos1;
-          s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+          const float mn = e < 2 ? mn0 : mn1;
+          s[nt][e] = mn == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - mn);
+        }
+        ps0 += s[nt][0] + s[nt][1];
+        if constexpr (kTwoHalves) ps1 += s[nt][2] + s[nt][3];
+      }
+      l0 = l0 * al0 + ps0;
+      m0 = mn0;
+      if constexpr (kTwoHalves) {
+        l1 = l1 * al1 + ps1;
+        m1 = mn1;
+      }
+
+      // O = O * alpha + P V, P as bf16 (pa) plus its bf16 residual (pr): two
+      // products per n-tile, nearly free where loads bound the kernel, and the
+      // weights keep ~16 bits (bf16 alone: ~5e-3 relative error in the lane
+      // model's output, the residual: ~1e-5).
+      const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]);  // P[r0][keys 2tig, 2tig+1]
+      const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;  // unused with one half
+      const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]);  // P[r0][keys 2tig+8, 2tig+9]
+      const uint32_t pa3 = kTwoHalves ? PackBf16x2(s[1][2], s[1][3]) : 0u;
+      const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
+      const uint32_t pr1 = kTwoHalves ? PackBf16x2Residual(s[0][2], s[0][3], pa1) : 0u;
+      const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
+      const uint32_t pr3 = kTwoHalves ? PackBf16x2Residual(s[1][2], s[1][3], pa3) : 0u;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const int w = j >> 1;
+        const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of both
+        const uint32_t b0 = __byte_perm(vr[0][w], vr[1][w], sel);
+        const uint32_t b1 = __byte_perm(vr[2][w], vr[3][w], sel);
+        if constexpr (kTwoHalves) {
+          o[j][0] *= al0;
+          o[j][1] *= al0;
+          o[j][2] *= al1;
+          o[j][3] *= al1;
+          MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
+          MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
+        } else {  // rows gid + 8 of A: the residual of row gid
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[j][e] *= al0;
+          MmaBf16(o[j], pa0, pr0, pa2, pr2, b0, b1);
         }
       }
     }
-    float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    // Row max over the quad (the 4 lanes of a row), then the online softmax.
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    const float mn0 = fmaxf(m0, mx0);
-    const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-    float mn1 = -INFINITY, al1 = 1.f;
-    if constexpr (kTwoHalves) {
-      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      mn1 = fmaxf(m1, mx1);
-      al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
-    }
-    float ps0 = 0.f, ps1 = 0.f;
+    if constexpr (!kTwoHalves) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        const float mn = e < 2 ? mn0 : mn1;
-        s[nt][e] = mn == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - mn);
-      }
-      ps0 += s[nt][0] + s[nt][1];
-      if constexpr (kTwoHalves) ps1 += s[nt][2] + s[nt][3];
-    }
-    l0 = l0 * al0 + ps0;
-    m0 = mn0;
-    if constexpr (kTwoHalves) {
-      l1 = l1 * al1 + ps1;
-      m1 = mn1;
-    }
-
-    // O = O * alpha + P V, P as bf16 (pa) plus its bf16 residual (pr): two
-    // products per n-tile, nearly free where loads bound the kernel, and the
-    // weights keep ~16 bits (bf16 alone: ~5e-3 relative error in the lane
-    // model's output, the residual: ~1e-5).
-    const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]);  // P[r0][keys 2tig, 2tig+1]
-    const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;  // unused with one half
-    const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]);  // P[r0][keys 2tig+8, 2tig+9]
-    const uint32_t pa3 = kTwoHalves ? PackBf16x2(s[1][2], s[1][3]) : 0u;
-    const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
-    const uint32_t pr1 = kTwoHalves ? PackBf16x2Residual(s[0][2], s[0][3], pa1) : 0u;
-    const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
-    const uint32_t pr3 = kTwoHalves ? PackBf16x2Residual(s[1][2], s[1][3], pa3) : 0u;
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const int w = j >> 1;
-      const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of both
-      const uint32_t b0 = __byte_perm(vr[0][w], vr[1][w], sel);
-      const uint32_t b1 = __byte_perm(vr[2][w], vr[3][w], sel);
-      if constexpr (kTwoHalves) {
-        o[j][0] *= al0;
-        o[j][1] *= al0;
-        o[j][2] *= al1;
-        o[j][3] *= al1;
-        MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
-        MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
-      } else {  // rows gid + 8 of A: the residual of row gid
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[j][e] *= al0;
-        MmaBf16(o[j], pa0, pr0, pa2, pr2, b0, b1);
+      for (int j = 0; j < kNT; ++j) {
+        o[j][0] += o[j][2];
+        o[j][1] += o[j][3];
       }
     }
-  }
-  if constexpr (!kTwoHalves) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      o[j][0] += o[j][2];
-      o[j][1] += o[j][3];
-    }
-  }
 
-  // Every warp is out of its key loop before the ring is reused.
-  CpAsyncWait<0>();
-  __syncthreads();
-  // Each slice's rows to shared memory: o[j][e] is row (e < 2 ? r0 : r1),
-  // head dim (2tig + (e & 1)) * kNT + j.
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int srow = slice * nrg * 16;
-  // The epilogue and the split merge work in natural-log units.
-  m0 *= 0.693147180559945309f;
-  m1 *= 0.693147180559945309f;
-  if (r0 < rows) {
-    if (tig == 0) {
-      wm_s[srow + r0] = m0;
-      wl_s[srow + r0] = l0;
-    }
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      wacc_s[(srow + r0) * D + (2 * tig) * kNT + j] = o[j][0];
-      wacc_s[(srow + r0) * D + (2 * tig + 1) * kNT + j] = o[j][1];
-    }
-  }
-  if constexpr (kTwoHalves) {
-    if (r1 < rows) {
+    // Every warp is out of its key loop before the ring is reused.
+    CpAsyncWait<0>();
+    __syncthreads();
+    // Each slice's rows to shared memory: o[j][e] is row (e < 2 ? r0 : r1),
+    // head dim (2tig + (e & 1)) * kNT + j.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int srow = slice * nrg * 16;
+    // The epilogue and the split merge work in natural-log units.
+    m0 *= 0.693147180559945309f;
+    m1 *= 0.693147180559945309f;
+    if (r0 < rows) {
       if (tig == 0) {
-        wm_s[srow + r1] = m1;
-        wl_s[srow + r1] = l1;
+        wm_s[srow + r0] = m0;
+        wl_s[srow + r0] = l0;
       }
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
-        wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
+        wacc_s[(srow + r0) * D + (2 * tig) * kNT + j] = o[j][0];
+        wacc_s[(srow + r0) * D + (2 * tig + 1) * kNT + j] = o[j][1];
       }
     }
+    if constexpr (kTwoHalves) {
+      if (r1 < rows) {
+        if (tig == 0) {
+          wm_s[srow + r1] = m1;
+          wl_s[srow + r1] = l1;
+        }
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
+          wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
+                                 wm_s, wl_s, wacc_s, merge_s);
+    __syncthreads();  // the next split's copies reuse the shared memory just read
   }
-  __syncthreads();
-  MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
-                               wm_s, wl_s, wacc_s, merge_s);
 }
 
 template <int D, bool kTwoHalves>
 absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
-                  static_cast<unsigned>(a.num_splits));
+                  static_cast<unsigned>(zgrid));
   constexpr size_t kSmem = MmaTileLayout<D>::kSmemBytes;
   // Above the 48 KiB default: opt in once per instantiation (not a stream
   // operation, so also fine while a graph is being captured).
