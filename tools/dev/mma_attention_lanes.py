@@ -11,7 +11,9 @@ attention_test.cc) are what verify the kernel itself.
 
 A second pass rounds P the way the kernel does (a bf16 term plus a bf16
 residual term; bf16 alone gave a worst 5.3e-3) and reports the error by the
-attention tests' measure against their bf16 tolerance.
+attention tests' measure against their bf16 tolerance. With one half (rows <=
+8, decode) the residual rides in the idle A rows gid + 8 of a single product
+and is added to the row after the key loop, as the kernel does since session 5.
 
 Usage: python3 tools/dev/mma_attention_lanes.py [--p-bf16-only]   (exit 1 on a mismatch)
 """
@@ -74,6 +76,7 @@ def run(D, group, ntok, positions, kb, ke_split, num_splits):
     scale = 1 / np.sqrt(D)
     rows = ntok * group
     two = rows > 8
+    packed_residual = BF16_P and not P_BF16_ONLY and not two  # the kernel's one-half decode
     key_end = maxkey
     kbb, ke = 0, key_end
     if num_splits > 1:
@@ -155,21 +158,34 @@ def run(D, group, ntok, positions, kb, ke_split, num_splits):
                 L['l1'] = L['l1']*al1 + p[0][2]+p[0][3]+p[1][2]+p[1][3]
                 L['m0'], L['m1'] = mn0, mn1
                 L['p'] = p; L['al0'], L['al1'] = al0, al1
+                # one half: o[j][2..3] hold the residual's share of row r0 (scaled with it)
+                al_hi = al1 if (two or not packed_residual) else al0
                 for j in range(kNT):
-                    L['o'][j][0] *= al0; L['o'][j][1] *= al0; L['o'][j][2] *= al1; L['o'][j][3] *= al1
+                    L['o'][j][0] *= al0; L['o'][j][1] *= al0; L['o'][j][2] *= al_hi; L['o'][j][3] *= al_hi
             rp = bf16 if BF16_P else (lambda x: x)
+            lo = lambda x: bf16(x - bf16(x))
             for j in range(kNT):
+                if packed_residual:  # one half: the residual rides in A rows gid + 8, one product
+                    a = [[(rp(L['p'][0][0]), rp(L['p'][0][1])), (lo(L['p'][0][0]), lo(L['p'][0][1])),
+                          (rp(L['p'][1][0]), rp(L['p'][1][1])), (lo(L['p'][1][0]), lo(L['p'][1][1]))] for L in lanes]
+                    b = [[(L['vr'][0][j], L['vr'][1][j]), (L['vr'][2][j], L['vr'][3][j])] for L in lanes]
+                    res = mma([list(L['o'][j]) for L in lanes], a, b)
+                    for li, L in enumerate(lanes): L['o'][j] = res[li]
+                    continue
                 a = [[(rp(L['p'][0][0]), rp(L['p'][0][1])), (rp(L['p'][0][2]), rp(L['p'][0][3])) if two else (0,0),
                       (rp(L['p'][1][0]), rp(L['p'][1][1])), (rp(L['p'][1][2]), rp(L['p'][1][3])) if two else (0,0)] for L in lanes]
                 b = [[(L['vr'][0][j], L['vr'][1][j]), (L['vr'][2][j], L['vr'][3][j])] for L in lanes]
                 res = mma([list(L['o'][j]) for L in lanes], a, b)
                 if BF16_P and not P_BF16_ONLY:  # the kernel's second product: the residual P - bf16(P), in bf16
-                    lo = lambda x: bf16(x - bf16(x))
                     a2 = [[(lo(L['p'][0][0]), lo(L['p'][0][1])), (lo(L['p'][0][2]), lo(L['p'][0][3])) if two else (0,0),
                            (lo(L['p'][1][0]), lo(L['p'][1][1])), (lo(L['p'][1][2]), lo(L['p'][1][3])) if two else (0,0)] for L in lanes]
                     res = mma(res, a2, b)
                 for li, L in enumerate(lanes): L['o'][j] = res[li] if two else [res[li][0], res[li][1], 0, 0]
             t0 += nsl*16
+        if packed_residual:  # the kernel adds the residual's share in after the key loop
+            for L in lanes:
+                for j in range(kNT):
+                    L['o'][j][0] += L['o'][j][2]; L['o'][j][1] += L['o'][j][3]
         for li, L in enumerate(lanes):
             quad = lanes[li & ~3: (li & ~3) + 4]
             l0 = sum(Q2['l0'] for Q2 in quad); l1 = sum(Q2['l1'] for Q2 in quad)
