@@ -44,12 +44,13 @@ struct AttentionItem {
 //  - kWarpStreamed: each warp streams its own 32-key chunks with no block
 //    barrier in the loop (internal/decode_attention_kernel.cuh; group <= 8,
 //    else tiled). 13-41% of the copy bandwidth on an H200.
-//  - kTensorCore (GpuModel's default): bf16 with 4-byte aligned q rows (other
-//    launches run the tiled kernel): both products on mma.sync tensor cores,
-//    one warp per 16 rows x 16 keys, K/V staged per lane through a cp.async
-//    ring, no barrier in the key loop (internal/mma_attention_kernel.cuh).
-//    With the split chunk GpuModel plans (PlanDecodeSplitChunk) 33-61% of
-//    the copy bandwidth on an H200 (bench/results/h200-2026-11-23).
+//  - kTensorCore (GpuModel's default): bf16 with 16-byte aligned q rows and
+//    caches (other launches run the tiled kernel): both products on mma.sync
+//    tensor cores, one warp per 16 rows x 16 keys, K/V staged per lane
+//    through a cp.async ring, no barrier in the key loop
+//    (internal/mma_attention_kernel.cuh). With the split chunk GpuModel plans
+//    (PlanDecodeSplitChunk) 45-68% of the copy bandwidth on an H200 at
+//    batch 32-512 (bench/results/h200-2026-11-23, run o).
 enum class DecodeKernel { kTiled, kWarpStreamed, kTensorCore };
 // Which kernel runs every other launch (prefill, chunked prefill, mixed
 // batches): the tiled kernel, or the tensor-core kernel (bf16 only).
