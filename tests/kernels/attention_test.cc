@@ -27,8 +27,11 @@ struct Seq {
 class AttnProblem {
  public:
   // block_size: cache page size in tokens (GpuModel: 16).
+  // k_step_at > 0: K rows of positions >= k_step_at scaled by 6, so that
+  // the scores jump well after the first keys and a running max moves by
+  // more than 2^8 (the tensor-core kernel then rescales mid-loop).
   AttnProblem(DType dt, int D, int nq, int nkv, std::vector<Seq> seqs, uint64_t seed,
-              int pad_rows = 0, int block_size = 16)
+              int pad_rows = 0, int block_size = 16, int k_step_at = 0)
       : B(block_size), dt_(dt), D_(D), nq_(nq), nkv_(nkv), seqs_(std::move(seqs)) {
     std::mt19937_64 rng(seed);
     int max_ctx = 0;
@@ -65,6 +68,15 @@ class AttnProblem {
     v_ = RandomFloats(cache_n, seed + 2);
     qstride_ = static_cast<int64_t>(nq + 2 * nkv) * D;
     q_ = RandomFloats(static_cast<size_t>(T_) * qstride_, seed + 3, -2.f, 2.f);
+    if (k_step_at > 0) {
+      for (size_t s = 0; s < seqs_.size(); ++s) {
+        for (int j = k_step_at; j < seqs_[s].start + seqs_[s].n; ++j) {
+          const int64_t slot = static_cast<int64_t>(table_[s * stride_ + j / B]) * B + j % B;
+          const float f = 6.f;
+          for (int64_t e = 0; e < static_cast<int64_t>(nkv) * D; ++e) k_[slot * nkv * D + e] *= f;
+        }
+      }
+    }
     RoundTo(&k_, dt);
     RoundTo(&v_, dt);
     RoundTo(&q_, dt);
@@ -344,6 +356,28 @@ TEST_P(AttentionTest, LongContextsWithoutSplitMatchReference) {
         p.Run(1, 1 << 20, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
         p.Reference(), Tol(), "prefill items");
   }
+}
+
+// Scores that jump along the context: the running maxima move long after the
+// first keys, so the tensor-core kernel's lazy rescaling (O and l rescaled
+// only when a score exceeds the reference max by 2^8) takes its rescale path
+// mid-loop, in decode, split-K and prefill.
+TEST_P(AttentionTest, GrowingScoresMatchReference) {
+  const auto [dt, D, nq, nkv] = GetParam();
+  const int per = MaxAttentionItemTokens(nq, nkv);
+  AttnProblem p(dt, D, nq, nkv, {{700, 1}, {300, 1}, {90, 1}, {0, 40}, {200, 9}}, 77,
+                /*pad_rows=*/0, /*block_size=*/16, /*k_step_at=*/150);
+  for (DecodeKernel dk : kDecodeKernels) {
+    const std::string k = Name(dk);
+    testing::CheckClose(p.Run(1, 256, 1, stream(), dk, PrefillKernel::kTensorCore), p.Reference(),
+                        Tol(), "decode items " + k);
+    const int splits = (p.max_ctx() + 63) / 64;
+    testing::CheckClose(p.Run(splits, 64, 1, stream(), dk, PrefillKernel::kTensorCore),
+                        p.Reference(), Tol(), "decode items, split-K " + k);
+  }
+  testing::CheckClose(
+      p.Run(1, 256, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+      p.Reference(), Tol(), "prefill items");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,

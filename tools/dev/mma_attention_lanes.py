@@ -145,8 +145,13 @@ def run(D, group, ntok, positions, kb, ke_split, num_splits):
                 mx0 = max(max(Q2['sv'][nt][e] for nt in range(2) for e in (0,1)) for Q2 in quad)
                 mx1 = max(max(Q2['sv'][nt][e] for nt in range(2) for e in (2,3)) for Q2 in quad)
                 L['mx0'], L['mx1'] = mx0, mx1
+            # lazy rescaling (kernel: kLazyLog2 = 8 in base 2): the warp moves its
+            # reference maxima only when some row sees a score 2^8 above its own
+            lazy = 8 * math.log(2)
+            grow = any(L['mx0'] > L['m0'] + lazy or L['mx1'] > L['m1'] + lazy for L in lanes)
             for L in lanes:
-                mn0 = max(L['m0'], L['mx0']); mn1 = max(L['m1'], L['mx1'])
+                mn0 = max(L['m0'], L['mx0']) if grow else L['m0']
+                mn1 = max(L['m1'], L['mx1']) if grow else L['m1']
                 al0 = 1.0 if mn0 == -np.inf else np.exp(L['m0'] - mn0)
                 al1 = 1.0 if mn1 == -np.inf else np.exp(L['m1'] - mn1)
                 p = [[0]*4 for _ in range(2)]

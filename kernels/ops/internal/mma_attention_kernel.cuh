@@ -441,33 +441,52 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
       // Row max over the quad (the 4 lanes of a row), then the online softmax.
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      const float mn0 = fmaxf(m0, mx0);
-      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-      float mn1 = -INFINITY, al1 = 1.f;
+      float mx1 = -INFINITY;
       if constexpr (kTwoHalves) {
-        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+        mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        mn1 = fmaxf(m1, mx1);
-        al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+      }
+      // Lazy rescaling: the reference max m moves (and O and l are rescaled)
+      // only when some row of the warp sees a score more than kLazyLog2 above
+      // it, so the weights stay <= 2^kLazyLog2 (exact enough in fp32 and as
+      // bf16 + residual) and the 4 x D/8 multiplies of O are skipped on most
+      // tiles once the maxima settle. A warp-uniform branch.
+      constexpr float kLazyLog2 = 8.f;
+      if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
+        const float mn0 = fmaxf(m0, mx0);
+        const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+        m0 = mn0;
+        l0 *= al0;
+        float al1 = 1.f;
+        if constexpr (kTwoHalves) {
+          const float mn1 = fmaxf(m1, mx1);
+          al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+          m1 = mn1;
+          l1 *= al1;
+        }
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          o[j][0] *= al0;
+          o[j][1] *= al0;
+          // one half: o[j][2..3] hold the residual's share of row r0
+          o[j][2] *= kTwoHalves ? al1 : al0;
+          o[j][3] *= kTwoHalves ? al1 : al0;
+        }
       }
       float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < kE; ++e) {
-          const float mn = e < 2 ? mn0 : mn1;
-          s[nt][e] = mn == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - mn);
+          const float m = e < 2 ? m0 : m1;
+          s[nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - m);
         }
         ps0 += s[nt][0] + s[nt][1];
         if constexpr (kTwoHalves) ps1 += s[nt][2] + s[nt][3];
       }
-      l0 = l0 * al0 + ps0;
-      m0 = mn0;
-      if constexpr (kTwoHalves) {
-        l1 = l1 * al1 + ps1;
-        m1 = mn1;
-      }
+      l0 += ps0;
+      if constexpr (kTwoHalves) l1 += ps1;
 
       // O = O * alpha + P V, P as bf16 (pa) plus its bf16 residual (pr): two
       // products per n-tile, nearly free where loads bound the kernel, and the
@@ -488,15 +507,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
         const uint32_t b0 = __byte_perm(vr[0][w], vr[1][w], sel);
         const uint32_t b1 = __byte_perm(vr[2][w], vr[3][w], sel);
         if constexpr (kTwoHalves) {
-          o[j][0] *= al0;
-          o[j][1] *= al0;
-          o[j][2] *= al1;
-          o[j][3] *= al1;
           MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
           MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
         } else {  // rows gid + 8 of A: the residual of row gid
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[j][e] *= al0;
           MmaBf16(o[j], pa0, pr0, pa2, pr2, b0, b1);
         }
       }
