@@ -29,7 +29,10 @@
 //     (gid, tig) needs dims [gid * D/8, +D/8) of 4 V rows (keys 2tig, 2tig+1,
 //     2tig+8, 2tig+9): contiguous loads, paired across keys with byte_perm.
 //   P is the C fragment of S re-packed as the A fragment of P V (the
-//     FlashAttention-2 register reuse), as a bf16 term plus a bf16 residual.
+//     FlashAttention-2 register reuse), as a bf16 term plus a bf16 residual
+//     (with rows <= 8 the residual rides in the A rows gid + 8 of the same
+//     product). Scores are in base-2 units (ex2.approx) and O, l are rescaled
+//     lazily, only when a row's max grows by more than 2^8.
 //
 // Loads: every lane reads exactly the K and V bytes it later feeds to its own
 // fragments, so the tiles can be staged through shared memory with cp.async
@@ -39,8 +42,12 @@
 // barrier in the key loop. The first version loaded each tile into registers
 // and used it at once, and measured the same (~40% of the copy bandwidth at
 // context 1024 with 4 splits on an H200); what raised it to 50-61% was fewer
-// splits (PlanDecodeSplitChunk). Copying V across lanes in whole sectors was
-// tried twice and was slower (bench/results/h200-2026-11-23/README.md).
+// splits (PlanDecodeSplitChunk), and to 45-68% (batch 32-512) taking the
+// block-table reads, the per-element merge exps and scalar Q loads off the
+// warps' critical path (session 5, guided by ncu's per-instruction stall
+// samples). Copying V across lanes in whole sectors was tried twice and was
+// slower, and so were 8 warps per block at small grids
+// (bench/results/h200-2026-11-23/README.md).
 #pragma once
 
 #include <cuda_bf16.h>
