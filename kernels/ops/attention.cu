@@ -146,13 +146,10 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
   if (a.num_kv_heads > 65535) return absl::InvalidArgumentError("PagedAttention: too many heads");
 
   const bool decode = a.max_item_tokens == 1;
-  // The tensor-core kernel reads q rows and K/V rows in 16-byte pieces.
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool tensor_core = dtype == DType::kBF16 &&
                            (decode ? a.decode_kernel == DecodeKernel::kTensorCore
                                    : a.prefill_kernel == PrefillKernel::kTensorCore) &&
-                           a.q_row_stride % 8 == 0 && aligned16(a.q) && aligned16(a.k_cache) &&
-                           aligned16(a.v_cache);
+                           internal::MmaAttentionAligned(a);
   const bool warp_decode = decode && a.decode_kernel == DecodeKernel::kWarpStreamed &&
                            a.num_q_heads / a.num_kv_heads <= 8;
   absl::Status st =

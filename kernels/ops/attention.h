@@ -158,7 +158,9 @@ absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t 
 // Warp-streamed decode kernel (decode_attention_f32.cu, decode_attention_bf16.cu).
 absl::Status LaunchWarpDecodeF32(const PagedAttentionArgs& a, cudaStream_t stream);
 absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
-// Tensor-core kernel (mma_attention_bf16.cu).
+// Tensor-core kernel (mma_attention_bf16.cu); it reads q rows and K/V rows in
+// 16-byte pieces, so it takes only launches where MmaAttentionAligned holds.
+bool MmaAttentionAligned(const PagedAttentionArgs& a);
 absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 

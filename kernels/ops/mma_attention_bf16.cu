@@ -3,10 +3,13 @@
 
 namespace symtp::kernels::internal {
 
+bool MmaAttentionAligned(const PagedAttentionArgs& a) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return aligned16(a.q) && aligned16(a.k_cache) && aligned16(a.v_cache) && a.q_row_stride % 8 == 0;
+}
+
 absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream) {
-  // 16-byte loads of Q rows and of K/V rows (cp.async).
-  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (misaligned(a.q) || misaligned(a.k_cache) || misaligned(a.v_cache) || a.q_row_stride % 8 != 0) {
+  if (!MmaAttentionAligned(a)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention (tensor-core): q, k_cache and v_cache must be 16-byte aligned and "
         "q_row_stride a multiple of 8 elements (q=%p k=%p v=%p q_row_stride=%d)",
