@@ -162,6 +162,9 @@ absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stre
 // 16-byte pieces, so it takes only launches where MmaAttentionAligned holds.
 bool MmaAttentionAligned(const PagedAttentionArgs& a);
 absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+// Its launches with at most 8 query rows per item and kv head
+// (max_item_tokens x group <= 8) run this kernel (mma_decode_bf16.cu).
+absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace symtp::kernels

@@ -1,4 +1,6 @@
 // The tensor-core paged-attention kernel (bf16; internal/mma_attention_kernel.cuh).
+#include <cstdlib>
+
 #include "kernels/ops/internal/mma_attention_kernel.cuh"
 
 namespace symtp::kernels::internal {
@@ -16,6 +18,13 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
         a.q, a.k_cache, a.v_cache, a.q_row_stride));
   }
   const bool two_halves = a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > 8;
+  // EXPERIMENT (removed before commit of the result): SYMTP_MMA_DECODE_OLD=1
+  // keeps the one-half MmaAttentionKernel for the side-by-side timing.
+  static const bool old_decode = [] {
+    const char* e = std::getenv("SYMTP_MMA_DECODE_OLD");
+    return e != nullptr && e[0] == '1';
+  }();
+  if (!two_halves && !old_decode) return LaunchMmaDecodeBF16(a, stream);
   switch (a.head_dim) {
     case 32:
       return two_halves ? LaunchMmaAttentionT<32, true>(a, stream)

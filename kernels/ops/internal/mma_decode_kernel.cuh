@@ -1,0 +1,378 @@
+// The tensor-core decode kernel: launches whose items have at most 8 query
+// rows per kv head (rows = tokens x group <= 8, e.g. one decode token with
+// GQA group 4 or 8); included by mma_decode_bf16.cu. Same block split,
+// outputs and workspace as MmaAttentionKernel (mma_attention_kernel.cuh),
+// which keeps the launches with more rows (prefill, larger groups).
+//
+// That kernel puts the query rows in the M dimension of mma.m16n8k16, so
+// with <= 8 rows half of every A operand is padding, and the compiler
+// rebuilt the padded A registers with moves before each product; its lanes
+// also gathered their own K/V pieces (16 copies with their addresses per
+// tile) and paired V rows with byte permutes. At small batch, one warp per
+// scheduler, the kernel is bound by its instruction count (~320 per 16-key
+// tile). This one computes the transposes, with the keys and head dims in M:
+//   S^T (16 keys x 8 rows) = K (16 x D) . Q^T (D x 8): A = the K tile, read
+//     from shared memory with ldmatrix; B = Q^T, in registers for the whole
+//     loop (2 per k-step); one product per 16 head dims.
+//   O^T (D x 8 rows) += V^T (D x 16 keys) . P^T (16 x 8): A = V^T, read
+//     with ldmatrix.trans; B = P^T, made from S^T's accumulators by
+//     movmatrix.trans (the C layout of S^T transposed is the B layout of
+//     P^T), as a bf16 term plus its bf16 residual (two products per 16 head
+//     dims; P keeps ~16 bits, as in the other kernel).
+// No operand is padding (N = 8 query rows), and the K/V tiles are copied
+// whole: lanes 2k and 2k+1 copy key row k of the tile, K and V, each 16
+// bytes of every 32-byte sector in the same instruction (the other kernel
+// asked L2 for every V sector twice).
+//
+// Layout: per warp, kStages stages of a K and a V tile, [key][head dim] with
+// a row pitch of 2D + 16 bytes, so the 8 rows of each ldmatrix matrix fall in
+// 8 different 16-byte bank groups. Lanes read rows other lanes copied, so a
+// __syncwarp follows each cp.async wait (it also orders the previous
+// iteration's reads before the refill of their stage).
+//
+// Softmax (base-2 units, lazy rescaling by 2^8 as in the other kernel): a
+// lane holds scores of rows 2tig and 2tig+1 for keys gid and gid + 8; the
+// row maxima need a reduction over the 8 lanes of a tig, done only on the
+// (rare, warp-uniform) tiles that move a reference max; the row sums are
+// kept per lane and reduced once at the end.
+#pragma once
+
+#include "kernels/ops/internal/mma_attention_kernel.cuh"
+
+namespace symtp::kernels::internal {
+
+constexpr int kMmaDecodeRows = 8;
+
+// Four 8x8 b16 matrices from shared memory (lane i gives the row address of
+// matrix i / 8, row i % 8); lane i receives row i / 4, columns 2 (i % 4) and
+// + 1 of each matrix (of its transpose with kTrans).
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], unsigned addr) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+  }
+}
+
+// The transpose of an 8x8 b16 matrix held as lane i = (row i / 4, columns
+// 2 (i % 4), + 1), in the same layout.
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <int D>
+struct MmaDecodeLayout {
+  static constexpr int kPitch = 2 * D + 16;  // bytes per key row in shared memory
+  static constexpr int kTileBytes = kMmaKeyTile * kPitch;
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kWarpBytes = 2 * kTileBytes * kStages;  // K and V of every stage
+  static constexpr size_t kRingBytes = static_cast<size_t>(kWarpBytes) * kMmaAttnWarps;
+  // The epilogue's per-slice rows (accumulators, max, sum) and the merge's
+  // scratch reuse the ring.
+  static constexpr int kSliceRows = kMmaAttnWarps * kMmaDecodeRows;
+  static constexpr size_t kEpilogueBytes =
+      (static_cast<size_t>(kSliceRows) * D + 3 * kSliceRows + 2 * kMmaDecodeRows) * 4;
+  static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
+};
+
+// One split of one block (see MmaAttendSplit): keys [kb, ke) of `item` for
+// kv head kvh, the 4 warps interleaving 16-key tiles.
+template <int D, bool kInPage>
+__device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
+                                               const AttentionItem& item, int kvh, int split,
+                                               int kb, int ke) {
+  using L = MmaDecodeLayout<D>;
+  constexpr int kKS = D / 16;                 // k-steps of S^T, m-tiles of O^T
+  constexpr int kChains = kKS < 4 ? kKS : 4;  // independent S^T accumulators
+  constexpr int kStages = L::kStages;
+  constexpr int kRows = kMmaDecodeRows;
+
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  float* wacc_s = reinterpret_cast<float*>(mma_smem);
+  float* wm_s = wacc_s + L::kSliceRows * D;
+  float* wl_s = wm_s + L::kSliceRows;
+  float* merge_s = wl_s + L::kSliceRows;
+
+  const int group = a.num_q_heads / a.num_kv_heads;
+  const int rows = item.num_tokens * group;  // <= kRows (the launcher checks)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int slice = warp;
+
+  // This lane's scores are of rows 2tig and 2tig + 1 (columns of S^T).
+  auto row_pos = [&](int r) {
+    return r < rows ? a.positions[item.token_begin + r / group] : -1;
+  };
+  const int pos0 = row_pos(2 * tig), pos1 = row_pos(2 * tig + 1);
+
+  // Q^T as B fragments: dims 16ks + 2tig + {0, 1} (b0) and + 8 (b1) of row
+  // gid, unscaled bf16 (the scale is applied to S in fp32); zero columns for
+  // rows past `rows`.
+  uint32_t qf[kKS][2];
+  {
+    const uint32_t* qrow = nullptr;
+    if (gid < rows) {
+      const int64_t tok = item.token_begin + gid / group;
+      const int qh = kvh * group + gid % group;
+      qrow = reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(a.q) +
+                                               tok * a.q_row_stride +
+                                               static_cast<int64_t>(qh) * D);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      qf[ks][0] = qrow ? qrow[8 * ks + tig] : 0u;
+      qf[ks][1] = qrow ? qrow[8 * ks + 4 + tig] : 0u;
+    }
+  }
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
+  const int bs = a.block_size;
+  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+  const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
+
+  // The warp's rows need keys up to their largest position; tiles below
+  // unmasked_end are visible to every row that exists (rows past `rows` are
+  // never stored), so they skip the mask.
+  const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
+  int unmasked_end = 0x7fffffff;
+  if (2 * tig < rows) unmasked_end = pos0 + 1;
+  if (2 * tig + 1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
+  unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
+
+  // This warp's tiles: t0 = first + i * stride, i < ntiles.
+  constexpr int stride = kMmaAttnWarps * kMmaKeyTile;
+  const int first = kb + slice * kMmaKeyTile;
+  const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
+
+  // Copies: lane pair (2k, 2k+1) copies key row k of the tile; lane 2k + h
+  // the 16-byte pieces 2j + h of the row, j < D / 16, K and V.
+  const int crow = lane >> 1, chalf = lane & 1;
+  const int64_t lane_elem = static_cast<int64_t>(kvh) * D + chalf * 8 +
+                            (kInPage ? static_cast<int64_t>(crow) * slot_elems : 0);
+  const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
+  const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
+  const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem)) +
+                        static_cast<unsigned>(warp * L::kWarpBytes);
+  const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + chalf * 16);
+  // ldmatrix row addresses, lane i for matrix i / 8, row i % 8. K as A of
+  // S^T (keys x dims): matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) in
+  // register order a0..a3 = (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15,
+  // 8-15). V^T as A of O^T (dims x keys), transposed 8x8 blocks of V:
+  // (keys 0-7, dims 0-7), (keys 0-7, dims 8-15), (keys 8-15, dims 0-7),
+  // (keys 8-15, dims 8-15).
+  const int mi = lane >> 3, ri = lane & 7;
+  const unsigned k_ld = static_cast<unsigned>((ri + 8 * (mi & 1)) * L::kPitch + 16 * (mi >> 1));
+  const unsigned v_ld = static_cast<unsigned>((ri + 8 * (mi >> 1)) * L::kPitch + 16 * (mi & 1)) +
+                        L::kTileBytes;
+
+  TileSlotQueue slots(table, bs, first, stride, kInPage ? ntiles : 0, lane);
+  // kInPage: the tile's first slot; else the slot of this lane's row.
+  auto lookup = [&](int i) -> int {
+    if (i >= ntiles) return 0;
+    if constexpr (kInPage) {
+      return slots.Take(i, lane);
+    } else {
+      const int key = first + i * stride + crow;
+      return key < warp_end ? table[key / bs] * bs + key % bs : 0;
+    }
+  };
+  // Starts the copies of tile i into `stage` (an empty group past the last
+  // tile, so that the waits count the same way). Rows past warp_end are
+  // zero-filled (nothing is read).
+  auto issue = [&](int i, int stage, int slot) {
+    if (i < ntiles) {
+      const bool ok = first + i * stride + crow < warp_end;
+      const int64_t e = static_cast<int64_t>(slot) * slot_elems;
+      const bf16* krow = k_lane + e;
+      const bf16* vrow = v_lane + e;
+      const unsigned dst = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes) + copy_dst;
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) CpAsync16Shared(dst + 32 * j, krow + 16 * j, ok);
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j)
+        CpAsync16Shared(dst + L::kTileBytes + 32 * j, vrow + 16 * j, ok);
+    }
+    CpAsyncCommit();
+  };
+
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  // o[mt]: O^T rows (head dims) 16mt + gid (e < 2) and + 8 (e >= 2), columns
+  // (query rows) 2tig + (e & 1).
+  float o[kKS][4];
+#pragma unroll
+  for (int mt = 0; mt < kKS; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[mt][e] = 0.f;
+  }
+
+  int next_slot = 0;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
+  next_slot = lookup(kStages - 1);
+
+  // Stage of tile i (read) and of tile i + kStages - 1 (refilled).
+  int stage = 0, fill_stage = kStages - 1;
+  for (int i = 0; i < ntiles; ++i) {
+    CpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed
+    __syncwarp();                // every lane's; and tile i - 1's stage is read
+    issue(i + kStages - 1, fill_stage, next_slot);
+    next_slot = lookup(i + kStages);  // in flight during this iteration's products
+    const int t0 = first + i * stride;
+    const unsigned kt = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes);
+
+    // S^T: c[0] = (key gid, row 2tig), c[1] = (key gid, row 2tig+1),
+    // c[2], c[3] = key gid + 8.
+    float acc[kChains][4];
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      uint32_t ka[4];
+      LdMatrixX4<false>(ka, kt + k_ld + 32 * ks);
+      MmaBf16(acc[ks % kChains], ka[0], ka[1], ka[2], ka[3], qf[ks][0], qf[ks][1]);
+    }
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[e] = acc[0][e];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) s[e] += acc[c][e];
+    }
+    if (t0 + kMmaKeyTile <= unmasked_end) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] *= scale;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = t0 + gid + (e >> 1) * 8;
+        const int pos = (e & 1) ? pos1 : pos0;
+        s[e] = key <= pos && key < ke ? s[e] * scale : -INFINITY;
+      }
+    }
+    // Lazy rescaling (see MmaAttendSplit): only when some score is more than
+    // 2^8 above its row's reference max; then the true row maxima (over the 8
+    // lanes of each tig) become the references.
+    constexpr float kLazyLog2 = 8.f;
+    float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
+    if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+      const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      l0 *= al0;
+      l1 *= al1;
+#pragma unroll
+      for (int mt = 0; mt < kKS; ++mt) {
+        o[mt][0] *= al0;
+        o[mt][2] *= al0;
+        o[mt][1] *= al1;
+        o[mt][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float m = (e & 1) ? m1 : m0;
+      s[e] = m == -INFINITY ? 0.f : Exp2Approx(s[e] - m);
+    }
+    l0 += s[0] + s[2];
+    l1 += s[1] + s[3];
+
+    // P^T's B fragments: the 8x8 blocks (keys 0-7 | 8-15) x rows of S^T's
+    // accumulators, transposed, as bf16 plus residual.
+    const uint32_t p_lo = PackBf16x2(s[0], s[1]), p_hi = PackBf16x2(s[2], s[3]);
+    const uint32_t r_lo = PackBf16x2Residual(s[0], s[1], p_lo);
+    const uint32_t r_hi = PackBf16x2Residual(s[2], s[3], p_hi);
+    const uint32_t b0 = MovMatrixTrans(p_lo), b1 = MovMatrixTrans(p_hi);
+    const uint32_t br0 = MovMatrixTrans(r_lo), br1 = MovMatrixTrans(r_hi);
+#pragma unroll
+    for (int mt = 0; mt < kKS; ++mt) {
+      uint32_t va[4];
+      LdMatrixX4<true>(va, kt + v_ld + 32 * mt);
+      MmaBf16(o[mt], va[0], va[1], va[2], va[3], b0, b1);
+      MmaBf16(o[mt], va[0], va[1], va[2], va[3], br0, br1);
+    }
+    fill_stage = stage;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+
+  // Every warp is out of its key loop before the ring is reused.
+  CpAsyncWait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int x = 4; x < 32; x <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+  }
+  // The epilogue and the split merge work in natural-log units.
+  m0 *= 0.693147180559945309f;
+  m1 *= 0.693147180559945309f;
+  const int srow = slice * kRows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * tig + h;
+    if (r < rows) {
+      if (gid == 0) {
+        wm_s[srow + r] = h ? m1 : m0;
+        wl_s[srow + r] = h ? l1 : l0;
+      }
+      float* dst = wacc_s + (srow + r) * D + gid;
+#pragma unroll
+      for (int mt = 0; mt < kKS; ++mt) {
+        dst[16 * mt] = o[mt][h];
+        dst[16 * mt + 8] = o[mt][2 + h];
+      }
+    }
+  }
+  __syncthreads();
+  MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, kMmaAttnWarps, kRows,
+                               wm_s, wl_s, wacc_s, merge_s);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
+  static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+  const AttentionItem item = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
+    if (in_page) {
+      MmaDecodeSplit<D, true>(a, item, kvh, split, kb, ke);
+    } else {
+      MmaDecodeSplit<D, false>(a, item, kvh, split, kb, ke);
+    }
+  });
+}
+
+template <int D>
+absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
+  const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(zgrid));
+  constexpr size_t kSmem = MmaDecodeLayout<D>::kSmemBytes;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kSmem));
+  CUDA_RETURN_IF_ERROR(attr);
+  MmaDecodeKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels::internal
