@@ -20,9 +20,9 @@
 //     P^T), as a bf16 term plus its bf16 residual (two products per 16 head
 //     dims; P keeps ~16 bits, as in the other kernel).
 // No operand is padding (N = 8 query rows), and the K/V tiles are copied
-// whole: lanes 2k and 2k+1 copy key row k of the tile, K and V, each 16
-// bytes of every 32-byte sector in the same instruction (the other kernel
-// asked L2 for every V sector twice).
+// whole, each copy instruction taking whole 128-byte lines of 4 key rows
+// (the other kernel's lanes copied only their own 16-byte pieces, and asked
+// L2 for every V sector twice).
 //
 // Layout: per warp, kStages stages of a K and a V tile, [key][head dim] with
 // a row pitch of 2D + 16 bytes, so the 8 rows of each ldmatrix matrix fall in
@@ -153,16 +153,24 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const int first = kb + slice * kMmaKeyTile;
   const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
 
-  // Copies: lane pair (2k, 2k+1) copies key row k of the tile; lane 2k + h
-  // the 16-byte pieces 2j + h of the row, j < D / 16, K and V.
-  const int crow = lane >> 1, chalf = lane & 1;
-  const int64_t lane_elem = static_cast<int64_t>(kvh) * D + chalf * 8 +
+  // Copies: each instruction copies whole 128-byte lines (kLpr lanes per row,
+  // kRpi rows): lane l copies pieces l % kLpr + kLpr h of rows l / kLpr +
+  // kRpi k of the tile, K and V. (Two lanes per row, one 32-byte sector each
+  // of 16 rows per instruction, made L2 serve 4x the requests and measured
+  // slower at large batch.)
+  constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;  // lanes per row and instruction
+  constexpr int kRpi = 32 / kLpr;              // rows per instruction
+  constexpr int kRowsPerLane = kMmaKeyTile / kRpi;
+  constexpr int kPieces = D / 8 / kLpr;  // 16-byte pieces per lane and row
+  const int crow = lane / kLpr, cpiece = lane % kLpr;
+  const int64_t lane_elem = static_cast<int64_t>(kvh) * D + cpiece * 8 +
                             (kInPage ? static_cast<int64_t>(crow) * slot_elems : 0);
   const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
   const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
+  const int row_step = static_cast<int>(kRpi * slot_elems);  // kInPage: elements between a lane's rows
   const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem)) +
                         static_cast<unsigned>(warp * L::kWarpBytes);
-  const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + chalf * 16);
+  const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + cpiece * 16);
   // ldmatrix row addresses, lane i for matrix i / 8, row i % 8. K as A of
   // S^T (keys x dims): matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) in
   // register order a0..a3 = (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15,
@@ -175,31 +183,44 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                         L::kTileBytes;
 
   TileSlotQueue slots(table, bs, first, stride, kInPage ? ntiles : 0, lane);
-  // kInPage: the tile's first slot; else the slot of this lane's row.
-  auto lookup = [&](int i) -> int {
-    if (i >= ntiles) return 0;
+  // kInPage: slot[0] = the tile's first slot; else the slots of this lane's rows.
+  struct RowSlots {
+    int slot[kInPage ? 1 : kRowsPerLane];
+  };
+  auto lookup = [&](int i) -> RowSlots {
+    RowSlots r{};
+    if (i >= ntiles) return r;
     if constexpr (kInPage) {
-      return slots.Take(i, lane);
+      r.slot[0] = slots.Take(i, lane);
     } else {
-      const int key = first + i * stride + crow;
-      return key < warp_end ? table[key / bs] * bs + key % bs : 0;
+#pragma unroll
+      for (int k = 0; k < kRowsPerLane; ++k) {
+        const int key = first + i * stride + crow + kRpi * k;
+        r.slot[k] = key < warp_end ? table[key / bs] * bs + key % bs : 0;
+      }
     }
+    return r;
   };
   // Starts the copies of tile i into `stage` (an empty group past the last
   // tile, so that the waits count the same way). Rows past warp_end are
-  // zero-filled (nothing is read).
-  auto issue = [&](int i, int stage, int slot) {
+  // zero-filled (nothing is read; their addresses stay in the tile's page or
+  // point at the cache's base).
+  auto issue = [&](int i, int stage, const RowSlots& p) {
     if (i < ntiles) {
-      const bool ok = first + i * stride + crow < warp_end;
-      const int64_t e = static_cast<int64_t>(slot) * slot_elems;
-      const bf16* krow = k_lane + e;
-      const bf16* vrow = v_lane + e;
+      const int row0 = first + i * stride + crow;
       const unsigned dst = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes) + copy_dst;
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) CpAsync16Shared(dst + 32 * j, krow + 16 * j, ok);
+      for (int k = 0; k < kRowsPerLane; ++k) {
+        const bool ok = row0 + kRpi * k < warp_end;
+        const int64_t e = kInPage ? static_cast<int64_t>(p.slot[0]) * slot_elems + k * row_step
+                                  : static_cast<int64_t>(p.slot[kInPage ? 0 : k]) * slot_elems;
+        const unsigned d = dst + static_cast<unsigned>(k * kRpi * L::kPitch);
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j)
-        CpAsync16Shared(dst + L::kTileBytes + 32 * j, vrow + 16 * j, ok);
+        for (int h = 0; h < kPieces; ++h) {
+          CpAsync16Shared(d + h * kLpr * 16, k_lane + e + h * kLpr * 8, ok);
+          CpAsync16Shared(d + L::kTileBytes + h * kLpr * 16, v_lane + e + h * kLpr * 8, ok);
+        }
+      }
     }
     CpAsyncCommit();
   };
@@ -214,18 +235,17 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
     for (int e = 0; e < 4; ++e) o[mt][e] = 0.f;
   }
 
-  int next_slot = 0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
-  next_slot = lookup(kStages - 1);
+  RowSlots next_slots = lookup(kStages - 1);
 
   // Stage of tile i (read) and of tile i + kStages - 1 (refilled).
   int stage = 0, fill_stage = kStages - 1;
   for (int i = 0; i < ntiles; ++i) {
     CpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed
     __syncwarp();                // every lane's; and tile i - 1's stage is read
-    issue(i + kStages - 1, fill_stage, next_slot);
-    next_slot = lookup(i + kStages);  // in flight during this iteration's products
+    issue(i + kStages - 1, fill_stage, next_slots);
+    next_slots = lookup(i + kStages);  // in flight during this iteration's products
     const int t0 = first + i * stride;
     const unsigned kt = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes);
 
