@@ -4,6 +4,11 @@
 namespace symtp::kernels::internal {
 
 absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (!MmaAttentionAligned(a)) {
+    return absl::InvalidArgumentError(
+        "PagedAttention (tensor-core decode): q, k_cache and v_cache must be 16-byte aligned and "
+        "q_row_stride a multiple of 8 elements");
+  }
   if (a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaDecodeRows) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention (tensor-core decode): at most %d query rows per item and kv head "

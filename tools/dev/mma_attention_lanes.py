@@ -13,7 +13,10 @@ A second pass rounds P the way the kernel does (a bf16 term plus a bf16
 residual term; bf16 alone gave a worst 5.3e-3) and reports the error by the
 attention tests' measure against their bf16 tolerance. With one half (rows <=
 8, decode) the residual rides in the idle A rows gid + 8 of a single product
-and is added to the row after the key loop, as the kernel does since session 5.
+and is added to the row after the key loop, as the kernel did in session 5.
+Since session 6 launches with <= 8 rows run mma_decode_kernel.cuh instead
+(transposed products on ldmatrix / movmatrix fragments), which this model
+does not mirror: the GPU tests verify it; the rows > 8 paths here still hold.
 
 Usage: python3 tools/dev/mma_attention_lanes.py [--p-bf16-only]   (exit 1 on a mismatch)
 """

@@ -1,5 +1,8 @@
-// The tensor-core paged-attention kernel (DecodeKernel::kTensorCore and
-// PrefillKernel::kTensorCore), bf16 only; included by mma_attention_bf16.cu.
+// The tensor-core paged-attention kernel for launches with more than 8 query
+// rows per item and kv head (prefill, chunked prefill, groups above 8:
+// PrefillKernel::kTensorCore, and DecodeKernel::kTensorCore with G > 8), bf16
+// only; included by mma_attention_bf16.cu. Decode with G <= 8 runs
+// MmaDecodeKernel (mma_decode_kernel.cuh), which shares the helpers here.
 //
 // Same work split and outputs as the tiled kernel (attention_kernel.cuh): a
 // block = (item, kv head, split), rows r = (token i of the item, q head g of
@@ -7,12 +10,11 @@
 // workspace layout so MergeSplitsKernel is shared. The arithmetic differs:
 // both products run on mma.sync.m16n8k16 (bf16 in, fp32 accumulate) with the
 // online softmax in fp32 registers, so a warp handles 16 rows x 16 keys per
-// step with no shared memory and no barrier in the key loop.
+// step with no barrier in the key loop.
 //
 // Warps: the R rows form nrg = 1, 2 or 4 row groups of 16; the 4 warps are
-// nrg row groups x (4 / nrg) key slices (a decode item, R = G <= 16, has 4
-// key slices that interleave 16-key tiles); the slices' (max, sum, acc) are
-// merged through shared memory at the end.
+// nrg row groups x (4 / nrg) key slices (interleaving 16-key tiles); the
+// slices' (max, sum, acc) are merged through shared memory at the end.
 //
 // Fragments (PTX ISA, mma.m16n8k16 .bf16; lane = 4 * gid + tig):
 //   A 16x16: {a0,a1} = (row gid, cols 2tig..+1), {a2,a3} = (row gid+8, same),
@@ -29,25 +31,22 @@
 //     (gid, tig) needs dims [gid * D/8, +D/8) of 4 V rows (keys 2tig, 2tig+1,
 //     2tig+8, 2tig+9): contiguous loads, paired across keys with byte_perm.
 //   P is the C fragment of S re-packed as the A fragment of P V (the
-//     FlashAttention-2 register reuse), as a bf16 term plus a bf16 residual
-//     (with rows <= 8 the residual rides in the A rows gid + 8 of the same
-//     product). Scores are in base-2 units (ex2.approx) and O, l are rescaled
-//     lazily, only when a row's max grows by more than 2^8.
+//     FlashAttention-2 register reuse), as a bf16 term plus a bf16 residual.
+//     Scores are in base-2 units (ex2.approx) and O, l are rescaled lazily,
+//     only when a row's max grows by more than 2^8.
 //
 // Loads: every lane reads exactly the K and V bytes it later feeds to its own
 // fragments, so the tiles can be staged through shared memory with cp.async
 // without any exchange between lanes: each warp keeps a ring of kStages
 // tiles per lane (layout [stage][warp][16-byte unit][lane], conflict-free),
 // issues tile i + kStages - 1 before it waits for tile i and never needs a
-// barrier in the key loop. The first version loaded each tile into registers
-// and used it at once, and measured the same (~40% of the copy bandwidth at
-// context 1024 with 4 splits on an H200); what raised it to 50-61% was fewer
-// splits (PlanDecodeSplitChunk), and to 45-68% (batch 32-512) taking the
-// block-table reads, the per-element merge exps and scalar Q loads off the
-// warps' critical path (session 5, guided by ncu's per-instruction stall
-// samples). Copying V across lanes in whole sectors was tried twice and was
-// slower, and so were 8 warps per block at small grids
-// (bench/results/h200-2026-11-23/README.md).
+// barrier in the key loop. The price is the access pattern: each copy
+// instruction takes 16- or 32-byte pieces of 8-16 different rows, so L2
+// serves several requests per 128-byte line. That, not the instruction
+// count, is what held the decode launches (which this kernel also ran until
+// session 6) at 45-68% of the copy bandwidth; MmaDecodeKernel, copying whole
+// lines, reaches 61-95% (bench/results/h200-2026-11-23/README.md). Prefill
+// reuses each K/V tile across row groups and is bound by the products.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -68,6 +67,9 @@ constexpr int kMmaAttnThreads = 128;
 constexpr int kMmaAttnWarps = kMmaAttnThreads / 32;
 constexpr int kMmaAttnMaxRows = 64;
 constexpr int kMmaKeyTile = 16;
+// Launches with at most this many query rows per item and kv head run the
+// decode kernel (mma_decode_kernel.cuh), the others MmaAttentionKernel.
+constexpr int kMmaDecodeRows = 8;
 
 // d = a * b + d, m16n8k16, bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -101,22 +103,14 @@ __device__ __forceinline__ float Exp2Approx(float x) {
   return y;
 }
 
-// Asynchronous global -> shared copies of 16 or 8 bytes; with `valid` false
-// the destination is zero-filled and nothing is read. kL1: also cache in L1
-// (prefill: the row groups' warps read the same K/V), else L2 only (decode
-// streams each byte once).
-template <bool kL1>
+// Asynchronous global -> shared copies of 16 or 8 bytes, also cached in L1
+// (the row groups' warps of a prefill block read the same K/V); with `valid`
+// false the destination is zero-filled and nothing is read.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (kL1) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-  }
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
 __device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -148,8 +142,8 @@ struct MmaTileLayout {
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
 };
 
-// Shared-memory address forms of the copy above (L2 only), and the
-// fragment loads of the decode kernel (mma_decode_kernel.cuh).
+// The decode kernel's copy (mma_decode_kernel.cuh): a shared-memory address,
+// L2 only (each byte is read once).
 __device__ __forceinline__ void CpAsync16Shared(unsigned dst, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "r"(valid ? 16 : 0)
@@ -235,7 +229,7 @@ __device__ __forceinline__ void ForEachBlockSplit(const PagedAttentionArgs& a,
 // at fixed offsets from the tile's first slot and the copies need neither a
 // per-row table lookup nor a branch (the general path had both, and at small
 // batch the warps are bound by their instruction count).
-template <int D, bool kTwoHalves, bool kInPage>
+template <int D, bool kInPage>
 __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
                                                const AttentionItem& item, int kvh, int split,
                                                int kb, int ke) {
@@ -262,7 +256,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
   const int rg = warp % nrg, slice = warp / nrg;
   const int r0 = rg * 16 + gid, r1 = r0 + 8;
   const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
-  const int pos1 = kTwoHalves && r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
+  const int pos1 = r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
 
   // Q as A fragments (unscaled bf16; the scale is applied to S in fp32).
   // Lane (gid, tig) needs dims [32c + 8tig, +8) of its rows for k-steps 2c
@@ -277,7 +271,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
                                           static_cast<int64_t>(qh) * D);
   };
   const uint4* q0 = q_row(r0);
-  const uint4* q1 = kTwoHalves ? q_row(r1) : nullptr;
+  const uint4* q1 = q_row(r1);
   uint32_t qf[kKS][4];
 #pragma unroll
   for (int c = 0; c < kKS / 2; ++c) {
@@ -304,10 +298,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
   const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
 
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  // o[j][e]: row (e < 2 ? r0 : r1). With one half (rows <= 8) the A rows
-  // gid + 8 of P V carry P's bf16 residual instead of zeros, so o[j][2..3]
-  // hold the residual's share of row r0 (added in at the end): one product
-  // per n-tile instead of two.
+  // o[j][e]: row (e < 2 ? r0 : r1).
   float o[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
@@ -319,7 +310,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
   // skip the per-score mask.
   int unmasked_end = 0x7fffffff;
   if (r0 < rows) unmasked_end = pos0 + 1;
-  if (kTwoHalves && r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
+  if (r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
   unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
 
   // This warp's tiles: t0 = first + i * stride, i < ntiles.
@@ -395,7 +386,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
         }
 #pragma unroll
         for (int c = 0; c < kKC; ++c)
-          CpAsync16<kTwoHalves>(unit(stage, nt * kKC + c), krow + c * 32, ok);
+          CpAsync16(unit(stage, nt * kKC + c), krow + c * 32, ok);
       }
 #pragma unroll
       for (int qi = 0; qi < 4; ++qi) {
@@ -410,7 +401,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
         if constexpr (kVW >= 4) {
 #pragma unroll
           for (int c = 0; c < kVW / 4; ++c)
-            CpAsync16<kTwoHalves>(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
+            CpAsync16(unit(stage, 2 * kKC + qi * (kVW / 4) + c), vrow + c * 8, ok);
         } else {  // 8 bytes per row: two rows per unit
           CpAsync8(reinterpret_cast<uint2*>(unit(stage, 2 * kKC + qi / 2)) + (qi & 1), vrow, ok);
         }
@@ -475,18 +466,17 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
       for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
     }
     // Scale and mask: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1).
-    constexpr int kE = kTwoHalves ? 4 : 2;  // the rows r1 exist
     if (t0 + kMmaKeyTile <= unmasked_end) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < kE; ++e) s[nt][e] *= scale;
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
       }
     } else {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < kE; ++e) {
+        for (int e = 0; e < 4; ++e) {
           const int key = t0 + nt * 8 + 2 * tig + (e & 1);
           const int pos = e < 2 ? pos0 : pos1;
           s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
@@ -497,12 +487,9 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
     // Row max over the quad (the 4 lanes of a row), then the online softmax.
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    float mx1 = -INFINITY;
-    if constexpr (kTwoHalves) {
-      mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    }
+    float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     // Lazy rescaling: the reference max m moves (and O and l are rescaled)
     // only when some row of the warp sees a score more than kLazyLog2 above
     // it, so the weights stay <= 2^kLazyLog2 (exact enough in fp32 and as
@@ -514,70 +501,55 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
       const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
       m0 = mn0;
       l0 *= al0;
-      float al1 = 1.f;
-      if constexpr (kTwoHalves) {
-        const float mn1 = fmaxf(m1, mx1);
-        al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
-        m1 = mn1;
-        l1 *= al1;
-      }
+      const float mn1 = fmaxf(m1, mx1);
+      const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+      m1 = mn1;
+      l1 *= al1;
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
         o[j][0] *= al0;
         o[j][1] *= al0;
-        // one half: o[j][2..3] hold the residual's share of row r0
-        o[j][2] *= kTwoHalves ? al1 : al0;
-        o[j][3] *= kTwoHalves ? al1 : al0;
+        o[j][2] *= al1;
+        o[j][3] *= al1;
       }
     }
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int e = 0; e < kE; ++e) {
+      for (int e = 0; e < 4; ++e) {
         const float m = e < 2 ? m0 : m1;
         s[nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - m);
       }
       ps0 += s[nt][0] + s[nt][1];
-      if constexpr (kTwoHalves) ps1 += s[nt][2] + s[nt][3];
+      ps1 += s[nt][2] + s[nt][3];
     }
     l0 += ps0;
-    if constexpr (kTwoHalves) l1 += ps1;
+    l1 += ps1;
 
     // O = O * alpha + P V, P as bf16 (pa) plus its bf16 residual (pr): two
     // products per n-tile, nearly free where loads bound the kernel, and the
     // weights keep ~16 bits (bf16 alone: ~5e-3 relative error in the lane
     // model's output, the residual: ~1e-5).
     const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]);  // P[r0][keys 2tig, 2tig+1]
-    const uint32_t pa1 = kTwoHalves ? PackBf16x2(s[0][2], s[0][3]) : 0u;  // unused with one half
+    const uint32_t pa1 = PackBf16x2(s[0][2], s[0][3]);  // P[r1][keys 2tig, 2tig+1]
     const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]);  // P[r0][keys 2tig+8, 2tig+9]
-    const uint32_t pa3 = kTwoHalves ? PackBf16x2(s[1][2], s[1][3]) : 0u;
+    const uint32_t pa3 = PackBf16x2(s[1][2], s[1][3]);
     const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
-    const uint32_t pr1 = kTwoHalves ? PackBf16x2Residual(s[0][2], s[0][3], pa1) : 0u;
+    const uint32_t pr1 = PackBf16x2Residual(s[0][2], s[0][3], pa1);
     const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
-    const uint32_t pr3 = kTwoHalves ? PackBf16x2Residual(s[1][2], s[1][3], pa3) : 0u;
+    const uint32_t pr3 = PackBf16x2Residual(s[1][2], s[1][3], pa3);
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
       const int w = j >> 1;
       const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of both
       const uint32_t b0 = __byte_perm(vr[0][w], vr[1][w], sel);
       const uint32_t b1 = __byte_perm(vr[2][w], vr[3][w], sel);
-      if constexpr (kTwoHalves) {
-        MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
-        MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
-      } else {  // rows gid + 8 of A: the residual of row gid
-        MmaBf16(o[j], pa0, pr0, pa2, pr2, b0, b1);
-      }
+      MmaBf16(o[j], pa0, pa1, pa2, pa3, b0, b1);
+      MmaBf16(o[j], pr0, pr1, pr2, pr3, b0, b1);
     }
     fill_stage = stage;
     stage = stage + 1 == kStages ? 0 : stage + 1;
-  }
-  if constexpr (!kTwoHalves) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      o[j][0] += o[j][2];
-      o[j][1] += o[j][3];
-    }
   }
 
   // Every warp is out of its key loop before the ring is reused.
@@ -604,17 +576,15 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
       wacc_s[(srow + r0) * D + (2 * tig + 1) * kNT + j] = o[j][1];
     }
   }
-  if constexpr (kTwoHalves) {
-    if (r1 < rows) {
-      if (tig == 0) {
-        wm_s[srow + r1] = m1;
-        wl_s[srow + r1] = l1;
-      }
+  if (r1 < rows) {
+    if (tig == 0) {
+      wm_s[srow + r1] = m1;
+      wl_s[srow + r1] = l1;
+    }
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
-        wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
-      }
+    for (int j = 0; j < kNT; ++j) {
+      wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
+      wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
     }
   }
   __syncthreads();
@@ -622,9 +592,10 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
                                wm_s, wl_s, wacc_s, merge_s);
 }
 
-// kTwoHalves: rows gid+8 of a row group exist (R > 8). Decode launches with
-// G <= 8 use false and keep only half the accumulators live.
-template <int D, bool kTwoHalves>
+// Launches with more than 8 query rows per item and kv head (prefill,
+// chunked prefill, groups above 8); the others run MmaDecodeKernel
+// (mma_decode_kernel.cuh).
+template <int D>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2)
     MmaAttentionKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
@@ -632,14 +603,14 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2)
   const int kvh = blockIdx.y;
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
     if (in_page) {
-      MmaAttendSplit<D, kTwoHalves, true>(a, item, kvh, split, kb, ke);
+      MmaAttendSplit<D, true>(a, item, kvh, split, kb, ke);
     } else {
-      MmaAttendSplit<D, kTwoHalves, false>(a, item, kvh, split, kb, ke);
+      MmaAttendSplit<D, false>(a, item, kvh, split, kb, ke);
     }
   });
 }
 
-template <int D, bool kTwoHalves>
+template <int D>
 absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
@@ -648,10 +619,10 @@ absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t strea
   // Above the 48 KiB default: opt in once per instantiation (not a stream
   // operation, so also fine while a graph is being captured).
   static const cudaError_t attr =
-      cudaFuncSetAttribute(MmaAttentionKernel<D, kTwoHalves>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+      cudaFuncSetAttribute(MmaAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
-  MmaAttentionKernel<D, kTwoHalves><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
+  MmaAttentionKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -41,8 +41,6 @@
 
 namespace symtp::kernels::internal {
 
-constexpr int kMmaDecodeRows = 8;
-
 // Four 8x8 b16 matrices from shared memory (lane i gives the row address of
 // matrix i / 8, row i % 8); lane i receives row i / 4, columns 2 (i % 4) and
 // + 1 of each matrix (of its transpose with kTrans).
