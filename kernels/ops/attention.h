@@ -46,11 +46,13 @@ struct AttentionItem {
 //    else tiled). 13-41% of the copy bandwidth on an H200.
 //  - kTensorCore (GpuModel's default): bf16 with 16-byte aligned q rows and
 //    caches (other launches run the tiled kernel): both products on mma.sync
-//    tensor cores, one warp per 16 rows x 16 keys, K/V staged per lane
-//    through a cp.async ring, no barrier in the key loop
+//    tensor cores. Groups <= 8 run the decode kernel (keys and head dims in
+//    the M dimension, S^T = K Q^T and O^T = V^T P^T, K/V tiles copied in
+//    whole 128-byte lines through a per-warp cp.async ring;
+//    internal/mma_decode_kernel.cuh), larger groups the prefill kernel
 //    (internal/mma_attention_kernel.cuh). With the split chunk GpuModel plans
-//    (PlanDecodeSplitChunk) 45-68% of the copy bandwidth on an H200 at
-//    batch 32-512 (bench/results/h200-2026-11-23, run o).
+//    (PlanDecodeSplitChunk) 61-95% of the copy bandwidth on an H200 at
+//    batch 32-512 (bench/results/h200-2026-11-23, run t).
 enum class DecodeKernel { kTiled, kWarpStreamed, kTensorCore };
 // Which kernel runs every other launch (prefill, chunked prefill, mixed
 // batches): the tiled kernel, or the tensor-core kernel (bf16 only).

@@ -2,8 +2,9 @@
 # Nsight Compute on the tensor-core decode attention kernel (device machine,
 # Firecracker kinds: ncu reads the counters there). Builds kernels_bench,
 # runs only its decode-attention section under ncu and profiles chosen
-# launches of MmaAttentionKernel (--launch-skip counts launches of that
-# kernel only). Writes $OUT/ncu_*.txt.
+# launches of MmaDecodeKernel (KERNEL=...; --launch-skip counts launches of
+# that kernel only; every tensor-core launch of the section runs it, groups
+# being <= 8). Writes $OUT/ncu_*.txt.
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")
 # Launch order in the section: per shape (llama-8b tp1, llama-70b tp2), the
 # tensor-core variants chunk 256, 512, 1024, planned, each at batch 32, 64,
@@ -18,33 +19,34 @@ tools/device/build.sh kernels_bench >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/b
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
 per_config=36
+KERNEL=${KERNEL:-MmaDecodeKernel}
 # name:launches to skip (the 36-launch config index x 36 + 10: a timed launch)
 CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$(( (4 * 5 + 3 * 5 + 0) * per_config + 10 )) 8b_c256_b256:$(( 3 * per_config + 10 ))"}
 for c in $CASES; do
   name=${c%%:*}
   skip=${c##*:}
-  timeout 240 "$NCU" --clock-control none --kernel-name regex:MmaAttentionKernel \
+  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "$skip" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_launched.sum" \
     build-gpu/bench/kernels/kernels_bench --sections attention >"$OUT/ncu_$name.txt" 2>&1
   echo "== $name (skip $skip): exit $?"
-  grep -E 'MmaAttentionKernel|issue_stalled|inst_executed|warps_launched|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -70
+  grep -E "$KERNEL"'|issue_stalled|inst_executed|warps_launched|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -70
 done
 # SOURCE=1: per-instruction stall samples of the first case (ncu source page,
 # SASS) and the kernel's SASS from the object file, for reading the key loop.
 if [[ ${SOURCE:-0} == 1 ]]; then
   first=${CASES%% *}
-  timeout 240 "$NCU" --clock-control none --kernel-name regex:MmaAttentionKernel \
+  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "${first##*:}" --launch-count 1 --section SourceCounters --section WarpStateStats \
     --page source --print-source sass --csv \
     build-gpu/bench/kernels/kernels_bench --sections attention >"$OUT/ncu_source_${first%%:*}.csv" 2>&1
   echo "== source page of ${first%%:*}: exit $? ($(wc -l <"$OUT/ncu_source_${first%%:*}.csv") lines)"
   CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
-  obj=$(find build-gpu -name 'mma_attention_bf16.cu.o' | head -1)
+  obj=$(find build-gpu -name 'mma_decode_bf16.cu.o' | head -1)
   if [[ -n $CUOBJDUMP && -n $obj ]]; then
-    "$CUOBJDUMP" -sass "$obj" >"$OUT/mma_attention.sass" 2>&1
-    echo "== SASS: $(grep -c HMMA "$OUT/mma_attention.sass") HMMA lines in $(wc -l <"$OUT/mma_attention.sass") lines"
+    "$CUOBJDUMP" -sass "$obj" >"$OUT/mma_decode.sass" 2>&1
+    echo "== SASS: $(grep -c HMMA "$OUT/mma_decode.sass") HMMA lines in $(wc -l <"$OUT/mma_decode.sass") lines"
   fi
 fi
