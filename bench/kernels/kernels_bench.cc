@@ -178,7 +178,7 @@ std::vector<GemmShape> DecodeGemmShapes() {
 }
 
 absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
-                              const Ceilings& c, Json* js) {
+                              const Ceilings& c, Json* js, bool exhaustive) {
   const auto shapes = DecodeGemmShapes();
   size_t max_w = 0;
   for (const auto& g : shapes) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
@@ -194,11 +194,17 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   // shape (CublasLtHandle::set_autotune_candidates; off by default).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
   tuned.set_autotune_candidates(16);
+  // --gemm-exhaustive: a third choice, the fastest of every tile / cluster /
+  // split-K configuration cuBLASLt accepts (CublasLtHandle::set_autotune_exhaustive).
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle exh, kernels::CublasLtHandle::Create());
+  exh.set_autotune_candidates(32);
+  exh.set_autotune_exhaustive(true);
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
       "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s\n", "model", "tp", "layer", "N",
-              "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s%s\n", "model", "tp", "layer", "N",
+              "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak",
+              exhaustive ? "   exh us   %peak" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     const size_t slots = arena / wbytes;
@@ -210,8 +216,11 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       };
       auto run = [&](int i) { return run_on(h, i); };
       auto run_tuned = [&](int i) { return run_on(tuned, i); };
+      auto run_exh = [&](int i) { return run_on(exh, i); };
       // Verify two output elements against a CPU dot product first (both choices).
-      for (kernels::CublasLtHandle* hh : {&h, &tuned}) {
+      std::vector<kernels::CublasLtHandle*> checked = {&h, &tuned};
+      if (exhaustive) checked.push_back(&exh);
+      for (kernels::CublasLtHandle* hh : checked) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
         SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -233,25 +242,40 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
             return absl::InternalError(
                 absl::StrFormat("GEMM check failed for %s %s M=%d%s: %g vs %g", g.model, g.layer, m,
-                                hh == &tuned ? " (tuned)" : "", Bf16ToFloat(cv), ref));
+                                hh == &tuned ? " (tuned)"
+                                : hh == &exh ? " (exhaustive)"
+                                             : "",
+                                Bf16ToFloat(cv), ref));
           }
         }
       }
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
       SYMTP_ASSIGN_OR_RETURN(double us_tuned, TimeUs(s, 5, 30, run_tuned));
+      double us_exh = 0;
+      if (exhaustive) {
+        SYMTP_ASSIGN_OR_RETURN(us_exh, TimeUs(s, 5, 30, run_exh));
+      }
+      const double frac_exh =
+          exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
-      std::printf("%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%\n",
-                  g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-                  static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps,
-                  us_tuned, 100.0 * tflops_tuned / c.gemm_tflops);
+      std::printf(
+          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%%s\n", g.model,
+          g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+          static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_tuned,
+          100.0 * tflops_tuned / c.gemm_tflops,
+          exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "");
       js->gemm.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
-          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f}",
+          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f%s}",
           g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_tuned,
-          tflops_tuned / c.gemm_tflops));
+          tflops_tuned / c.gemm_tflops,
+          exhaustive ? absl::StrFormat(", \"exhaustive_us\": %.2f, "
+                                       "\"exhaustive_frac_of_measured_peak\": %.4f",
+                                       us_exh, frac_exh)
+                     : ""));
     }
   }
   return absl::OkStatus();
@@ -640,6 +664,7 @@ absl::Status Run(int argc, char** argv) {
   std::string json_path;
   int layers = 4;
   bool skip_model = false;
+  bool gemm_exhaustive = false;
   std::string sections = "gemm,attention,prefill,model";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -649,13 +674,15 @@ absl::Status Run(int argc, char** argv) {
       layers = std::atoi(argv[++i]);
     } else if (a == "--skip-model") {
       skip_model = true;
+    } else if (a == "--gemm-exhaustive") {
+      gemm_exhaustive = true;
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown argument '", a,
                        "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-                       "[--sections gemm,attention,prefill,model]"));
+                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model]"));
     }
   }
   std::string why;
@@ -682,7 +709,8 @@ absl::Status Run(int argc, char** argv) {
   };
   const std::vector<std::string> want = absl::StrSplit(sections, ',');
   auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
-  if (on("gemm")) section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js));
+  if (on("gemm"))
+    section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive));
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -54,6 +55,7 @@ struct CublasLtHandle::State {
   cublasLtHandle_t handle = nullptr;
   std::map<PlanKey, Plan> plans;
   int autotune = 1;
+  bool exhaustive = false;
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -78,6 +80,9 @@ void CublasLtHandle::set_autotune_candidates(int n) {
   if (state_) state_->autotune = std::max(1, std::min(n, 32));
 }
 int CublasLtHandle::autotune_candidates() const { return state_ ? state_->autotune : 1; }
+void CublasLtHandle::set_autotune_exhaustive(bool on) {
+  if (state_) state_->exhaustive = on;
+}
 
 namespace {
 
@@ -119,8 +124,107 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
   return best;
 }
 
+// "algo 66 tile 20 stages 0 split 2 cluster 3 swizzle 0" (cuBLASLt's enum
+// values), for the logs.
+std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
+  int32_t id = -1, split = 1;
+  uint32_t tile = 0, stages = 0, swizzle = 0;
+  uint16_t cluster = 0;
+  size_t w = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                       sizeof(split), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                       sizeof(cluster), &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                       sizeof(swizzle), &w);
+  return absl::StrFormat("algo %d tile %u stages %u split %d cluster %u swizzle %u", id, tile,
+                         stages, split, cluster, swizzle);
+}
+
+// Every configuration cuBLASLt accepts for g's plan among the algorithms of
+// the heuristic list: tile x cluster shape x split-K (1-4, fp32 partials) x
+// CTA swizzle, stages left to the library; at most `limit`.
+std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
+    cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
+    const cublasLtMatmulHeuristicResult_t* heur, int found, size_t limit) {
+  std::vector<cublasLtMatmulHeuristicResult_t> out;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < found; ++i) {
+    int32_t id = -1;
+    size_t w = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&heur[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id,
+                                             sizeof(id), &w) == CUBLAS_STATUS_SUCCESS &&
+        std::find(ids.begin(), ids.end(), id) == ids.end()) {
+      ids.push_back(id);
+    }
+  }
+  const cudaDataType_t in = CudaType(g.in_dtype), outt = CudaType(g.out_dtype);
+  for (const int32_t id : ids) {
+    cublasLtMatmulAlgo_t algo;
+    if (cublasLtMatmulAlgoInit(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, outt, outt, id, &algo) !=
+        CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    size_t bytes = 0;
+    std::vector<uint32_t> tiles;
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes) ==
+            CUBLAS_STATUS_SUCCESS &&
+        bytes > 0) {
+      tiles.resize(bytes / sizeof(uint32_t));
+      cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes,
+                                        &bytes);
+    }
+    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    int32_t splitk_ok = 0;
+    uint32_t swizzle_ok = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
+                                      sizeof(splitk_ok), &bytes);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle_ok,
+                                      sizeof(swizzle_ok), &bytes);
+    for (const uint32_t tile : tiles) {
+      for (const uint16_t cluster :
+           {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1}}) {
+        for (const int32_t split : {1, 2, 3, 4}) {
+          if (split > 1 && splitk_ok == 0) break;
+          for (uint32_t swizzle = 0; swizzle <= (swizzle_ok ? 1u : 0u); ++swizzle) {
+            cublasLtMatmulHeuristicResult_t c{};
+            c.algo = algo;
+            const uint32_t scheme =
+                split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                 sizeof(tile));
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                 &cluster, sizeof(cluster));
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                 sizeof(split));
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme, sizeof(scheme));
+            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                                 &swizzle, sizeof(swizzle));
+            if (cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &c.algo, &c) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                c.workspaceSize > g.workspace_bytes) {
+              continue;
+            }
+            c.state = CUBLAS_STATUS_SUCCESS;
+            out.push_back(c);
+            if (out.size() >= limit) return out;
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t lda, int64_t ldw,
-                               int64_t ldc, int autotune, cudaStream_t stream) {
+                               int64_t ldc, int autotune, bool exhaustive, cudaStream_t stream) {
   Plan p;
   auto fail = [&](absl::Status s) {
     DestroyPlan(p);
@@ -213,12 +317,11 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
         cublasLtMatmulHeuristicResult_t c = results[i];
         // Partial sums in fp32 (the compute type) in the workspace.
         const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                 &splits, sizeof(splits)) !=
-                CUBLAS_STATUS_SUCCESS ||
+        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                 &scheme, sizeof(scheme)) !=
-                CUBLAS_STATUS_SUCCESS) {
+                                                 &scheme,
+                                                 sizeof(scheme)) != CUBLAS_STATUS_SUCCESS) {
           continue;
         }
         // Valid for this problem and within the workspace, or skipped.
@@ -232,16 +335,27 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
       }
     }
   }
+  if (want > 1 && exhaustive) {
+    const std::vector<cublasLtMatmulHeuristicResult_t> more =
+        ExhaustiveCandidates(h, p, g, results, found, 768);
+    cands.insert(cands.end(), more.begin(), more.end());
+  }
   int pick = 0;
   if (cands.size() > 1) {
     absl::StatusOr<int> fastest =
         FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), stream);
     if (!fastest.ok()) return fail(fastest.status());
     pick = *fastest;
-    SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": "
-                             << found << " heuristic + " << cands.size() - found
-                             << " split-K candidates, picked #" << pick
-                             << (pick >= found ? " (split-K)" : "");
+    SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": " << found
+                             << " heuristic + " << cands.size() - found
+                             << " more candidates, picked #" << pick
+                             << (pick >= found ? " (not the heuristic's)" : "");
+    if (exhaustive) {
+      SYMTP_LOG(INFO, "gemm") << "exhaustive autotune C[" << g.m << "," << g.n << "] K=" << g.k
+                              << ": " << cands.size() << " candidates, picked "
+                              << DescribeAlgo(cands[pick].algo)
+                              << " (heuristic #0: " << DescribeAlgo(cands[0].algo) << ")";
+    }
   }
   p.algo = cands[pick].algo;
   return p;
@@ -282,8 +396,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
                     g.sm_count_target};
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
-    SYMTP_ASSIGN_OR_RETURN(Plan plan,
-                           BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune, stream));
+    SYMTP_ASSIGN_OR_RETURN(
+        Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune, st->exhaustive, stream));
     it = st->plans.emplace(key, plan).first;
   }
   const Plan& p = it->second;

@@ -47,6 +47,11 @@ class CublasLtHandle {
   // runs, never within one: the plan is cached).
   void set_autotune_candidates(int n);
   int autotune_candidates() const;
+  // With autotuning on, also time every tile shape, thread-block cluster
+  // shape and split-K count (1-4) that cuBLASLt accepts for the algorithms
+  // of its heuristic list (up to a few hundred candidates per shape; a study
+  // tool for kernels_bench, off by default). The pick is logged (gemm=info).
+  void set_autotune_exhaustive(bool on);
 
   struct State;  // implementation detail (gemm.cc)
   State* state() const { return state_.get(); }

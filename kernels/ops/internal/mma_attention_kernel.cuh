@@ -267,8 +267,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
     if (r >= rows) return nullptr;
     const int64_t tok = item.token_begin + r / group;
     const int qh = kvh * group + r % group;
-    return reinterpret_cast<const uint4*>(q + tok * a.q_row_stride +
-                                          static_cast<int64_t>(qh) * D);
+    return reinterpret_cast<const uint4*>(q + tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
   };
   const uint4* q0 = q_row(r0);
   const uint4* q1 = q_row(r1);
@@ -385,8 +384,7 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
           krow = (ok ? slot_row(kc, p.k[nt], key) : kc) + tig * 8;
         }
 #pragma unroll
-        for (int c = 0; c < kKC; ++c)
-          CpAsync16(unit(stage, nt * kKC + c), krow + c * 32, ok);
+        for (int c = 0; c < kKC; ++c) CpAsync16(unit(stage, nt * kKC + c), krow + c * 32, ok);
       }
 #pragma unroll
       for (int qi = 0; qi < 4; ++qi) {
@@ -618,9 +616,8 @@ absl::Status LaunchMmaAttentionT(const PagedAttentionArgs& a, cudaStream_t strea
   constexpr size_t kSmem = MmaTileLayout<D>::kSmemBytes;
   // Above the 48 KiB default: opt in once per instantiation (not a stream
   // operation, so also fine while a graph is being captured).
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(MmaAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kSmem));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      MmaAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
   MmaAttentionKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());

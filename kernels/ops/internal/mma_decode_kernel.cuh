@@ -107,9 +107,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const int slice = warp;
 
   // This lane's scores are of rows 2tig and 2tig + 1 (columns of S^T).
-  auto row_pos = [&](int r) {
-    return r < rows ? a.positions[item.token_begin + r / group] : -1;
-  };
+  auto row_pos = [&](int r) { return r < rows ? a.positions[item.token_begin + r / group] : -1; };
   const int pos0 = row_pos(2 * tig), pos1 = row_pos(2 * tig + 1);
 
   // Q^T as B fragments: dims 16ks + 2tig + {0, 1} (b0) and + 8 (b1) of row
@@ -122,8 +120,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
       const int64_t tok = item.token_begin + gid / group;
       const int qh = kvh * group + gid % group;
       qrow = reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(a.q) +
-                                               tok * a.q_row_stride +
-                                               static_cast<int64_t>(qh) * D);
+                                               tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
     }
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
@@ -165,7 +162,8 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                             (kInPage ? static_cast<int64_t>(crow) * slot_elems : 0);
   const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
   const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
-  const int row_step = static_cast<int>(kRpi * slot_elems);  // kInPage: elements between a lane's rows
+  // kInPage: elements between a lane's rows.
+  const int row_step = static_cast<int>(kRpi * slot_elems);
   const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem)) +
                         static_cast<unsigned>(warp * L::kWarpBytes);
   const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + cpiece * 16);
@@ -177,8 +175,8 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   // (keys 8-15, dims 8-15).
   const int mi = lane >> 3, ri = lane & 7;
   const unsigned k_ld = static_cast<unsigned>((ri + 8 * (mi & 1)) * L::kPitch + 16 * (mi >> 1));
-  const unsigned v_ld = static_cast<unsigned>((ri + 8 * (mi >> 1)) * L::kPitch + 16 * (mi & 1)) +
-                        L::kTileBytes;
+  const unsigned v_ld =
+      static_cast<unsigned>((ri + 8 * (mi >> 1)) * L::kPitch + 16 * (mi & 1)) + L::kTileBytes;
 
   TileSlotQueue slots(table, bs, first, stride, kInPage ? ntiles : 0, lane);
   // kInPage: slot[0] = the tile's first slot; else the slots of this lane's rows.
@@ -384,9 +382,8 @@ absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) 
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(zgrid));
   constexpr size_t kSmem = MmaDecodeLayout<D>::kSmemBytes;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kSmem));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
   MmaDecodeKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
