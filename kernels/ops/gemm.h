@@ -48,9 +48,10 @@ class CublasLtHandle {
   void set_autotune_candidates(int n);
   int autotune_candidates() const;
   // With autotuning on, also time every tile shape, thread-block cluster
-  // shape and split-K count (1-4) that cuBLASLt accepts for the algorithms
-  // of its heuristic list (up to a few hundred candidates per shape; a study
-  // tool for kernels_bench, off by default). The pick is logged (gemm=info).
+  // shape, split-K count (1-4) and CTA swizzle that cuBLASLt accepts for the
+  // algorithms of its heuristic list, stages left to the library (a study
+  // tool for kernels_bench, off by default; on an H200 with cuBLAS 13 that
+  // made 8-24 candidates per decode shape). The pick is logged (gemm=info).
   void set_autotune_exhaustive(bool on);
 
   struct State;  // implementation detail (gemm.cc)
