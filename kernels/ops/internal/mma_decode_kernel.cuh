@@ -67,13 +67,11 @@ __device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
   return y;
 }
 
-// kDeep: twice the stages, for launches of at most one block per SM (the
-// ring then takes up to 209 KB; two blocks per SM need it <= 113 KB).
-template <int D, bool kDeep>
+template <int D>
 struct MmaDecodeLayout {
   static constexpr int kPitch = 2 * D + 16;  // bytes per key row in shared memory
   static constexpr int kTileBytes = kMmaKeyTile * kPitch;
-  static constexpr int kStages = (D == 128 ? 3 : 4) * (kDeep ? 2 : 1);
+  static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr int kWarpBytes = 2 * kTileBytes * kStages;  // K and V of every stage
   static constexpr size_t kRingBytes = static_cast<size_t>(kWarpBytes) * kMmaAttnWarps;
   // The epilogue's per-slice rows (accumulators, max, sum) and the merge's
@@ -86,11 +84,11 @@ struct MmaDecodeLayout {
 
 // One split of one block (see MmaAttendSplit): keys [kb, ke) of `item` for
 // kv head kvh, the 4 warps interleaving 16-key tiles.
-template <int D, bool kDeep, bool kInPage>
+template <int D, bool kInPage>
 __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                                                const AttentionItem& item, int kvh, int split,
                                                int kb, int ke) {
-  using L = MmaDecodeLayout<D, kDeep>;
+  using L = MmaDecodeLayout<D>;
   constexpr int kKS = D / 16;                 // k-steps of S^T, m-tiles of O^T
   constexpr int kChains = kKS < 4 ? kKS : 4;  // independent S^T accumulators
   constexpr int kStages = L::kStages;
@@ -364,47 +362,32 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                                wm_s, wl_s, wacc_s, merge_s);
 }
 
-template <int D, bool kDeep>
-__global__ void __launch_bounds__(kMmaAttnThreads, kDeep ? 1 : 2)
-    MmaDecodeKernel(const PagedAttentionArgs a) {
+template <int D>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
     if (in_page) {
-      MmaDecodeSplit<D, kDeep, true>(a, item, kvh, split, kb, ke);
+      MmaDecodeSplit<D, true>(a, item, kvh, split, kb, ke);
     } else {
-      MmaDecodeSplit<D, kDeep, false>(a, item, kvh, split, kb, ke);
+      MmaDecodeSplit<D, false>(a, item, kvh, split, kb, ke);
     }
   });
 }
 
-template <int D, bool kDeep>
-absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, const dim3& grid, cudaStream_t stream) {
-  constexpr size_t kSmem = MmaDecodeLayout<D, kDeep>::kSmemBytes;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(MmaDecodeKernel<D, kDeep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kSmem));
-  CUDA_RETURN_IF_ERROR(attr);
-  MmaDecodeKernel<D, kDeep><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-// Launches with at most one block per SM (small batches) take the deep ring:
-// their warps are alone on their schedulers, and more bytes in flight per
-// warp is what they can use.
 template <int D>
 absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(zgrid));
-  int device = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  return blocks <= sms ? LaunchMmaDecodeT<D, true>(a, grid, stream)
-                       : LaunchMmaDecodeT<D, false>(a, grid, stream);
+  constexpr size_t kSmem = MmaDecodeLayout<D>::kSmemBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  CUDA_RETURN_IF_ERROR(attr);
+  MmaDecodeKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace symtp::kernels::internal
