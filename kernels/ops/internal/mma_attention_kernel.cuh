@@ -563,28 +563,21 @@ __device__ __forceinline__ void MmaAttendSplit(const PagedAttentionArgs& a,
   // The epilogue and the split merge work in natural-log units.
   m0 *= 0.693147180559945309f;
   m1 *= 0.693147180559945309f;
-  if (r0 < rows) {
+  // Row r's (max, sum) and accumulators o[j][e0], o[j][e0 + 1].
+  auto store_row = [&](int r, float m, float l, int e0) {
+    if (r >= rows) return;
     if (tig == 0) {
-      wm_s[srow + r0] = m0;
-      wl_s[srow + r0] = l0;
+      wm_s[srow + r] = m;
+      wl_s[srow + r] = l;
     }
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      wacc_s[(srow + r0) * D + (2 * tig) * kNT + j] = o[j][0];
-      wacc_s[(srow + r0) * D + (2 * tig + 1) * kNT + j] = o[j][1];
+      wacc_s[(srow + r) * D + (2 * tig) * kNT + j] = o[j][e0];
+      wacc_s[(srow + r) * D + (2 * tig + 1) * kNT + j] = o[j][e0 + 1];
     }
-  }
-  if (r1 < rows) {
-    if (tig == 0) {
-      wm_s[srow + r1] = m1;
-      wl_s[srow + r1] = l1;
-    }
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      wacc_s[(srow + r1) * D + (2 * tig) * kNT + j] = o[j][2];
-      wacc_s[(srow + r1) * D + (2 * tig + 1) * kNT + j] = o[j][3];
-    }
-  }
+  };
+  store_row(r0, m0, l0, 0);
+  store_row(r1, m1, l1, 2);
   __syncthreads();
   MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
                                wm_s, wl_s, wacc_s, merge_s);
