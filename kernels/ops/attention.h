@@ -167,6 +167,8 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
 // Its launches with at most 8 query rows per item and kv head
 // (max_item_tokens x group <= 8) run this kernel (mma_decode_bf16.cu).
 absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+// The others (more than 8 rows) run this kernel (mma_prefill_bf16.cu).
+absl::Status LaunchMmaPrefillBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace symtp::kernels

@@ -1,4 +1,6 @@
 // The tensor-core paged-attention kernel (bf16; internal/mma_attention_kernel.cuh).
+#include <cstdlib>
+
 #include "kernels/ops/internal/mma_attention_kernel.cuh"
 
 namespace symtp::kernels::internal {
@@ -20,6 +22,13 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
   if (a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) <= kMmaDecodeRows) {
     return LaunchMmaDecodeBF16(a, stream);
   }
+  // EXPERIMENT (removed before the result is committed): SYMTP_MMA_PREFILL_OLD=1
+  // keeps MmaAttentionKernel for the side-by-side timing.
+  static const bool old_prefill = [] {
+    const char* e = std::getenv("SYMTP_MMA_PREFILL_OLD");
+    return e != nullptr && e[0] == '1';
+  }();
+  if (!old_prefill) return LaunchMmaPrefillBF16(a, stream);
   switch (a.head_dim) {
     case 32:
       return LaunchMmaAttentionT<32>(a, stream);

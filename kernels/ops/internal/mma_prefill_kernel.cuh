@@ -1,0 +1,321 @@
+// The tensor-core kernel for launches with more than 8 query rows per item
+// and kv head (prefill, chunked prefill, groups above 8) with block-shared
+// K/V tiles; included by mma_prefill_bf16.cu. Same block split, rows, warps
+// (row groups x key slices), softmax and outputs as MmaAttentionKernel
+// (mma_attention_kernel.cuh); what differs is where the K/V fragments come
+// from:
+//   - the block copies each 64-key tile of K and V once into shared memory
+//     ([key][head dim], row pitch 2D + 16 bytes), every copy instruction
+//     taking whole 128-byte lines (as MmaDecodeKernel does), one barrier per
+//     tile, instead of every warp copying its own 16- and 32-byte pieces;
+//   - Q K^T's B operands come from the K tile by ldmatrix, and P V's from
+//     the V tile by ldmatrix.trans (no byte permutes), in natural head-dim
+//     order.
+#pragma once
+
+#include "kernels/ops/internal/mma_decode_kernel.cuh"
+
+namespace symtp::kernels::internal {
+
+template <int D>
+struct MmaPrefillLayout {
+  static constexpr int kTileKeys = 64;  // keys per stage, shared by the block
+  static constexpr int kPitch = 2 * D + 16;
+  static constexpr int kTileBytes = kTileKeys * kPitch;  // K or V
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr size_t kRingBytes = static_cast<size_t>(kStageBytes) * kStages;
+  static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 5 * kMmaAttnMaxRows) * 4;
+  static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
+};
+
+// One split of one block (see MmaAttendSplit).
+template <int D>
+__device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
+                                                const AttentionItem& item, int kvh, int split,
+                                                int kb, int ke) {
+  using L = MmaPrefillLayout<D>;
+  constexpr int kKS = D / 16;  // k-steps of Q K^T; 16-dim column pairs of P V
+  constexpr int kNT = D / 8;   // n-tiles of P V
+  constexpr int kStages = L::kStages;
+  constexpr int kSub = L::kTileKeys / kMmaKeyTile;  // 16-key steps per tile
+
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  float* wacc_s = reinterpret_cast<float*>(mma_smem);
+  float* wm_s = wacc_s + kMmaAttnMaxRows * D;
+  float* wl_s = wm_s + kMmaAttnMaxRows;
+  float* merge_s = wl_s + kMmaAttnMaxRows;
+
+  const int group = a.num_q_heads / a.num_kv_heads;
+  const int rows = item.num_tokens * group;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int nrg = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  const int nslices = kMmaAttnWarps / nrg;
+  const int rg = warp % nrg, slice = warp / nrg;
+  // This warp's 16-key steps of each tile: [slice * per, (slice + 1) * per).
+  const int per = kSub / nslices;
+  const int r0 = rg * 16 + gid, r1 = r0 + 8;
+  const int pos0 = r0 < rows ? a.positions[item.token_begin + r0 / group] : -1;
+  const int pos1 = r1 < rows ? a.positions[item.token_begin + r1 / group] : -1;
+
+  // Q as A fragments in natural head-dim order: dims 16ks + 2tig + {0, 1}
+  // (+ 8 for a2, a3) of rows r0 (a0, a2) and r1 (a1, a3).
+  uint32_t qf[kKS][4];
+  {
+    auto q_row = [&](int r) -> const uint32_t* {
+      if (r >= rows) return nullptr;
+      const int64_t tok = item.token_begin + r / group;
+      const int qh = kvh * group + r % group;
+      return reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(a.q) +
+                                               tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
+    };
+    const uint32_t* q0 = q_row(r0);
+    const uint32_t* q1 = q_row(r1);
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      qf[ks][0] = q0 ? q0[8 * ks + tig] : 0u;
+      qf[ks][1] = q1 ? q1[8 * ks + tig] : 0u;
+      qf[ks][2] = q0 ? q0[8 * ks + 4 + tig] : 0u;
+      qf[ks][3] = q1 ? q1[8 * ks + 4 + tig] : 0u;
+    }
+  }
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
+  const int bs = a.block_size;
+  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
+  const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
+  const int warp_end = min(ke, __reduce_max_sync(0xffffffffu, max(pos0, pos1)) + 1);
+  int unmasked_end = 0x7fffffff;
+  if (r0 < rows) unmasked_end = pos0 + 1;
+  if (r1 < rows) unmasked_end = min(unmasked_end, pos1 + 1);
+  unmasked_end = min(ke, __reduce_min_sync(0xffffffffu, unmasked_end));
+
+  // The block's tiles: t0 = kb + 64 i, i < ntiles.
+  const int ntiles = (ke - kb + L::kTileKeys - 1) / L::kTileKeys;
+
+  // Copies: kLpr threads per 128-byte line, kRpw rows per instruction;
+  // thread t copies pieces t % kLpr + kLpr h of rows t / kLpr + kRpw k.
+  constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;
+  constexpr int kRpw = kMmaAttnThreads / kLpr;
+  constexpr int kRowsPerThread = L::kTileKeys / kRpw;
+  constexpr int kPieces = D / 8 / kLpr;
+  const int crow = threadIdx.x / kLpr, cpiece = threadIdx.x % kLpr;
+  const int64_t lane_elem = static_cast<int64_t>(kvh) * D + cpiece * 8;
+  const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
+  const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
+  const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem));
+  const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + cpiece * 16);
+  struct RowSlots {
+    int slot[kRowsPerThread];
+  };
+  auto lookup = [&](int i) -> RowSlots {
+    RowSlots r{};
+    if (i >= ntiles) return r;
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const int key = kb + i * L::kTileKeys + crow + kRpw * k;
+      r.slot[k] = key < ke ? table[key / bs] * bs + key % bs : 0;
+    }
+    return r;
+  };
+  // Starts tile i's copies into `stage` (an empty group past the last tile).
+  // Keys past ke are zero-filled.
+  auto issue = [&](int i, int stage, const RowSlots& p) {
+    if (i < ntiles) {
+      const int row0 = kb + i * L::kTileKeys + crow;
+      const unsigned dst = ring + static_cast<unsigned>(stage * L::kStageBytes) + copy_dst;
+#pragma unroll
+      for (int k = 0; k < kRowsPerThread; ++k) {
+        const bool ok = row0 + kRpw * k < ke;
+        const int64_t e = static_cast<int64_t>(p.slot[k]) * slot_elems;
+        const unsigned d = dst + static_cast<unsigned>(k * kRpw * L::kPitch);
+#pragma unroll
+        for (int h = 0; h < kPieces; ++h) {
+          CpAsync16Shared(d + h * kLpr * 16, k_lane + e + h * kLpr * 8, ok);
+          CpAsync16Shared(d + L::kTileBytes + h * kLpr * 16, v_lane + e + h * kLpr * 8, ok);
+        }
+      }
+    }
+    CpAsyncCommit();
+  };
+  // ldmatrix row addresses (lane i: matrix i / 8, row i % 8). K, for Q K^T's
+  // B (k = dims, n = keys): (keys 0-7, dims 0-7), (keys 0-7, dims 8-15) = b0,
+  // b1 of keys 0-7; (keys 8-15, ...) = b0, b1 of keys 8-15. V transposed, for
+  // P V's B (k = keys, n = dims): (keys 0-7, dims 0-7), (keys 8-15, dims 0-7)
+  // = b0, b1 of dims 0-7; then dims 8-15.
+  const int mi = lane >> 3, ri = lane & 7;
+  const unsigned k_ld = static_cast<unsigned>((8 * (mi >> 1) + ri) * L::kPitch + 16 * (mi & 1));
+  const unsigned v_ld =
+      static_cast<unsigned>((8 * (mi & 1) + ri) * L::kPitch + 16 * (mi >> 1)) + L::kTileBytes;
+
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  // o[j][e]: row (e < 2 ? r0 : r1), head dim 8j + 2tig + (e & 1).
+  float o[kNT][4];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  }
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
+  RowSlots next_slots = lookup(kStages - 1);
+  int stage = 0, fill_stage = kStages - 1;
+  for (int i = 0; i < ntiles; ++i) {
+    CpAsyncWait<kStages - 2>();  // this thread's copies of tile i have landed
+    __syncthreads();             // everyone's; and tile i - 1's stage is read
+    issue(i + kStages - 1, fill_stage, next_slots);
+    next_slots = lookup(i + kStages);
+    const unsigned tile = ring + static_cast<unsigned>(stage * L::kStageBytes);
+    for (int sub = slice * per; sub < (slice + 1) * per; ++sub) {
+      const int t0 = kb + i * L::kTileKeys + sub * kMmaKeyTile;
+      if (t0 >= warp_end) break;  // warp-uniform
+      const unsigned kt = tile + static_cast<unsigned>(sub * kMmaKeyTile * L::kPitch);
+      // S = Q K^T: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1);
+      // even and odd k-steps in separate accumulators.
+      float s[2][4], so[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = so[nt][e] = 0.f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t kb4[4];
+        LdMatrixX4<false>(kb4, kt + k_ld + 32 * ks);
+        MmaBf16((ks & 1) ? so[0] : s[0], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[0],
+                kb4[1]);
+        MmaBf16((ks & 1) ? so[1] : s[1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[2],
+                kb4[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
+      }
+      if (t0 + kMmaKeyTile <= unmasked_end) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = t0 + nt * 8 + 2 * tig + (e & 1);
+            const int pos = e < 2 ? pos0 : pos1;
+            s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
+          }
+        }
+      }
+      // Row maxima over the quad, lazy rescaling (see MmaAttendSplit).
+      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      constexpr float kLazyLog2 = 8.f;
+      if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+        const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= al0;
+        l1 *= al1;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          o[j][0] *= al0;
+          o[j][1] *= al0;
+          o[j][2] *= al1;
+          o[j][3] *= al1;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float m = e < 2 ? m0 : m1;
+          s[nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - m);
+        }
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+      }
+      // P as A (FlashAttention-2 register reuse), bf16 plus residual.
+      const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]), pa1 = PackBf16x2(s[0][2], s[0][3]);
+      const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]), pa3 = PackBf16x2(s[1][2], s[1][3]);
+      const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
+      const uint32_t pr1 = PackBf16x2Residual(s[0][2], s[0][3], pa1);
+      const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
+      const uint32_t pr3 = PackBf16x2Residual(s[1][2], s[1][3], pa3);
+#pragma unroll
+      for (int dp = 0; dp < kKS; ++dp) {
+        uint32_t vb[4];
+        LdMatrixX4<true>(vb, kt + v_ld + 32 * dp);
+        MmaBf16(o[2 * dp], pa0, pa1, pa2, pa3, vb[0], vb[1]);
+        MmaBf16(o[2 * dp], pr0, pr1, pr2, pr3, vb[0], vb[1]);
+        MmaBf16(o[2 * dp + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+        MmaBf16(o[2 * dp + 1], pr0, pr1, pr2, pr3, vb[2], vb[3]);
+      }
+    }
+    fill_stage = stage;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+
+  CpAsyncWait<0>();
+  __syncthreads();
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int srow = slice * nrg * 16;
+  m0 *= 0.693147180559945309f;  // natural-log units for the merges
+  m1 *= 0.693147180559945309f;
+  auto store_row = [&](int r, float m, float l, int e0) {
+    if (r >= rows) return;
+    if (tig == 0) {
+      wm_s[srow + r] = m;
+      wl_s[srow + r] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      wacc_s[(srow + r) * D + 8 * j + 2 * tig] = o[j][e0];
+      wacc_s[(srow + r) * D + 8 * j + 2 * tig + 1] = o[j][e0 + 1];
+    }
+  };
+  store_row(r0, m0, l0, 0);
+  store_row(r1, m1, l1, 2);
+  __syncthreads();
+  MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, nslices, nrg * 16,
+                               wm_s, wl_s, wacc_s, merge_s);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaPrefillKernel(const PagedAttentionArgs a) {
+  static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+  const AttentionItem item = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool) {
+    MmaPrefillSplit<D>(a, item, kvh, split, kb, ke);
+  });
+}
+
+template <int D>
+absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream) {
+  const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
+  const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(zgrid));
+  constexpr size_t kSmem = MmaPrefillLayout<D>::kSmemBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      MmaPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  CUDA_RETURN_IF_ERROR(attr);
+  MmaPrefillKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels::internal
