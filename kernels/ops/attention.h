@@ -50,7 +50,7 @@ struct AttentionItem {
 //    the M dimension, S^T = K Q^T and O^T = V^T P^T, K/V tiles copied in
 //    whole 128-byte lines through a per-warp cp.async ring;
 //    internal/mma_decode_kernel.cuh), larger groups the prefill kernel
-//    (internal/mma_attention_kernel.cuh). With the split chunk GpuModel plans
+//    (internal/mma_prefill_kernel.cuh). With the split chunk GpuModel plans
 //    (PlanDecodeSplitChunk) 61-95% of the copy bandwidth on an H200 at
 //    batch 32-512 (bench/results/h200-2026-11-23, run t).
 enum class DecodeKernel { kTiled, kWarpStreamed, kTensorCore };

@@ -1,7 +1,7 @@
-// The tensor-core paged-attention kernel (bf16; internal/mma_attention_kernel.cuh).
-#include <cstdlib>
-
-#include "kernels/ops/internal/mma_attention_kernel.cuh"
+// Dispatch of the tensor-core attention kernels (bf16; internal/mma_common.cuh):
+// the decode kernel (mma_decode_bf16.cu) or the prefill kernel
+// (mma_prefill_bf16.cu).
+#include "kernels/ops/internal/mma_common.cuh"
 
 namespace symtp::kernels::internal {
 
@@ -18,28 +18,12 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
         a.q, a.k_cache, a.v_cache, a.q_row_stride));
   }
   // Up to 8 query rows per item and kv head (decode with groups <= 8): the
-  // decode kernel, whose products have no padding rows.
+  // decode kernel, whose products have no padding rows; the rest (prefill,
+  // chunked prefill, larger groups) the prefill kernel.
   if (a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) <= kMmaDecodeRows) {
     return LaunchMmaDecodeBF16(a, stream);
   }
-  // EXPERIMENT (removed before the result is committed): SYMTP_MMA_PREFILL_OLD=1
-  // keeps MmaAttentionKernel for the side-by-side timing.
-  static const bool old_prefill = [] {
-    const char* e = std::getenv("SYMTP_MMA_PREFILL_OLD");
-    return e != nullptr && e[0] == '1';
-  }();
-  if (!old_prefill) return LaunchMmaPrefillBF16(a, stream);
-  switch (a.head_dim) {
-    case 32:
-      return LaunchMmaAttentionT<32>(a, stream);
-    case 64:
-      return LaunchMmaAttentionT<64>(a, stream);
-    case 128:
-      return LaunchMmaAttentionT<128>(a, stream);
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrFormat("PagedAttention: head_dim %d not supported (32, 64, 128)", a.head_dim));
-  }
+  return LaunchMmaPrefillBF16(a, stream);
 }
 
 }  // namespace symtp::kernels::internal

@@ -303,7 +303,7 @@ TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
 
 // The tensor-core kernels' row shapes: rows = tokens x group of 1..64 (up to
 // 8 in the decode kernel, several tokens per item included; above that one to
-// four row groups of MmaAttentionKernel), decode tokens of a prefill launch.
+// four row groups of the prefill kernel), decode tokens of a prefill launch.
 TEST_P(AttentionTest, TensorCorePrefillEveryItemSizeMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();
   const int per = MaxAttentionItemTokens(nq, nkv);

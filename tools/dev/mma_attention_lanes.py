@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Lane-level model of kernels/ops/internal/mma_attention_kernel.cuh (one block).
+"""Lane-level model of the session 4-5 tensor-core kernel (one block), which
+session 6 replaced by kernels/ops/internal/mma_decode_kernel.cuh and
+mma_prefill_kernel.cuh (kept as the record of that kernel's pre-GPU check).
 
 Run before the kernel first met a GPU, to check its index mapping: the
 permuted head dims of Q K^T, the S -> P register reuse, the byte_perm pairing
@@ -14,9 +16,9 @@ residual term; bf16 alone gave a worst 5.3e-3) and reports the error by the
 attention tests' measure against their bf16 tolerance. With one half (rows <=
 8, decode) the residual rides in the idle A rows gid + 8 of a single product
 and is added to the row after the key loop, as the kernel did in session 5.
-Since session 6 launches with <= 8 rows run mma_decode_kernel.cuh instead
-(transposed products on ldmatrix / movmatrix fragments), which this model
-does not mirror: the GPU tests verify it; the rows > 8 paths here still hold.
+The session-6 kernels (transposed decode products on ldmatrix / movmatrix
+fragments, block-shared prefill tiles) are not mirrored here: the GPU tests
+verify them; the P rounding measured here (bf16 + residual) is theirs too.
 
 Usage: python3 tools/dev/mma_attention_lanes.py [--p-bf16-only]   (exit 1 on a mismatch)
 """

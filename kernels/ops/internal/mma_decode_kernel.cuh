@@ -1,15 +1,16 @@
 // The tensor-core decode kernel: launches whose items have at most 8 query
 // rows per kv head (rows = tokens x group <= 8, e.g. one decode token with
 // GQA group 4 or 8); included by mma_decode_bf16.cu. Same block split,
-// outputs and workspace as MmaAttentionKernel (mma_attention_kernel.cuh),
-// which keeps the launches with more rows (prefill, larger groups).
+// outputs and workspace as MmaPrefillKernel (mma_prefill_kernel.cuh), which
+// takes the launches with more rows (prefill, larger groups).
 //
-// That kernel puts the query rows in the M dimension of mma.m16n8k16, so
-// with <= 8 rows half of every A operand is padding (and the compiler
-// rebuilt the padded A registers with moves before each product); its lanes
-// gather their own K/V pieces (16 copies with their addresses per tile) and
-// pair V rows with byte permutes: ~320 instructions per 16-key tile against
-// ~160 here. This one computes the transposes, with the keys and head dims in M:
+// The session-5 kernel put the query rows in the M dimension of
+// mma.m16n8k16, so with <= 8 rows half of every A operand was padding (and
+// the compiler rebuilt the padded A registers with moves before each
+// product); its lanes gathered their own K/V pieces (16 copies with their
+// addresses per tile) and paired V rows with byte permutes: ~320
+// instructions per 16-key tile against ~160 here. This one computes the
+// transposes, with the keys and head dims in M:
 //   S^T (16 keys x 8 rows) = K (16 x D) . Q^T (D x 8): A = the K tile, read
 //     from shared memory with ldmatrix; B = Q^T, in registers for the whole
 //     loop (2 per k-step); one product per 16 head dims.
@@ -22,7 +23,7 @@
 // whole, each copy instruction taking whole 128-byte lines of 4 key rows.
 // The copies are what counted: with the products above but two lanes per
 // row (a 32-byte sector of each of 16 rows per instruction) the kernel
-// measured the same as the other one, 45-69% of the copy bandwidth at
+// measured the same as the old one, 45-69% of the copy bandwidth at
 // context 1024 on an H200 (L2 serves a request per piece); with whole lines,
 // 61-95% (bench/results/h200-2026-11-23, runs r-t).
 //
@@ -39,7 +40,7 @@
 // kept per lane and reduced once at the end.
 #pragma once
 
-#include "kernels/ops/internal/mma_attention_kernel.cuh"
+#include "kernels/ops/internal/mma_common.cuh"
 
 namespace symtp::kernels::internal {
 
@@ -84,7 +85,7 @@ struct MmaDecodeLayout {
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
 };
 
-// One split of one block (see MmaAttendSplit): keys [kb, ke) of `item` for
+// One split of one block: keys [kb, ke) of `item` for
 // kv head kvh, the 4 warps interleaving 16-key tiles.
 template <int D, bool kInPage>
 __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
@@ -279,7 +280,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
         s[e] = key <= pos && key < ke ? s[e] * scale : -INFINITY;
       }
     }
-    // Lazy rescaling (see MmaAttendSplit): only when some score is more than
+    // Lazy rescaling (mma_common.cuh): only when some score is more than
     // 2^8 above its row's reference max; then the true row maxima (over the 8
     // lanes of each tig) become the references.
     constexpr float kLazyLog2 = 8.f;

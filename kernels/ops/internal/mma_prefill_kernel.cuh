@@ -1,9 +1,10 @@
 // The tensor-core kernel for launches with more than 8 query rows per item
 // and kv head (prefill, chunked prefill, groups above 8) with block-shared
-// K/V tiles; included by mma_prefill_bf16.cu. Same block split, rows, warps
-// (row groups x key slices), softmax and outputs as MmaAttentionKernel
-// (mma_attention_kernel.cuh); what differs is where the K/V fragments come
-// from:
+// K/V tiles; included by mma_prefill_bf16.cu. Same block split, rows, warps,
+// softmax and outputs as the session-5 kernel it replaced (rows form nrg = 1,
+// 2 or 4 row groups of 16; the 4 warps are nrg row groups x 4 / nrg key
+// slices, whose (max, sum, acc) are merged through shared memory at the
+// end); what differs is where the K/V fragments come from:
 //   - the block copies each 64-key tile of K and V once into shared memory
 //     ([key][head dim], row pitch 2D + 16 bytes), every copy instruction
 //     taking whole 128-byte lines (as MmaDecodeKernel does), one barrier per
@@ -29,7 +30,7 @@ struct MmaPrefillLayout {
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
 };
 
-// One split of one block (see MmaAttendSplit).
+// One split of one block: keys [kb, ke) of `item` for kv head kvh.
 template <int D>
 __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
                                                 const AttentionItem& item, int kvh, int split,
@@ -211,7 +212,9 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
           }
         }
       }
-      // Row maxima over the quad, lazy rescaling (see MmaAttendSplit).
+      // Row maxima over the quad (the 4 lanes of a row); lazy rescaling: the
+      // reference max moves (and O, l are rescaled) only when some row sees a
+      // score more than 2^8 above it, a warp-uniform branch.
       float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
       float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
