@@ -160,8 +160,10 @@ absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t 
 // Warp-streamed decode kernel (decode_attention_f32.cu, decode_attention_bf16.cu).
 absl::Status LaunchWarpDecodeF32(const PagedAttentionArgs& a, cudaStream_t stream);
 absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
-// Tensor-core kernel (mma_attention_bf16.cu); it reads q rows and K/V rows in
-// 16-byte pieces, so it takes only launches where MmaAttentionAligned holds.
+// Tensor-core kernels (mma_attention_bf16.cu dispatches); they read q rows and
+// K/V rows in 16-byte pieces, so they take only launches where
+// MmaAttentionAligned holds (LaunchMmaAttentionBF16 checks it for the two
+// launchers below, which do not check it again).
 bool MmaAttentionAligned(const PagedAttentionArgs& a);
 absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 // Its launches with at most 8 query rows per item and kv head

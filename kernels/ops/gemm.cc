@@ -146,6 +146,30 @@ std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
                          stages, split, cluster, swizzle);
 }
 
+// Sets an algorithm's split-K count, partial sums in fp32 (the compute type)
+// in the workspace when split.
+bool SetSplitK(cublasLtMatmulAlgo_t* algo, int32_t splits) {
+  const uint32_t scheme =
+      splits > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+  return cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                              sizeof(splits)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                              sizeof(scheme)) == CUBLAS_STATUS_SUCCESS;
+}
+
+// Appends `c` (an algorithm configured for g's plan) to `out` if cuBLASLt
+// accepts it for this problem within g's workspace.
+void AppendIfAccepted(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
+                      cublasLtMatmulHeuristicResult_t c,
+                      std::vector<cublasLtMatmulHeuristicResult_t>& out) {
+  if (cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &c.algo, &c) != CUBLAS_STATUS_SUCCESS ||
+      c.workspaceSize > g.workspace_bytes) {
+    return;
+  }
+  c.state = CUBLAS_STATUS_SUCCESS;
+  out.push_back(c);
+}
+
 // Every configuration cuBLASLt accepts for g's plan among the algorithms of
 // the heuristic list: tile x cluster shape x split-K (1-4, fp32 partials) x
 // CTA swizzle, stages left to the library; at most `limit`.
@@ -195,25 +219,14 @@ std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
           for (uint32_t swizzle = 0; swizzle <= (swizzle_ok ? 1u : 0u); ++swizzle) {
             cublasLtMatmulHeuristicResult_t c{};
             c.algo = algo;
-            const uint32_t scheme =
-                split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
                                                  sizeof(tile));
             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
                                                  &cluster, sizeof(cluster));
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
-                                                 sizeof(split));
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                 &scheme, sizeof(scheme));
+            SetSplitK(&c.algo, split);
             cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
                                                  &swizzle, sizeof(swizzle));
-            if (cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &c.algo, &c) !=
-                    CUBLAS_STATUS_SUCCESS ||
-                c.workspaceSize > g.workspace_bytes) {
-              continue;
-            }
-            c.state = CUBLAS_STATUS_SUCCESS;
-            out.push_back(c);
+            AppendIfAccepted(h, p, g, c, out);
             if (out.size() >= limit) return out;
           }
         }
@@ -313,25 +326,9 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
           splitk_ok == 0) {
         continue;
       }
-      for (const uint32_t splits : {2u, 3u, 4u, 6u}) {
+      for (const int32_t splits : {2, 3, 4, 6}) {
         cublasLtMatmulHeuristicResult_t c = results[i];
-        // Partial sums in fp32 (the compute type) in the workspace.
-        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                 &scheme,
-                                                 sizeof(scheme)) != CUBLAS_STATUS_SUCCESS) {
-          continue;
-        }
-        // Valid for this problem and within the workspace, or skipped.
-        if (cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &c.algo, &c) !=
-                CUBLAS_STATUS_SUCCESS ||
-            c.workspaceSize > g.workspace_bytes) {
-          continue;
-        }
-        c.state = CUBLAS_STATUS_SUCCESS;
-        cands.push_back(c);
+        if (SetSplitK(&c.algo, splits)) AppendIfAccepted(h, p, g, c, cands);
       }
     }
   }

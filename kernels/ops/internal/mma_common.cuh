@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -48,6 +49,23 @@ constexpr int kMmaKeyTile = 16;
 // Launches with at most this many query rows per item and kv head run the
 // decode kernel, the others the prefill kernel.
 constexpr int kMmaDecodeRows = 8;
+
+// Calls launch(std::integral_constant<int, D>{}) for the head dims the kernels
+// are built for (32, 64, 128); InvalidArgument for any other.
+template <typename Launch>
+absl::Status DispatchMmaHeadDim(int head_dim, Launch&& launch) {
+  switch (head_dim) {
+    case 32:
+      return launch(std::integral_constant<int, 32>{});
+    case 64:
+      return launch(std::integral_constant<int, 64>{});
+    case 128:
+      return launch(std::integral_constant<int, 128>{});
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrFormat("PagedAttention: head_dim %d not supported (32, 64, 128)", head_dim));
+  }
+}
 
 // d = a * b + d, m16n8k16, bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
