@@ -39,6 +39,7 @@
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/gemm.h"
+#include "kernels/ops/gemm_sm90.h"
 #include "kernels/ops/weight_init.h"
 #include "models/batch.h"
 #include "models/config.h"
@@ -194,17 +195,26 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   // shape (CublasLtHandle::set_autotune_candidates; off by default).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
   tuned.set_autotune_candidates(16);
+  tuned.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);
   // --gemm-exhaustive: a third choice, the fastest of every tile / cluster /
   // split-K configuration cuBLASLt accepts (CublasLtHandle::set_autotune_exhaustive).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle exh, kernels::CublasLtHandle::Create());
   exh.set_autotune_candidates(32);
   exh.set_autotune_exhaustive(true);
+  exh.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);
+  // The hand-written sm_90a kernel (kernels/ops/gemm_sm90.h), where the device has it.
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sm90, kernels::CublasLtHandle::Create());
+  sm90.set_kernel_choice(kernels::GemmKernelChoice::kSm90);
+  const bool have_sm90 = kernels::Sm90GemmDeviceSupported();
+  int num_sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
-      "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s%s\n", "model", "tp", "layer", "N",
-              "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak",
-              exhaustive ? "   exh us   %peak" : "");
+      "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once, sm90 = the "
+      "hand-written sm_90a kernel (TMA + wgmma, split-K in a cluster)\n");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s%s%s\n", "model", "tp", "layer",
+              "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak",
+              exhaustive ? "   exh us   %peak" : "", have_sm90 ? "  sm90 us   %peak split" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     const size_t slots = arena / wbytes;
@@ -217,9 +227,11 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       auto run = [&](int i) { return run_on(h, i); };
       auto run_tuned = [&](int i) { return run_on(tuned, i); };
       auto run_exh = [&](int i) { return run_on(exh, i); };
+      auto run_sm90 = [&](int i) { return run_on(sm90, i); };
       // Verify two output elements against a CPU dot product first (both choices).
       std::vector<kernels::CublasLtHandle*> checked = {&h, &tuned};
       if (exhaustive) checked.push_back(&exh);
+      if (have_sm90) checked.push_back(&sm90);
       for (kernels::CublasLtHandle* hh : checked) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
         SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
@@ -242,9 +254,10 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
             return absl::InternalError(
                 absl::StrFormat("GEMM check failed for %s %s M=%d%s: %g vs %g", g.model, g.layer, m,
-                                hh == &tuned ? " (tuned)"
-                                : hh == &exh ? " (exhaustive)"
-                                             : "",
+                                hh == &tuned  ? " (tuned)"
+                                : hh == &exh  ? " (exhaustive)"
+                                : hh == &sm90 ? " (sm90)"
+                                              : "",
                                 Bf16ToFloat(cv), ref));
           }
         }
@@ -255,27 +268,42 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       if (exhaustive) {
         SYMTP_ASSIGN_OR_RETURN(us_exh, TimeUs(s, 5, 30, run_exh));
       }
+      double us_sm90 = 0;
+      if (have_sm90) {
+        SYMTP_ASSIGN_OR_RETURN(us_sm90, TimeUs(s, 5, 30, run_sm90));
+      }
+      const double frac_sm90 =
+          have_sm90 ? 2.0 * m * g.n * g.k / (us_sm90 * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
+      const kernels::Sm90GemmPlan plan = kernels::PlanSm90Gemm(m, g.n, g.k, num_sms);
       const double frac_exh =
           exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
-          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%%s\n", g.model,
+          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%%s%s\n", g.model,
           g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_tuned,
           100.0 * tflops_tuned / c.gemm_tflops,
-          exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "");
+          exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
+          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d", us_sm90, 100.0 * frac_sm90,
+                                      128 * plan.m_sub, plan.splits)
+                          .c_str()
+                    : "");
       js->gemm.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
-          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f%s}",
+          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f%s%s}",
           g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_tuned,
           tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(", \"exhaustive_us\": %.2f, "
                                        "\"exhaustive_frac_of_measured_peak\": %.4f",
                                        us_exh, frac_exh)
-                     : ""));
+                     : "",
+          have_sm90 ? absl::StrFormat(", \"sm90_us\": %.2f, \"sm90_frac_of_measured_peak\": %.4f, "
+                                      "\"sm90_tile_rows\": %d, \"sm90_splits\": %d",
+                                      us_sm90, frac_sm90, 128 * plan.m_sub, plan.splits)
+                    : ""));
     }
   }
   return absl::OkStatus();
@@ -707,6 +735,7 @@ absl::Status Run(int argc, char** argv) {
                               prop.multiProcessorCount, prop.l2CacheSize);
   SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle h, kernels::CublasLtHandle::Create());
+  h.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);  // the "heuristic" column
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
                          cuda::DeviceBuffer::Create(kernels::kGemmWorkspaceBytes));
   SYMTP_ASSIGN_OR_RETURN(Ceilings c, MeasureCeilings(h, ws.get(), stream.get(), &js));

@@ -12,6 +12,7 @@
 #include "common/cuda_raii.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "kernels/ops/gemm_sm90.h"
 
 namespace symtp::kernels {
 namespace {
@@ -56,6 +57,8 @@ struct CublasLtHandle::State {
   std::map<PlanKey, Plan> plans;
   int autotune = 1;
   bool exhaustive = false;
+  GemmKernelChoice choice = GemmKernelChoice::kAuto;
+  int num_sms = 0;  // of the device the first sm_90a launch ran on
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -82,6 +85,19 @@ void CublasLtHandle::set_autotune_candidates(int n) {
 int CublasLtHandle::autotune_candidates() const { return state_ ? state_->autotune : 1; }
 void CublasLtHandle::set_autotune_exhaustive(bool on) {
   if (state_) state_->exhaustive = on;
+}
+void CublasLtHandle::set_kernel_choice(GemmKernelChoice c) {
+  if (state_) state_->choice = c;
+}
+GemmKernelChoice CublasLtHandle::kernel_choice() const {
+  return state_ ? state_->choice : GemmKernelChoice::kAuto;
+}
+
+bool UseSm90GemmByDefault(int64_t m, int64_t n, int64_t k) {
+  (void)m;
+  (void)n;
+  (void)k;
+  return false;  // until measured
 }
 
 namespace {
@@ -378,6 +394,18 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
         "Gemm: unsupported dtypes %s -> %s", DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
   if (g.m == 0) return absl::OkStatus();
+  const bool want_sm90 =
+      st->choice == GemmKernelChoice::kSm90 ||
+      (st->choice == GemmKernelChoice::kAuto && UseSm90GemmByDefault(g.m, g.n, g.k));
+  if (want_sm90 && Sm90GemmArgsSupported(g) && Sm90GemmDeviceSupported()) {
+    if (st->num_sms == 0) {
+      int dev = 0;
+      CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+      CUDA_RETURN_IF_ERROR(
+          cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return LaunchSm90Gemm(g, PlanSm90Gemm(g.m, g.n, g.k, st->num_sms), stream);
+  }
   const PlanKey key{g.m,
                     g.n,
                     g.k,

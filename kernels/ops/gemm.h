@@ -21,6 +21,16 @@
 
 namespace symtp::kernels {
 
+// Which kernel runs a bf16 -> bf16 product (every other dtype combination,
+// and calls with sm_count_target, run cuBLASLt).
+enum class GemmKernelChoice {
+  // The sm_90a kernel (gemm_sm90.h) for the decode shapes where it measured
+  // faster than cuBLASLt's heuristic (UseSm90GemmByDefault), else cuBLASLt.
+  kAuto,
+  kCublasLt,  // always cuBLASLt
+  kSm90,      // the sm_90a kernel wherever it supports the call (tests, benchmarks)
+};
+
 // Move-only owner of a cublasLtHandle_t and of the matmul plans (descriptors
 // plus the heuristic's algorithm) it has built, cached per shape. Not
 // thread-safe: one handle per thread (per model).
@@ -53,6 +63,11 @@ class CublasLtHandle {
   // tool for kernels_bench, off by default; on an H200 with cuBLAS 13 that
   // made 8-24 candidates per decode shape). The pick is logged (gemm=info).
   void set_autotune_exhaustive(bool on);
+  // Default kAuto. The sm_90a kernel needs a compute capability 9.0 device and
+  // 16-byte aligned operands with strides in multiples of 8 elements; calls it
+  // cannot run fall back to cuBLASLt.
+  void set_kernel_choice(GemmKernelChoice c);
+  GemmKernelChoice kernel_choice() const;
 
   struct State;  // implementation detail (gemm.cc)
   State* state() const { return state_.get(); }
@@ -77,6 +92,10 @@ struct GemmArgs {
   // kernel running beside it, e.g. an all-reduce on a side stream).
   int sm_count_target = 0;
 };
+
+// kAuto's rule: the sm_90a kernel for bf16 products with m in [129, 256]
+// (see gemm.cc for the measurement it rests on).
+bool UseSm90GemmByDefault(int64_t m, int64_t n, int64_t k);
 
 // Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a
 // bad shape or dtype combination; cuBLAS errors with their status.

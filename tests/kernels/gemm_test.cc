@@ -2,9 +2,13 @@
 // fp32, no TF32), bf16 -> bf16 and bf16 -> fp32, contiguous and strided.
 #include "kernels/ops/gemm.h"
 
+#include <cstring>
+#include <string>
+
 #include <tuple>
 #include <vector>
 
+#include "kernels/ops/gemm_sm90.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -41,9 +45,16 @@ class GemmTest : public testing::GpuTest {
   }
 
   void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad) {
-    SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " "
-                                      << DTypeName(in) << "->" << DTypeName(out) << " pad=" << pad);
-    const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
+    CheckStrided(M, N, K, K + pad, K + pad, N + pad, in, out);
+  }
+
+  // With a plan: LaunchSm90Gemm directly, else Gemm() (handle_'s choice).
+  void CheckStrided(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldw, int64_t ldc,
+                    DType in, DType out, const Sm90GemmPlan* plan = nullptr) {
+    SCOPED_TRACE(::testing::Message()
+                 << "M=" << M << " N=" << N << " K=" << K << " " << DTypeName(in) << "->"
+                 << DTypeName(out) << " lda/ldw/ldc=" << lda << "/" << ldw << "/" << ldc
+                 << (plan ? " " + plan->ToString() : std::string()));
     std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * lda), M * 31 + K);
     std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * ldw), N * 17 + K);
     testing::RoundTo(&a, in);
@@ -65,7 +76,11 @@ class GemmTest : public testing::GpuTest {
     g.out_dtype = out;
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
-    ASSERT_OK(Gemm(handle_, g, stream()));
+    if (plan != nullptr) {
+      ASSERT_OK(LaunchSm90Gemm(g, *plan, stream()));
+    } else {
+      ASSERT_OK(Gemm(handle_, g, stream()));
+    }
     Sync();
     const std::vector<float> c = dc.Download();
     const std::vector<double> want = ReferenceGemm(a, lda, w, ldw, M, N, K);
@@ -145,6 +160,104 @@ TEST_F(GemmTest, AutotuneInsideAStreamCaptureTakesTheHeuristic) {
   const std::vector<float> c = dc.Download();
   testing::CheckClose(c, ReferenceGemm(a, K, w, K, M, N, K), 1e-2,
                       "gemm captured with autotune on");
+}
+
+// The sm_90a kernel (gemm_sm90.h): tails in every dimension (M not a
+// multiple of the 128/256-row tile, N of 128, K of 64), padded strides, one
+// and several M tiles, split counts from the planner.
+TEST_F(GemmTest, Sm90KernelMatchesReference) {
+  if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  handle_.set_kernel_choice(GemmKernelChoice::kSm90);
+  EXPECT_EQ(handle_.kernel_choice(), GemmKernelChoice::kSm90);
+  const std::tuple<int64_t, int64_t, int64_t, int64_t> shapes[] = {
+      {1, 128, 64, 0},   {37, 200, 136, 8},   {128, 384, 512, 0}, {129, 256, 1024, 0},
+      {256, 1024, 2048, 0}, {300, 520, 264, 16}, {512, 640, 4096, 0}, {19, 131, 72, 5}};
+  for (const auto& [M, N, K, pad] : shapes) {
+    // pad 5 leaves strides the kernel cannot take: Gemm() falls back to cuBLASLt.
+    CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+  }
+  // Outputs it does not take (fp32 logits) go to cuBLASLt.
+  Check(64, 1000, 256, DType::kBF16, DType::kF32, 0);
+}
+
+TEST_F(GemmTest, Sm90EveryPlanMatchesReference) {
+  if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  // 16 K steps: every split count 1-8 (uneven shares for 3, 5, 6, 7); tile
+  // heights 128 (two M tiles) and 256 (one, partly empty).
+  for (int m_sub : {1, 2}) {
+    for (int splits = 1; splits <= 8; ++splits) {
+      const Sm90GemmPlan plan{m_sub, splits};
+      CheckStrided(200, 392, 1000, 1000, 1000, 400, DType::kBF16, DType::kBF16, &plan);
+    }
+  }
+}
+
+TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
+  if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  handle_.set_kernel_choice(GemmKernelChoice::kSm90);
+  const int64_t M = 256, N = 768, K = 2048;
+  std::vector<float> a = testing::RandomFloats(M * K, 11), w = testing::RandomFloats(N * K, 12);
+  testing::RoundTo(&a, DType::kBF16);
+  testing::RoundTo(&w, DType::kBF16);
+  DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16),
+      dc2(M * N, DType::kBF16);
+  da.Upload(a);
+  dw.Upload(w);
+  ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
+                 ws_.bytes(), stream()));
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
+                               ws_.get(), ws_.bytes(), stream());
+  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+  ASSERT_OK(st);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  Sync();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  const std::vector<float> c = dc.Download(), c2 = dc2.Download();
+  testing::CheckClose(c2, ReferenceGemm(a, K, w, K, M, N, K), 1e-2, "sm90 gemm in a graph");
+  // The split-K partials are summed in a fixed order: same bits every run.
+  EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);
+}
+
+TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
+  using symtp::testing::StatusIs;
+  DevArray buf(4096, DType::kBF16);
+  GemmArgs g;
+  g.a = buf.get();
+  g.w = buf.get();
+  g.c = buf.get();
+  g.m = 4;
+  g.n = 8;
+  g.k = 12;  // not a multiple of 8
+  EXPECT_FALSE(Sm90GemmArgsSupported(g));
+  EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{}, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("multiples of 8")));
+  g.k = 16;
+  EXPECT_TRUE(Sm90GemmArgsSupported(g));
+  g.a = static_cast<char*>(buf.get()) + 2;  // misaligned
+  EXPECT_FALSE(Sm90GemmArgsSupported(g));
+  g.a = buf.get();
+  g.out_dtype = DType::kF32;
+  EXPECT_FALSE(Sm90GemmArgsSupported(g));
+  g.out_dtype = DType::kBF16;
+  EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 9}, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("plan")));
+}
+
+TEST(Sm90GemmPlanTest, FillsOneWave) {
+  const Sm90GemmPlan wo = PlanSm90Gemm(256, 4096, 4096, 132);  // 32 tiles of 256 x 128
+  EXPECT_EQ(wo.m_sub, 2);
+  EXPECT_EQ(wo.splits, 4);
+  const Sm90GemmPlan small = PlanSm90Gemm(64, 4096, 4096, 132);
+  EXPECT_EQ(small.m_sub, 1);
+  EXPECT_EQ(small.splits, 4);
+  EXPECT_EQ(PlanSm90Gemm(256, 128256, 4096, 132).splits, 1);  // many tiles: no split
+  EXPECT_EQ(PlanSm90Gemm(256, 128, 256, 132).splits, 1);      // 4 K steps: no split
+  EXPECT_EQ(PlanSm90Gemm(256, 128, 65536, 132).splits, 8);    // at most a portable cluster
 }
 
 TEST_F(GemmTest, RejectsBadArguments) {

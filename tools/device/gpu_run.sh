@@ -5,6 +5,7 @@
 #   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode fault overlap report";
 #   GPU_TEST_REGEX limits the gpu tests (ctest -R); OVERLAP_EXTRA / REPORT_EXTRA pass
 #   launcher flags (e.g. "--attention=tensor-core") to the overlap and report runs;
+#   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
 #   DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the decode sweep; FAULT_TP the kill test.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
@@ -79,7 +80,7 @@ if has ipc && [[ -x $B/bench/ipc/ipc_bench ]]; then
 fi
 if has kernels && [[ -x $B/bench/kernels/kernels_bench ]]; then
   step "kernels bench"
-  timeout 240 $B/bench/kernels/kernels_bench --json "$R/kernels.json" >"$R/kernels.txt" 2>&1
+  timeout 240 $B/bench/kernels/kernels_bench ${KERNELS_ARGS:-} --json "$R/kernels.json" >"$R/kernels.txt" 2>&1
   tail -40 "$R/kernels.txt" | tee -a "$LOG"
 fi
 if has launch; then

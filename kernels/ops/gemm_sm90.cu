@@ -1,0 +1,179 @@
+// Host side of the sm_90a GEMM: tensor maps (cuTensorMapEncodeTiled, reached
+// through the runtime's driver entry point so nothing links libcuda), the
+// split plan and the cluster launch. Built for sm_90a only (CMakeLists.txt).
+#include "kernels/ops/gemm_sm90.h"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "kernels/ops/internal/sm90_gemm_kernel.cuh"
+
+namespace symtp::kernels {
+namespace {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+absl::StatusOr<EncodeTiledFn> EncodeTiled() {
+  struct Entry {
+    EncodeTiledFn fn = nullptr;
+    std::string error;
+  };
+  static const Entry entry = [] {
+    Entry e;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
+      e.error = absl::StrFormat("Sm90Gemm: the driver has no cuTensorMapEncodeTiled (%s, query result %d)",
+                                cudaGetErrorString(err), static_cast<int>(q));
+    } else {
+      e.fn = reinterpret_cast<EncodeTiledFn>(p);
+    }
+    return e;
+  }();
+  if (entry.fn == nullptr) return absl::UnavailableError(entry.error);
+  return entry.fn;
+}
+
+// A 2-D bf16 tensor map over rows x cols (row stride ld elements), box of
+// box_rows x 64 with the 128-byte swizzle; out-of-bounds boxes read zeros.
+absl::StatusOr<CUtensorMap> MakeMap(EncodeTiledFn encode, const void* ptr, int64_t rows,
+                                    int64_t cols, int64_t ld, int box_rows, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
+                            strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrFormat(
+        "Sm90Gemm: cuTensorMapEncodeTiled(%s: %p, %d x %d, ld %d, box %d x %d) failed: CUresult %d",
+        what, ptr, rows, cols, ld, box_rows, sm90::kBK, static_cast<int>(r)));
+  }
+  return map;
+}
+
+template <int kMSub>
+absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
+                    const sm90::Sm90GemmParams& params, int splits, cudaStream_t stream) {
+  using T = sm90::TileShape<kMSub>;
+  // The dynamic shared memory limit is a per-device function attribute.
+  static std::atomic<uint64_t> configured{0};
+  int dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev % 64);
+  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(sm90::Sm90GemmKernel<kMSub>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              T::kSmemBytes));
+    configured.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(splits),
+                     static_cast<unsigned>((params.m + T::kBM - 1) / T::kBM),
+                     static_cast<unsigned>((params.n + sm90::kBN - 1) / sm90::kBN));
+  cfg.blockDim = dim3(sm90::kThreads);
+  cfg.dynamicSmemBytes = T::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, sm90::Sm90GemmKernel<kMSub>, map_a, map_w, params));
+  return absl::OkStatus();
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+std::string Sm90GemmPlan::ToString() const {
+  return absl::StrFormat("sm90 %dx%d tiles, %d-way split-K cluster", 128 * m_sub, sm90::kBN,
+                         splits);
+}
+
+bool Sm90GemmDeviceSupported() {
+  static std::atomic<uint64_t> known{0}, yes{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return false;
+  const uint64_t bit = uint64_t{1} << dev;
+  if (known.load(std::memory_order_acquire) & bit) return (yes.load() & bit) != 0;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    return false;
+  }
+  if (major == 9 && minor == 0) yes.fetch_or(bit);
+  known.fetch_or(bit, std::memory_order_acq_rel);
+  return major == 9 && minor == 0;
+}
+
+bool Sm90GemmArgsSupported(const GemmArgs& g) {
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
+  constexpr int64_t kMax = int64_t{1} << 31;
+  return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.sm_count_target == 0 &&
+         g.m > 0 && g.n > 0 && g.k > 0 && g.m < kMax && g.n < kMax && g.k < kMax && g.k % 8 == 0 &&
+         lda % 8 == 0 && ldw % 8 == 0 && ldc % 8 == 0 && Aligned16(g.a) && Aligned16(g.w) &&
+         Aligned16(g.c);
+}
+
+Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms) {
+  Sm90GemmPlan p;
+  p.m_sub = m <= 128 ? 1 : 2;
+  const int64_t tiles = ((m + 128 * p.m_sub - 1) / (128 * p.m_sub)) * ((n + sm90::kBN - 1) / sm90::kBN);
+  const int64_t k_tiles = (k + sm90::kBK - 1) / sm90::kBK;
+  // Fill one wave with tiles x splits CTAs; keep >= 4 K steps per split so
+  // the ring's prologue stays a small part of each CTA's work.
+  int64_t s = tiles > 0 ? std::max<int64_t>(1, num_sms / tiles) : 1;
+  s = std::min<int64_t>({s, 8, std::max<int64_t>(1, k_tiles / 4)});
+  p.splits = static_cast<int>(s);
+  return p;
+}
+
+absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream) {
+  if (!Sm90GemmArgsSupported(g)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Sm90Gemm: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
+        "(needs bf16 in and out, k and strides multiples of 8, 16-byte aligned operands, no "
+        "sm_count_target)",
+        g.m, g.n, g.k, g.lda, g.ldw, g.ldc, g.a, g.w, g.c));
+  }
+  if (!Sm90GemmDeviceSupported()) {
+    return absl::InvalidArgumentError("Sm90Gemm: the current device is not compute capability 9.0");
+  }
+  if ((plan.m_sub != 1 && plan.m_sub != 2) || plan.splits < 1 || plan.splits > 8) {
+    return absl::InvalidArgumentError("Sm90Gemm: bad plan " + plan.ToString());
+  }
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
+  auto encode = EncodeTiled();
+  if (!encode.ok()) return encode.status();
+  auto map_a = MakeMap(*encode, g.a, g.m, g.k, lda, 128 * plan.m_sub, "A");
+  if (!map_a.ok()) return map_a.status();
+  auto map_w = MakeMap(*encode, g.w, g.n, g.k, ldw, sm90::kBN, "W");
+  if (!map_w.ok()) return map_w.status();
+  sm90::Sm90GemmParams params;
+  params.c = static_cast<__nv_bfloat16*>(g.c);
+  params.ldc = ldc;
+  params.m = static_cast<int>(g.m);
+  params.n = static_cast<int>(g.n);
+  params.k_tiles = static_cast<int>((g.k + sm90::kBK - 1) / sm90::kBK);
+  return plan.m_sub == 1 ? Launch<1>(*map_a, *map_w, params, plan.splits, stream)
+                         : Launch<2>(*map_a, *map_w, params, plan.splits, stream);
+}
+
+}  // namespace symtp::kernels

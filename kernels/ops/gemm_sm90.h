@@ -1,0 +1,41 @@
+// The hand-written Hopper GEMM (internal/sm90_gemm_kernel.cuh) behind Gemm():
+// bf16 C[M, N] = A[M, K] · W[N, K]ᵀ with TMA loads, wgmma, and split-K summed
+// inside a thread-block cluster. Gemm() picks it per CublasLtHandle's
+// GemmKernelChoice; these entry points exist for that dispatch and for the
+// tests and benchmarks that compare it with cuBLASLt.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/ops/gemm.h"
+
+namespace symtp::kernels {
+
+struct Sm90GemmPlan {
+  int m_sub = 2;   // 1: 128-row tiles, 2: 256-row tiles (A rows per CTA)
+  int splits = 1;  // CTAs per cluster, each a 1/splits share of K (1..8)
+  std::string ToString() const;
+};
+
+// True when the calling thread's current device is compute capability 9.0
+// (the kernel is built for sm_90a only). Cached per device.
+bool Sm90GemmDeviceSupported();
+
+// Whether `g` fits the kernel: bf16 in and out, k a multiple of 8, a / w / c
+// 16-byte aligned, lda / ldw / ldc multiples of 8, m, n, k below 2^31, no
+// sm_count_target. Says nothing about the device.
+bool Sm90GemmArgsSupported(const GemmArgs& g);
+
+// Tile height and split count for an (m, n, k) product on `num_sms` SMs:
+// the split count brings the CTAs (tiles x splits) close to one wave.
+Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms);
+
+// Enqueues the product on `stream` (capturable). InvalidArgument when the
+// arguments or the device do not fit (see above), a CUDA error otherwise.
+absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream);
+
+}  // namespace symtp::kernels

@@ -1,0 +1,386 @@
+// A Hopper (sm_90a) bf16 GEMM for decode-sized products:
+//
+//   C[M, N] = A[M, K] · W[N, K]ᵀ      bf16 in, fp32 accumulate, bf16 out
+//
+// Why: at M = 128-256 tokens and N of a few thousand, cuBLASLt's kernels
+// make 24-64 output tiles for 132 SMs and re-read A once per 64-column tile
+// (run w: llama-8b wo M=256 at 51% of the bf16 rate). Here a CTA owns a
+// BM x 128 tile (BM = 128 or 256: all of a decode batch, so W is streamed
+// from HBM once) and the K loop is split across the CTAs of a thread-block
+// cluster (Sm90GemmPlan::splits <= 8), whose fp32 partials are summed
+// through distributed shared memory: no workspace, no second kernel, and a
+// fixed summation order (rank 0, 1, ...), so results are deterministic.
+//
+// Structure (one CTA, 384 threads = 3 warpgroups):
+//   warpgroup 0, one thread: producer. TMA (cp.async.bulk.tensor, 128-byte
+//     swizzle) loads the A and W tiles of each 64-wide K step into a ring of
+//     kStages shared-memory stages; mbarriers full[s] (TMA bytes landed) and
+//     empty[s] (all 256 consumer threads done with the stage).
+//   warpgroups 1-2: consumers. Each owns BM/2 rows of the tile and issues
+//     wgmma.m64n128k16 (A and W from shared memory through descriptors),
+//     keeping one K step's products in flight while it releases the stage
+//     before.
+//   epilogue: splits == 1: bf16 stores straight from the accumulators.
+//     splits > 1: each CTA writes its fp32 partial into its own shared
+//     memory (the drained ring), cluster barrier, CTA r sums rows
+//     [r BM / splits, (r + 1) BM / splits) over every CTA of the cluster
+//     (ld.shared::cluster), writes bf16, cluster barrier.
+//
+// wgmma m64nNk16 accumulator layout (fp32), thread t of the warpgroup, warp
+// w = t / 32, lane l: d[4 j + 2 i + c] = D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c].
+//
+// Every mbarrier wait has a deadline (kWaitTimeoutNs): a lost TMA transfer
+// traps (a launch error the caller sees) instead of hanging the stream.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace symtp::kernels::sm90 {
+
+inline constexpr int kBN = 128;       // W rows (output columns) per tile
+inline constexpr int kBK = 64;        // K per stage: one 128-byte swizzle row of bf16
+inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+inline constexpr uint64_t kWaitTimeoutNs = 2'000'000'000;  // 2 s
+
+// kMSub: m64 row blocks per consumer warpgroup (1: BM = 128, 2: BM = 256).
+template <int kMSub>
+struct TileShape {
+  static constexpr int kBM = 128 * kMSub;
+  static constexpr int kStages = kMSub == 2 ? 4 : 6;
+  static constexpr int kABytes = kBM * kBK * 2;
+  static constexpr int kWBytes = kBN * kBK * 2;
+  static constexpr int kStageBytes = kABytes + kWBytes;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kPartialPitch = kBN + 8;  // floats; 2 wavefronts per float2 row store
+  static constexpr int kPartialBytes = kBM * kPartialPitch * 4;
+  static constexpr int kDataBytes = kRingBytes > kPartialBytes ? kRingBytes : kPartialBytes;
+  // + full/empty barriers + slack to align the ring to 1024 bytes (swizzle atom).
+  static constexpr int kSmemBytes = kDataBytes + 2 * kStages * 8 + 1024;
+  static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0);
+  static_assert(kSmemBytes <= 227 * 1024);
+};
+
+struct Sm90GemmParams {
+  __nv_bfloat16* c = nullptr;
+  int64_t ldc = 0;
+  int m = 0, n = 0;
+  int k_tiles = 0;  // ceil(K / kBK); cluster rank r runs [r k_tiles / splits, (r+1) k_tiles / splits)
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Waits for the phase of parity `parity` of `bar` to complete; traps after
+// kWaitTimeoutNs.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  uint64_t start = 0;
+  for (uint32_t spin = 0;; ++spin) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if ((spin & 1023) == 0) {
+      const uint64_t now = GlobalTimerNs();
+      if (spin == 0) {
+        start = now;
+      } else if (now - start > kWaitTimeoutNs) {
+        __trap();
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ uint64_t L2Policy(bool evict_first) {
+  uint64_t p;
+  if (evict_first) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  }
+  return p;
+}
+
+// TMA: the box at (c0 = K element, c1 = row) of `map` into shared `dst`,
+// completing bytes on `bar`.
+__device__ __forceinline__ void TmaLoad2D(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                          int c0, int c1, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor: K-major tile, rows of 128 bytes, 128-byte
+// swizzle, 8-row groups 1024 bytes apart. `addr` may step by 32 bytes (16 bf16)
+// inside a row: the swizzle is a function of the address bits.
+__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;           // leading byte offset (unused here)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;   // stride byte offset
+  d |= static_cast<uint64_t>(1) << 62;           // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// d += A(64x16) · B(128x16)ᵀ, both K-major in shared memory (descriptors);
+// 64 fp32 accumulators per thread (layout: see the header comment).
+__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t ClusterSize() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %cluster_nctarank;" : "=r"(n));
+  return n;
+}
+// Every thread of every CTA of the cluster; orders shared-memory writes before
+// it with reads (local or remote) after it.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+__device__ __forceinline__ float4 LoadRemote4(uint32_t local_addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+}  // namespace detail
+
+// Grid: x = split (the cluster, cluster dims (splits, 1, 1)), y = M tile,
+// z = N tile (consecutive CTAs share a W tile). Dynamic shared memory
+// TileShape<kMSub>::kSmemBytes.
+template <int kMSub>
+__global__ void __launch_bounds__(kThreads, 1)
+    Sm90GemmKernel(const __grid_constant__ CUtensorMap map_a,
+                   const __grid_constant__ CUtensorMap map_w, const Sm90GemmParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for sm_90a only; the host never launches it elsewhere
+#else
+  using T = TileShape<kMSub>;
+  using namespace detail;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw);
+  const uint32_t bars = base + T::kDataBytes;  // full[kStages], then empty[kStages]
+  const auto full = [&](int s) { return bars + 8 * s; };
+  const auto empty = [&](int s) { return bars + 8 * (T::kStages + s); };
+  const auto a_tile = [&](int s) { return base + s * T::kStageBytes; };
+  const auto w_tile = [&](int s) { return base + s * T::kStageBytes + T::kABytes; };
+
+  const int wg = threadIdx.x / 128;
+  const uint32_t rank = ClusterRank(), splits = ClusterSize();
+  const int kt0 = static_cast<int>(rank * p.k_tiles / splits);
+  const int kt1 = static_cast<int>((rank + 1) * p.k_tiles / splits);
+  const int iters = kt1 - kt0;
+  const int m0 = blockIdx.y * T::kBM, n0 = blockIdx.z * kBN;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      MbarInit(full(s), 1);
+      MbarInit(empty(s), 256);  // every consumer thread, after its own wgmma wait
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    if (threadIdx.x == 0) {
+      // W is streamed once: evict it first; A (the activations) is re-read by
+      // every N tile: keep it.
+      const uint64_t keep = L2Policy(false), stream = L2Policy(true);
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % T::kStages;
+        const uint32_t phase = (it / T::kStages) & 1;
+        MbarWait(empty(s), phase ^ 1);
+        MbarExpectTx(full(s), T::kStageBytes);
+        const int k = (kt0 + it) * kBK;
+        TmaLoad2D(a_tile(s), &map_a, full(s), k, m0, keep);
+        TmaLoad2D(w_tile(s), &map_w, full(s), k, n0, stream);
+      }
+    }
+    __syncwarp();
+  } else {
+    const int cw = wg - 1;  // consumer warpgroup: rows [cw BM/2, (cw+1) BM/2) of the tile
+    float acc[kMSub][64];
+#pragma unroll
+    for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+      for (int r = 0; r < 64; ++r) acc[h][r] = 0.f;
+    }
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % T::kStages;
+      MbarWait(full(s), (it / T::kStages) & 1);
+      WgmmaFence();
+      const uint32_t a_rows = a_tile(s) + cw * (64 * kMSub) * 128;
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t dw = SmemDesc(w_tile(s) + kk * 32);
+#pragma unroll
+        for (int h = 0; h < kMSub; ++h) {
+          WgmmaM64N128K16(acc[h], SmemDesc(a_rows + h * 64 * 128 + kk * 32), dw);
+        }
+      }
+      WgmmaCommit();
+      // Keep this step's products in flight; the previous step's are done,
+      // so its stage goes back to the producer.
+      WgmmaWait<1>();
+      if (it > 0) MbarArrive(empty((it - 1) % T::kStages));
+    }
+    WgmmaWait<0>();
+
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int row_in = cw * 64 * kMSub + warp * 16 + lane / 4;  // + h 64 + 8 i
+    const int col_in = 2 * (lane % 4);                         // + 8 j + c
+    if (splits == 1) {
+#pragma unroll
+      for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = m0 + row_in + h * 64 + 8 * i;
+          if (row >= p.m) continue;
+          __nv_bfloat16* out = p.c + static_cast<int64_t>(row) * p.ldc;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const int col = n0 + col_in + 8 * j;
+            const float x = acc[h][4 * j + 2 * i], y = acc[h][4 * j + 2 * i + 1];
+            if (col + 1 < p.n) {
+              *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(x, y);
+            } else if (col < p.n) {
+              out[col] = __float2bfloat16_rn(x);
+            }
+          }
+        }
+      }
+    } else {
+      // Both consumer warpgroups must be done reading the ring before either
+      // overwrites it with its partial.
+      asm volatile("bar.sync 1, 256;" ::: "memory");
+      float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+      for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float* prow = part + (row_in + h * 64 + 8 * i) * T::kPartialPitch + col_in;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<float2*>(prow + 8 * j) =
+                make_float2(acc[h][4 * j + 2 * i], acc[h][4 * j + 2 * i + 1]);
+          }
+        }
+      }
+    }
+  }
+  if (splits == 1) return;
+
+  ClusterSync();  // every partial written
+  {
+    const float* part = reinterpret_cast<const float*>(smem);
+    const int rows_valid = min(T::kBM, p.m - m0);
+    const int r0 = static_cast<int>(rank * T::kBM / splits);
+    const int r1 = min(static_cast<int>((rank + 1) * T::kBM / splits), rows_valid);
+    constexpr int kChunks = kBN / 4;  // float4 per partial row
+    for (int t = threadIdx.x; t < (r1 - r0) * kChunks; t += kThreads) {
+      const int row = r0 + t / kChunks, c4 = (t % kChunks) * 4;
+      const uint32_t local = SmemAddr(part + row * T::kPartialPitch + c4);
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (uint32_t q = 0; q < splits; ++q) {
+        const float4 v = LoadRemote4(local, q);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const int col = n0 + c4;
+      __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
+      if (col + 3 < p.n) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z, sum.w);
+        uint2 packed;
+        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(out) = packed;
+      } else {
+        const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+        for (int e = 0; e < 4 && col + e < p.n; ++e) out[e] = __float2bfloat16_rn(v[e]);
+      }
+    }
+  }
+  ClusterSync();  // no CTA leaves while another still reads its partial
+#endif
+}
+
+}  // namespace symtp::kernels::sm90
