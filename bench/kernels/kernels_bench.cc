@@ -101,7 +101,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, prefill_attn, model;
+  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans;
   std::string ceilings, device;
 };
 
@@ -304,6 +304,63 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                       "\"sm90_tile_rows\": %d, \"sm90_splits\": %d",
                                       us_sm90, frac_sm90, 128 * plan.m_sub, plan.splits)
                     : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --sections sm90plans: every plan of the sm_90a GEMM (tile height x split
+// count) on the decode shapes where cuBLASLt falls short, with the clusters
+// the device runs at once: the data the planner's rule rests on.
+absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* js) {
+  if (!kernels::Sm90GemmDeviceSupported()) return absl::OkStatus();
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  } shapes[] = {{"8b tp1 wo", 4096, 4096},  {"8b tp2 qkv", 3072, 4096},
+                {"8b tp2 wo", 4096, 2048},  {"8b tp1 qkv", 6144, 4096},
+                {"8b tp1 down", 4096, 14336}, {"70b tp2 qkv", 5120, 8192}};
+  const size_t arena = size_t{2} << 30;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
+  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(512 * 14336 * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), 512 * 14336, 4, 1.f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(512 * 6144 * 2));
+  (void)ws;
+  std::printf("\nsm90 GEMM plans (us; %%peak; clusters the device runs at once in brackets)\n");
+  std::printf("%-12s %4s %5s", "shape", "M", "rows");
+  for (int sp = 1; sp <= 8; ++sp) std::printf("   split %d      ", sp);
+  std::printf("\n");
+  for (const Shape& sh : shapes) {
+    const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
+    for (int64_t m : {32, 128, 256, 512}) {
+      for (int m_sub : {1, 2}) {
+        if (m_sub == 2 && m <= 128) continue;
+        std::printf("%-12s %4lld %5d", sh.name, static_cast<long long>(m), 128 * m_sub);
+        for (int sp = 1; sp <= 8; ++sp) {
+          const kernels::Sm90GemmPlan plan{m_sub, sp};
+          SYMTP_ASSIGN_OR_RETURN(int clusters, kernels::Sm90GemmMaxActiveClusters(plan));
+          kernels::GemmArgs g;
+          g.a = abuf.get();
+          g.c = cbuf.get();
+          g.m = m;
+          g.n = sh.n;
+          g.k = sh.k;
+          auto run = [&](int i) {
+            g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+            return kernels::LaunchSm90Gemm(g, plan, s);
+          };
+          SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+          const double frac = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops;
+          std::printf(" %6.1f %4.1f%% [%2d]", us, 100 * frac, clusters);
+          js->sm90_plans.push_back(absl::StrFormat(
+              "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"tile_rows\": %d, "
+              "\"splits\": %d, \"max_active_clusters\": %d, \"us\": %.2f, "
+              "\"frac_of_measured_peak\": %.4f}",
+              sh.name, m, sh.n, sh.k, 128 * m_sub, sp, clusters, us, frac));
+        }
+        std::printf("\n");
+      }
     }
   }
   return absl::OkStatus();
@@ -720,7 +777,7 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown argument '", a,
                        "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model]"));
+                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans]"));
     }
   }
   std::string why;
@@ -750,6 +807,7 @@ absl::Status Run(int argc, char** argv) {
   auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
   if (on("gemm"))
     section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive));
+  if (on("sm90plans")) section("sm90_plans", BenchSm90Plans(ws.get(), stream.get(), c, &js));
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -761,10 +819,10 @@ absl::Status Run(int argc, char** argv) {
     std::fprintf(f,
                  "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
                  "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s\n}\n",
+                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s\n}\n",
                  js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
                  JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str());
+                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

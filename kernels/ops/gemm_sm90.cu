@@ -66,9 +66,7 @@ absl::StatusOr<CUtensorMap> MakeMap(EncodeTiledFn encode, const void* ptr, int64
 }
 
 template <int kMSub>
-absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
-                    const sm90::Sm90GemmParams& params, int splits, cudaStream_t stream) {
-  using T = sm90::TileShape<kMSub>;
+absl::Status ConfigureSmem() {
   // The dynamic shared memory limit is a per-device function attribute.
   static std::atomic<uint64_t> configured{0};
   int dev = 0;
@@ -77,9 +75,36 @@ absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
   if ((configured.load(std::memory_order_acquire) & bit) == 0) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(sm90::Sm90GemmKernel<kMSub>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              T::kSmemBytes));
+                                              sm90::TileShape<kMSub>::kSmemBytes));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
+  return absl::OkStatus();
+}
+
+template <int kMSub>
+absl::StatusOr<int> MaxActiveClusters(int splits) {
+  if (absl::Status s = ConfigureSmem<kMSub>(); !s.ok()) return s;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(splits), 1, 1024);
+  cfg.blockDim = dim3(sm90::kThreads);
+  cfg.dynamicSmemBytes = sm90::TileShape<kMSub>::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&n, sm90::Sm90GemmKernel<kMSub>, &cfg));
+  return n;
+}
+
+template <int kMSub>
+absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
+                    const sm90::Sm90GemmParams& params, int splits, cudaStream_t stream) {
+  using T = sm90::TileShape<kMSub>;
+  if (absl::Status s = ConfigureSmem<kMSub>(); !s.ok()) return s;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(splits),
                      static_cast<unsigned>((params.m + T::kBM - 1) / T::kBM),
@@ -143,6 +168,16 @@ Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms) {
   s = std::min<int64_t>({s, 8, std::max<int64_t>(1, k_tiles / 4)});
   p.splits = static_cast<int>(s);
   return p;
+}
+
+absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan) {
+  if (!Sm90GemmDeviceSupported()) {
+    return absl::InvalidArgumentError("Sm90Gemm: the current device is not compute capability 9.0");
+  }
+  if ((plan.m_sub != 1 && plan.m_sub != 2) || plan.splits < 1 || plan.splits > 8) {
+    return absl::InvalidArgumentError("Sm90Gemm: bad plan " + plan.ToString());
+  }
+  return plan.m_sub == 1 ? MaxActiveClusters<1>(plan.splits) : MaxActiveClusters<2>(plan.splits);
 }
 
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream) {

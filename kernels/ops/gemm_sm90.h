@@ -34,6 +34,11 @@ bool Sm90GemmArgsSupported(const GemmArgs& g);
 // the split count brings the CTAs (tiles x splits) close to one wave.
 Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms);
 
+// How many clusters of `plan.splits` CTAs of the kernel the current device
+// runs at once (cudaOccupancyMaxActiveClusters): thread-block clusters are
+// placed inside one GPC, so this can be less than num_sms / splits.
+absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan);
+
 // Enqueues the product on `stream` (capturable). InvalidArgument when the
 // arguments or the device do not fit (see above), a CUDA error otherwise.
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream);

@@ -204,14 +204,15 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
                    : "memory");
 }
+// Not volatile and no memory clobber: the loads of one output chunk from
+// every rank may be in flight together (ClusterSync orders them).
 __device__ __forceinline__ float4 LoadRemote4(uint32_t local_addr, uint32_t rank) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
   float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
+  asm("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(remote));
   return v;
 }
 
@@ -356,13 +357,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = threadIdx.x; t < (r1 - r0) * kChunks; t += kThreads) {
       const int row = r0 + t / kChunks, c4 = (t % kChunks) * 4;
       const uint32_t local = SmemAddr(part + row * T::kPartialPitch + c4);
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (uint32_t q = 0; q < splits; ++q) {
-        const float4 v = LoadRemote4(local, q);
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+      float4 v[8];
+#pragma unroll
+      for (uint32_t q = 0; q < 8; ++q) {
+        if (q < splits) v[q] = LoadRemote4(local, q);
+      }
+      float4 sum = v[0];
+#pragma unroll
+      for (uint32_t q = 1; q < 8; ++q) {
+        if (q < splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
       }
       const int col = n0 + c4;
       __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
