@@ -20,6 +20,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -56,8 +58,51 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// A host function that holds its stream until Release() (or a 10 s
+// deadline): work enqueued behind it is all queued before the GPU starts it,
+// so event pairs time the GPU alone, not the host's launch calls.
+class StreamGate {
+ public:
+  absl::Status Hold(cudaStream_t s) {
+    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(s, &StreamGate::Wait, this));
+    held_ = s;
+    return absl::OkStatus();
+  }
+  void Release() { open_.store(true, std::memory_order_release); }
+  // The host function must not outlive the gate: open it and drain the stream.
+  ~StreamGate() {
+    Release();
+    if (held_ != nullptr) cudaStreamSynchronize(held_);
+  }
+
+ private:
+  static void Wait(void* self) {
+    auto* g = static_cast<StreamGate*>(self);
+    const int64_t deadline = MonotonicNs() + 10'000'000'000;
+    while (!g->open_.load(std::memory_order_acquire)) {
+      if (MonotonicNs() > deadline) {
+        g->timed_out_.store(true);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ public:
+  // True when the gate opened on its deadline: something enqueued behind it
+  // waited for the stream (a synchronizing call), and the times are not GPU times.
+  bool timed_out() const { return timed_out_.load(); }
+
+ private:
+  std::atomic<bool> timed_out_{false};
+  std::atomic<bool> open_{false};
+  cudaStream_t held_ = nullptr;
+};
+
 // Times `fn` (enqueue on `s`) `reps` times after `warm` warm-ups, one event
-// pair per repetition; median microseconds.
+// pair per repetition; median microseconds. The repetitions are queued
+// behind a StreamGate, so each event pair brackets GPU time only (as in a
+// CUDA graph replay, how the model runs its decode steps).
 absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
                               const std::function<absl::Status(int)>& fn) {
   for (int i = 0; i < warm; ++i) SYMTP_RETURN_IF_ERROR(fn(i));
@@ -66,12 +111,18 @@ absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
     SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create(true));
     ev.push_back(std::move(e));
   }
+  StreamGate gate;
+  SYMTP_RETURN_IF_ERROR(gate.Hold(s));
   for (int i = 0; i < reps; ++i) {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i].get(), s));
     SYMTP_RETURN_IF_ERROR(fn(warm + i));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1].get(), s));
   }
+  gate.Release();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  if (gate.timed_out()) {
+    return absl::InternalError("TimeUs: the timed call synchronized with its own stream");
+  }
   std::vector<double> us;
   for (int i = 0; i < reps; ++i) {
     float ms = 0;
