@@ -246,13 +246,11 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   // shape (CublasLtHandle::set_autotune_candidates; off by default).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
   tuned.set_autotune_candidates(16);
-  tuned.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);
   // --gemm-exhaustive: a third choice, the fastest of every tile / cluster /
   // split-K configuration cuBLASLt accepts (CublasLtHandle::set_autotune_exhaustive).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle exh, kernels::CublasLtHandle::Create());
   exh.set_autotune_candidates(32);
   exh.set_autotune_exhaustive(true);
-  exh.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);
   // The hand-written sm_90a kernel (kernels/ops/gemm_sm90.h), where the device has it.
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sm90, kernels::CublasLtHandle::Create());
   sm90.set_kernel_choice(kernels::GemmKernelChoice::kSm90);
@@ -843,7 +841,6 @@ absl::Status Run(int argc, char** argv) {
                               prop.multiProcessorCount, prop.l2CacheSize);
   SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle h, kernels::CublasLtHandle::Create());
-  h.set_kernel_choice(kernels::GemmKernelChoice::kCublasLt);  // the "heuristic" column
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
                          cuda::DeviceBuffer::Create(kernels::kGemmWorkspaceBytes));
   SYMTP_ASSIGN_OR_RETURN(Ceilings c, MeasureCeilings(h, ws.get(), stream.get(), &js));

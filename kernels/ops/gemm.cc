@@ -57,7 +57,7 @@ struct CublasLtHandle::State {
   std::map<PlanKey, Plan> plans;
   int autotune = 1;
   bool exhaustive = false;
-  GemmKernelChoice choice = GemmKernelChoice::kAuto;
+  GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
   int num_sms = 0;  // of the device the first sm_90a launch ran on
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
@@ -90,14 +90,7 @@ void CublasLtHandle::set_kernel_choice(GemmKernelChoice c) {
   if (state_) state_->choice = c;
 }
 GemmKernelChoice CublasLtHandle::kernel_choice() const {
-  return state_ ? state_->choice : GemmKernelChoice::kAuto;
-}
-
-bool UseSm90GemmByDefault(int64_t m, int64_t n, int64_t k) {
-  (void)m;
-  (void)n;
-  (void)k;
-  return false;  // until measured
+  return state_ ? state_->choice : GemmKernelChoice::kCublasLt;
 }
 
 namespace {
@@ -394,10 +387,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
         "Gemm: unsupported dtypes %s -> %s", DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
   if (g.m == 0) return absl::OkStatus();
-  const bool want_sm90 =
-      st->choice == GemmKernelChoice::kSm90 ||
-      (st->choice == GemmKernelChoice::kAuto && UseSm90GemmByDefault(g.m, g.n, g.k));
-  if (want_sm90 && Sm90GemmArgsSupported(g) && Sm90GemmDeviceSupported()) {
+  if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
+      Sm90GemmDeviceSupported()) {
     if (st->num_sms == 0) {
       int dev = 0;
       CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));

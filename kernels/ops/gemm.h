@@ -24,11 +24,11 @@ namespace symtp::kernels {
 // Which kernel runs a bf16 -> bf16 product (every other dtype combination,
 // and calls with sm_count_target, run cuBLASLt).
 enum class GemmKernelChoice {
-  // The sm_90a kernel (gemm_sm90.h) for the decode shapes where it measured
-  // faster than cuBLASLt's heuristic (UseSm90GemmByDefault), else cuBLASLt.
-  kAuto,
-  kCublasLt,  // always cuBLASLt
-  kSm90,      // the sm_90a kernel wherever it supports the call (tests, benchmarks)
+  kCublasLt,  // the default
+  // The hand-written sm_90a kernel (gemm_sm90.h) wherever it supports the
+  // call. Opt-in: on an H200 it is slower than cuBLASLt's heuristic on 78 of
+  // the 80 decode shapes measured (bench/results/h200-2026-11-23, runs aa-ad).
+  kSm90,
 };
 
 // Move-only owner of a cublasLtHandle_t and of the matmul plans (descriptors
@@ -63,7 +63,7 @@ class CublasLtHandle {
   // tool for kernels_bench, off by default; on an H200 with cuBLAS 13 that
   // made 8-24 candidates per decode shape). The pick is logged (gemm=info).
   void set_autotune_exhaustive(bool on);
-  // Default kAuto. The sm_90a kernel needs a compute capability 9.0 device and
+  // Default kCublasLt. The sm_90a kernel needs a compute capability 9.0 device and
   // 16-byte aligned operands with strides in multiples of 8 elements; calls it
   // cannot run fall back to cuBLASLt.
   void set_kernel_choice(GemmKernelChoice c);
@@ -92,10 +92,6 @@ struct GemmArgs {
   // kernel running beside it, e.g. an all-reduce on a side stream).
   int sm_count_target = 0;
 };
-
-// kAuto's rule: the sm_90a kernel for bf16 products with m in [129, 256]
-// (see gemm.cc for the measurement it rests on).
-bool UseSm90GemmByDefault(int64_t m, int64_t n, int64_t k);
 
 // Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a
 // bad shape or dtype combination; cuBLAS errors with their status.

@@ -2,7 +2,7 @@
 //
 //   C[M, N] = A[M, K] · W[N, K]ᵀ      bf16 in, fp32 accumulate, bf16 out
 //
-// Why: at M = 128-256 tokens and N of a few thousand, cuBLASLt's kernels
+// The idea: at M = 128-256 tokens and N of a few thousand, cuBLASLt's kernels
 // make 24-64 output tiles for 132 SMs and re-read A once per 64-column tile
 // (run w: llama-8b wo M=256 at 51% of the bf16 rate). Here a CTA owns a
 // BM x 128 tile (BM = 128 or 256: all of a decode batch, so W is streamed
@@ -10,6 +10,19 @@
 // cluster (Sm90GemmPlan::splits <= 8), whose fp32 partials are summed
 // through distributed shared memory: no workspace, no second kernel, and a
 // fixed summation order (rank 0, 1, ...), so results are deterministic.
+//
+// Measured (H200, bench/results/h200-2026-11-23 runs aa-ad): correct on
+// every plan, but slower than cuBLASLt's heuristic on 78 of the 80 decode
+// shapes (e.g. llama-8b wo, M = 256: 26 us at its best plan vs 19.5 us; the
+// two it wins, llama-70b TP=1 down at M = 128 / 256, by 1-5%), so it is
+// opt-in (GemmKernelChoice::kSm90). Why, from the plan sweep and Nsight
+// Compute: (1) each SM pulls only ~50-60 GB/s through its TMA ring (4-6
+// stages, ~190 KB in flight), so a 128-row tile runs its tensor cores ~45%
+// busy and a 256-row tile ~65-80%; (2) 256 x 128 tiles give 24-32 tiles on
+// these shapes, and the splits that would fill 132 SMs need clusters of 4-5,
+// of which the device runs only 30 / 22 at once (clusters of 2: 66), so the
+// launch takes two waves. Closing that needs a split-K fixup that does not
+// need co-scheduling (stream-K through global memory), not a new tile.
 //
 // Structure (one CTA, 384 threads = 3 warpgroups):
 //   warpgroup 0, one thread: producer. TMA (cp.async.bulk.tensor, 128-byte
