@@ -116,6 +116,53 @@ __device__ __forceinline__ void CpAsync16Shared(unsigned dst, const void* gmem, 
                : "memory");
 }
 
+// How kThreads threads (a warp for the decode kernel, the block for the
+// prefill kernel) copy a tile of kTileRows K and V rows of head dim D into
+// shared memory with cp.async: every instruction copies whole 128-byte lines,
+// kLpr threads per row and kRpi rows at a time; thread t copies the 16-byte
+// pieces t % kLpr + kLpr h (h < kPieces) of the tile's rows t / kLpr + kRpi k
+// (k < kRows). (Two threads per row, one 32-byte sector each of 16 rows per
+// instruction, made L2 serve 4x the requests: the session-5 kernel.)
+template <int D, int kThreads, int kTileRows>
+struct KvLineCopy {
+  static constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;
+  static constexpr int kRpi = kThreads / kLpr;
+  static constexpr int kRows = kTileRows / kRpi;
+  static constexpr int kPieces = D / 8 / kLpr;
+  static_assert(kRows * kRpi == kTileRows && kPieces * kLpr * 8 == D);
+
+  // Cache slots of the thread's rows, keys key0 + kRpi k (key0: the tile's
+  // first key + t / kLpr); 0 for keys >= end (their copies are zero-filled).
+  __device__ static __forceinline__ void LookupSlots(const int32_t* table, int bs, int key0,
+                                                     int end, int (&slot)[kRows]) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int key = key0 + kRpi * k;
+      slot[k] = key < end ? table[key / bs] * bs + key % bs : 0;
+    }
+  }
+
+  // Starts the copies of the thread's rows: row k's K pieces from k_lane +
+  // elem[k] to dst + k kRpi kPitch, its V pieces from v_lane + elem[k] to
+  // the same place + v_offset; rows with key0 + kRpi k >= end are zero-filled
+  // (nothing read).
+  template <int kPitch>
+  __device__ static __forceinline__ void Issue(unsigned dst, unsigned v_offset, const bf16* k_lane,
+                                               const bf16* v_lane, const int64_t (&elem)[kRows],
+                                               int key0, int end) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const bool ok = key0 + kRpi * k < end;
+      const unsigned d = dst + static_cast<unsigned>(k * kRpi * kPitch);
+#pragma unroll
+      for (int h = 0; h < kPieces; ++h) {
+        CpAsync16Shared(d + h * kLpr * 16, k_lane + elem[k] + h * kLpr * 8, ok);
+        CpAsync16Shared(d + v_offset + h * kLpr * 16, v_lane + elem[k] + h * kLpr * 8, ok);
+      }
+    }
+  }
+};
+
 // The first slot of each of a warp's 16-key tiles when every tile lies in one
 // page: lane l holds the slot of tile 32b + l for two blocks b of 32 tiles,
 // read 32 tiles before use, and each tile takes its slot with one shuffle.

@@ -151,15 +151,9 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const int first = kb + slice * kMmaKeyTile;
   const int ntiles = first < warp_end ? (warp_end - first + stride - 1) / stride : 0;
 
-  // Copies: each instruction copies whole 128-byte lines (kLpr lanes per row,
-  // kRpi rows): lane l copies pieces l % kLpr + kLpr h of rows l / kLpr +
-  // kRpi k of the tile, K and V. (Two lanes per row, one 32-byte sector each
-  // of 16 rows per instruction, made L2 serve 4x the requests and measured
-  // slower at large batch.)
-  constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;  // lanes per row and instruction
-  constexpr int kRpi = 32 / kLpr;              // rows per instruction
-  constexpr int kRowsPerLane = kMmaKeyTile / kRpi;
-  constexpr int kPieces = D / 8 / kLpr;  // 16-byte pieces per lane and row
+  // Copies: whole 128-byte lines (KvLineCopy), the warp's 32 lanes per tile.
+  using Copy = KvLineCopy<D, 32, kMmaKeyTile>;
+  constexpr int kLpr = Copy::kLpr, kRpi = Copy::kRpi, kRowsPerLane = Copy::kRows;
   const int crow = lane / kLpr, cpiece = lane % kLpr;
   const int64_t lane_elem = static_cast<int64_t>(kvh) * D + cpiece * 8 +
                             (kInPage ? static_cast<int64_t>(crow) * slot_elems : 0);
@@ -192,11 +186,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
     if constexpr (kInPage) {
       r.slot[0] = slots.Take(i, lane);
     } else {
-#pragma unroll
-      for (int k = 0; k < kRowsPerLane; ++k) {
-        const int key = first + i * stride + crow + kRpi * k;
-        r.slot[k] = key < warp_end ? table[key / bs] * bs + key % bs : 0;
-      }
+      Copy::LookupSlots(table, bs, first + i * stride + crow, warp_end, r.slot);
     }
     return r;
   };
@@ -206,20 +196,15 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   // point at the cache's base).
   auto issue = [&](int i, int stage, const RowSlots& p) {
     if (i < ntiles) {
-      const int row0 = first + i * stride + crow;
-      const unsigned dst = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes) + copy_dst;
+      int64_t elem[kRowsPerLane];
 #pragma unroll
       for (int k = 0; k < kRowsPerLane; ++k) {
-        const bool ok = row0 + kRpi * k < warp_end;
-        const int64_t e = kInPage ? static_cast<int64_t>(p.slot[0]) * slot_elems + k * row_step
-                                  : static_cast<int64_t>(p.slot[kInPage ? 0 : k]) * slot_elems;
-        const unsigned d = dst + static_cast<unsigned>(k * kRpi * L::kPitch);
-#pragma unroll
-        for (int h = 0; h < kPieces; ++h) {
-          CpAsync16Shared(d + h * kLpr * 16, k_lane + e + h * kLpr * 8, ok);
-          CpAsync16Shared(d + L::kTileBytes + h * kLpr * 16, v_lane + e + h * kLpr * 8, ok);
-        }
+        elem[k] = kInPage ? static_cast<int64_t>(p.slot[0]) * slot_elems + k * row_step
+                          : static_cast<int64_t>(p.slot[kInPage ? 0 : k]) * slot_elems;
       }
+      Copy::template Issue<L::kPitch>(
+          ring + static_cast<unsigned>(stage * 2 * L::kTileBytes) + copy_dst, L::kTileBytes,
+          k_lane, v_lane, elem, first + i * stride + crow, warp_end);
     }
     CpAsyncCommit();
   };

@@ -95,12 +95,9 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
   // The block's tiles: t0 = kb + 64 i, i < ntiles.
   const int ntiles = (ke - kb + L::kTileKeys - 1) / L::kTileKeys;
 
-  // Copies: kLpr threads per 128-byte line, kRpw rows per instruction;
-  // thread t copies pieces t % kLpr + kLpr h of rows t / kLpr + kRpw k.
-  constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;
-  constexpr int kRpw = kMmaAttnThreads / kLpr;
-  constexpr int kRowsPerThread = L::kTileKeys / kRpw;
-  constexpr int kPieces = D / 8 / kLpr;
+  // Copies: whole 128-byte lines (KvLineCopy), the block's threads per tile.
+  using Copy = KvLineCopy<D, kMmaAttnThreads, L::kTileKeys>;
+  constexpr int kLpr = Copy::kLpr, kRowsPerThread = Copy::kRows;
   const int crow = threadIdx.x / kLpr, cpiece = threadIdx.x % kLpr;
   const int64_t lane_elem = static_cast<int64_t>(kvh) * D + cpiece * 8;
   const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
@@ -112,31 +109,19 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
   };
   auto lookup = [&](int i) -> RowSlots {
     RowSlots r{};
-    if (i >= ntiles) return r;
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const int key = kb + i * L::kTileKeys + crow + kRpw * k;
-      r.slot[k] = key < ke ? table[key / bs] * bs + key % bs : 0;
-    }
+    if (i < ntiles) Copy::LookupSlots(table, bs, kb + i * L::kTileKeys + crow, ke, r.slot);
     return r;
   };
   // Starts tile i's copies into `stage` (an empty group past the last tile).
   // Keys past ke are zero-filled.
   auto issue = [&](int i, int stage, const RowSlots& p) {
     if (i < ntiles) {
-      const int row0 = kb + i * L::kTileKeys + crow;
-      const unsigned dst = ring + static_cast<unsigned>(stage * L::kStageBytes) + copy_dst;
+      int64_t elem[kRowsPerThread];
 #pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) {
-        const bool ok = row0 + kRpw * k < ke;
-        const int64_t e = static_cast<int64_t>(p.slot[k]) * slot_elems;
-        const unsigned d = dst + static_cast<unsigned>(k * kRpw * L::kPitch);
-#pragma unroll
-        for (int h = 0; h < kPieces; ++h) {
-          CpAsync16Shared(d + h * kLpr * 16, k_lane + e + h * kLpr * 8, ok);
-          CpAsync16Shared(d + L::kTileBytes + h * kLpr * 16, v_lane + e + h * kLpr * 8, ok);
-        }
-      }
+      for (int k = 0; k < kRowsPerThread; ++k) elem[k] = static_cast<int64_t>(p.slot[k]) * slot_elems;
+      Copy::template Issue<L::kPitch>(ring + static_cast<unsigned>(stage * L::kStageBytes) + copy_dst,
+                                      L::kTileBytes, k_lane, v_lane, elem,
+                                      kb + i * L::kTileKeys + crow, ke);
     }
     CpAsyncCommit();
   };
