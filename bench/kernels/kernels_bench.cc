@@ -255,8 +255,6 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sm90, kernels::CublasLtHandle::Create());
   sm90.set_kernel_choice(kernels::GemmKernelChoice::kSm90);
   const bool have_sm90 = kernels::Sm90GemmDeviceSupported();
-  int num_sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
       "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once, sm90 = the "
@@ -323,7 +321,10 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       }
       const double frac_sm90 =
           have_sm90 ? 2.0 * m * g.n * g.k / (us_sm90 * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
-      const kernels::Sm90GemmPlan plan = kernels::PlanSm90Gemm(m, g.n, g.k, num_sms);
+      kernels::Sm90GemmPlan plan;
+      if (have_sm90) {
+        SYMTP_ASSIGN_OR_RETURN(plan, kernels::PlanSm90GemmForDevice(m, g.n, g.k));
+      }
       const double frac_exh =
           exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;

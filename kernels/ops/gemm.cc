@@ -58,7 +58,6 @@ struct CublasLtHandle::State {
   int autotune = 1;
   bool exhaustive = false;
   GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
-  int num_sms = 0;  // of the device the first sm_90a launch ran on
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -389,13 +388,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
   if (g.m == 0) return absl::OkStatus();
   if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
       Sm90GemmDeviceSupported()) {
-    if (st->num_sms == 0) {
-      int dev = 0;
-      CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-      CUDA_RETURN_IF_ERROR(
-          cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return LaunchSm90Gemm(g, PlanSm90Gemm(g.m, g.n, g.k, st->num_sms), stream);
+    SYMTP_ASSIGN_OR_RETURN(const Sm90GemmPlan plan, PlanSm90GemmForDevice(g.m, g.n, g.k));
+    return LaunchSm90Gemm(g, plan, stream);
   }
   const PlanKey key{g.m,
                     g.n,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -157,16 +158,25 @@ bool Sm90GemmArgsSupported(const GemmArgs& g) {
          Aligned16(g.c);
 }
 
-Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms) {
+Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const int* max_clusters) {
   Sm90GemmPlan p;
   p.m_sub = m <= 128 ? 1 : 2;
-  const int64_t tiles = ((m + 128 * p.m_sub - 1) / (128 * p.m_sub)) * ((n + sm90::kBN - 1) / sm90::kBN);
+  const int64_t tiles =
+      ((m + 128 * p.m_sub - 1) / (128 * p.m_sub)) * ((n + sm90::kBN - 1) / sm90::kBN);
   const int64_t k_tiles = (k + sm90::kBK - 1) / sm90::kBK;
-  // Fill one wave with tiles x splits CTAs; keep >= 4 K steps per split so
-  // the ring's prologue stays a small part of each CTA's work.
-  int64_t s = tiles > 0 ? std::max<int64_t>(1, num_sms / tiles) : 1;
-  s = std::min<int64_t>({s, 8, std::max<int64_t>(1, k_tiles / 4)});
-  p.splits = static_cast<int>(s);
+  constexpr int64_t kReduceSteps = 2;
+  int64_t best = -1;
+  for (int s = 1; s <= 8; ++s) {
+    if (s > 1 && k_tiles / s < 4) break;
+    const int64_t per_wave = std::max<int64_t>(
+        1, max_clusters != nullptr ? max_clusters[s] : std::max(1, num_sms) / s);
+    const int64_t waves = (tiles + per_wave - 1) / per_wave;
+    const int64_t cost = waves * ((k_tiles + s - 1) / s + (s > 1 ? kReduceSteps : 0));
+    if (best < 0 || cost < best) {
+      best = cost;
+      p.splits = s;
+    }
+  }
   return p;
 }
 
@@ -178,6 +188,35 @@ absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan) {
     return absl::InvalidArgumentError("Sm90Gemm: bad plan " + plan.ToString());
   }
   return plan.m_sub == 1 ? MaxActiveClusters<1>(plan.splits) : MaxActiveClusters<2>(plan.splits);
+}
+
+absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k) {
+  // Per device and tile height: SM count and clusters per wave for 1-8 splits.
+  struct Table {
+    int num_sms = 0;
+    int clusters[2][9] = {};
+  };
+  static std::mutex mu;
+  static Table tables[64];
+  static uint64_t known = 0;
+  int dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  if (dev >= 64) return absl::InvalidArgumentError("Sm90Gemm: device index >= 64");
+  std::lock_guard<std::mutex> lock(mu);
+  Table& t = tables[dev];
+  if ((known & (uint64_t{1} << dev)) == 0) {
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&t.num_sms, cudaDevAttrMultiProcessorCount, dev));
+    for (int m_sub = 1; m_sub <= 2; ++m_sub) {
+      for (int s = 1; s <= 8; ++s) {
+        auto c = Sm90GemmMaxActiveClusters(Sm90GemmPlan{m_sub, s});
+        if (!c.ok()) return c.status();
+        t.clusters[m_sub - 1][s] = *c;
+      }
+    }
+    known |= uint64_t{1} << dev;
+  }
+  const int m_sub = m <= 128 ? 1 : 2;
+  return PlanSm90Gemm(m, n, k, t.num_sms, t.clusters[m_sub - 1]);
 }
 
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream) {

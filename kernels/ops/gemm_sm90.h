@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/ops/gemm.h"
 
 namespace symtp::kernels {
@@ -30,9 +31,18 @@ bool Sm90GemmDeviceSupported();
 // sm_count_target. Says nothing about the device.
 bool Sm90GemmArgsSupported(const GemmArgs& g);
 
-// Tile height and split count for an (m, n, k) product on `num_sms` SMs:
-// the split count brings the CTAs (tiles x splits) close to one wave.
-Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms);
+// Tile height and split count for an (m, n, k) product on `num_sms` SMs.
+// The split count minimizes waves x (K steps per split + the cluster
+// reduction, counted as two K steps), where a wave holds max_clusters[s]
+// clusters of s CTAs (as Sm90GemmMaxActiveClusters reports; null: num_sms / s,
+// which the device does not reach for s >= 3) and each split keeps >= 4 K
+// steps.
+Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms,
+                          const int* max_clusters = nullptr /* [9], index = splits */);
+
+// PlanSm90Gemm with the current device's SM count and cluster occupancy
+// (queried once per device).
+absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k);
 
 // How many clusters of `plan.splits` CTAs of the kernel the current device
 // runs at once (cudaOccupancyMaxActiveClusters): thread-block clusters are

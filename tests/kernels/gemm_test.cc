@@ -258,6 +258,12 @@ TEST(Sm90GemmPlanTest, FillsOneWave) {
   EXPECT_EQ(PlanSm90Gemm(256, 128256, 4096, 132).splits, 1);  // many tiles: no split
   EXPECT_EQ(PlanSm90Gemm(256, 128, 256, 132).splits, 1);      // 4 K steps: no split
   EXPECT_EQ(PlanSm90Gemm(256, 128, 65536, 132).splits, 8);    // at most a portable cluster
+  // With the H200's cluster occupancy (run ab): 4-way splits would take two
+  // waves of 30 clusters for 32 tiles; 3-way ones fit in one (39).
+  const int h200[9] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
+  EXPECT_EQ(PlanSm90Gemm(256, 4096, 4096, 132, h200).splits, 3);
+  // 24 tiles: 30 clusters of 4 fit them; 5-way splits would take two waves of 22.
+  EXPECT_EQ(PlanSm90Gemm(256, 3072, 4096, 132, h200).splits, 4);
 }
 
 TEST_F(GemmTest, RejectsBadArguments) {

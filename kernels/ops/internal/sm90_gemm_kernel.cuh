@@ -42,7 +42,7 @@
 // wgmma m64nNk16 accumulator layout (fp32), thread t of the warpgroup, warp
 // w = t / 32, lane l: d[4 j + 2 i + c] = D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c].
 //
-// Every mbarrier wait has a deadline (kWaitTimeoutNs): a lost TMA transfer
+// Every mbarrier wait has a deadline (kWaitTimeoutCycles): a lost TMA transfer
 // traps (a launch error the caller sees) instead of hanging the stream.
 #pragma once
 
@@ -56,7 +56,7 @@ namespace symtp::kernels::sm90 {
 inline constexpr int kBN = 128;       // W rows (output columns) per tile
 inline constexpr int kBK = 64;        // K per stage: one 128-byte swizzle row of bf16
 inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-inline constexpr uint64_t kWaitTimeoutNs = 2'000'000'000;  // 2 s
+inline constexpr long long kWaitTimeoutCycles = 4'000'000'000;  // ~2 s at 2 GHz
 
 // kMSub: m64 row blocks per consumer warpgroup (1: BM = 128, 2: BM = 256).
 template <int kMSub>
@@ -102,18 +102,14 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 // Waits for the phase of parity `parity` of `bar` to complete; traps after
-// kWaitTimeoutNs.
+// kWaitTimeoutCycles SM clocks. The clock is read only every 4096 polls: a
+// timer read on the first miss of every wait (%globaltimer, in the first
+// version) sat on the path of every K step.
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-  uint64_t start = 0;
-  for (uint32_t spin = 0;; ++spin) {
+  long long start = 0;
+  for (uint32_t spin = 1;; ++spin) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
@@ -124,11 +120,11 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
     if (done) return;
-    if ((spin & 1023) == 0) {
-      const uint64_t now = GlobalTimerNs();
-      if (spin == 0) {
+    if ((spin & 4095) == 0) {
+      const long long now = clock64();
+      if (start == 0) {
         start = now;
-      } else if (now - start > kWaitTimeoutNs) {
+      } else if (now - start > kWaitTimeoutCycles) {
         __trap();
       }
     }
