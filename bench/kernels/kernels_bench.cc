@@ -323,7 +323,8 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           have_sm90 ? 2.0 * m * g.n * g.k / (us_sm90 * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       kernels::Sm90GemmPlan plan;
       if (have_sm90) {
-        SYMTP_ASSIGN_OR_RETURN(plan, kernels::PlanSm90GemmForDevice(m, g.n, g.k));
+        SYMTP_ASSIGN_OR_RETURN(
+            plan, kernels::PlanSm90GemmForDevice(m, g.n, g.k, kernels::kGemmWorkspaceBytes));
       }
       const double frac_exh =
           exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
@@ -336,8 +337,9 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_tuned,
           100.0 * tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
-          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d", us_sm90, 100.0 * frac_sm90,
-                                      128 * plan.m_sub, plan.splits)
+          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d%s", us_sm90, 100.0 * frac_sm90,
+                                      128 * plan.m_sub, plan.splits,
+                                      plan.global_reduce ? "g" : "")
                           .c_str()
                     : "");
       js->gemm.push_back(absl::StrFormat(
@@ -351,8 +353,10 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                        us_exh, frac_exh)
                      : "",
           have_sm90 ? absl::StrFormat(", \"sm90_us\": %.2f, \"sm90_frac_of_measured_peak\": %.4f, "
-                                      "\"sm90_tile_rows\": %d, \"sm90_splits\": %d",
-                                      us_sm90, frac_sm90, 128 * plan.m_sub, plan.splits)
+                                      "\"sm90_tile_rows\": %d, \"sm90_splits\": %d, "
+                                      "\"sm90_global_reduce\": %s",
+                                      us_sm90, frac_sm90, 128 * plan.m_sub, plan.splits,
+                                      plan.global_reduce ? "true" : "false")
                     : ""));
     }
   }
@@ -376,9 +380,16 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(512 * 14336 * 2));
   SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), 512 * 14336, 4, 1.f, s));
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(512 * 6144 * 2));
-  (void)ws;
-  std::printf("\nsm90 GEMM plans (us; %%peak; clusters the device runs at once in brackets)\n");
-  std::printf("%-12s %4s %5s", "shape", "M", "rows");
+  constexpr int64_t kCounters = 1 << 16;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counters, cuda::DeviceBuffer::Create(kCounters * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters.get(), 0, kCounters * 4, s));
+  int num_sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf(
+      "\nsm90 GEMM plans (us; %%peak; reduce: cluster = through distributed shared memory, "
+      "clusters the device runs at once in brackets; global = through the workspace, one "
+      "cooperative wave)\n");
+  std::printf("%-12s %4s %5s %-7s", "shape", "M", "rows", "reduce");
   for (int sp = 1; sp <= 8; ++sp) std::printf("   split %d      ", sp);
   std::printf("\n");
   for (const Shape& sh : shapes) {
@@ -386,30 +397,48 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
     for (int64_t m : {32, 128, 256, 512}) {
       for (int m_sub : {1, 2}) {
         if (m_sub == 2 && m <= 128) continue;
-        std::printf("%-12s %4lld %5d", sh.name, static_cast<long long>(m), 128 * m_sub);
-        for (int sp = 1; sp <= 8; ++sp) {
-          const kernels::Sm90GemmPlan plan{m_sub, sp};
-          SYMTP_ASSIGN_OR_RETURN(int clusters, kernels::Sm90GemmMaxActiveClusters(plan));
-          kernels::GemmArgs g;
-          g.a = abuf.get();
-          g.c = cbuf.get();
-          g.m = m;
-          g.n = sh.n;
-          g.k = sh.k;
-          auto run = [&](int i) {
-            g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-            return kernels::LaunchSm90Gemm(g, plan, s);
-          };
-          SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
-          const double frac = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops;
-          std::printf(" %6.1f %4.1f%% [%2d]", us, 100 * frac, clusters);
-          js->sm90_plans.push_back(absl::StrFormat(
-              "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"tile_rows\": %d, "
-              "\"splits\": %d, \"max_active_clusters\": %d, \"us\": %.2f, "
-              "\"frac_of_measured_peak\": %.4f}",
-              sh.name, m, sh.n, sh.k, 128 * m_sub, sp, clusters, us, frac));
+        for (bool global : {false, true}) {
+          std::printf("%-12s %4lld %5d %-7s", sh.name, static_cast<long long>(m), 128 * m_sub,
+                      global ? "global" : "cluster");
+          for (int sp = 1; sp <= 8; ++sp) {
+            const kernels::Sm90GemmPlan plan{m_sub, sp, global};
+            kernels::GemmArgs g;
+            g.a = abuf.get();
+            g.c = cbuf.get();
+            g.m = m;
+            g.n = sh.n;
+            g.k = sh.k;
+            g.workspace = ws;
+            g.workspace_bytes = kernels::kGemmWorkspaceBytes;
+            if (global && (sp == 1 || kernels::Sm90GemmTiles(m, sh.n, plan) * sp > num_sms ||
+                           kernels::Sm90GemmPartialBytes(m, sh.n, plan) > g.workspace_bytes)) {
+              std::printf("       -         ");
+              continue;
+            }
+            int clusters = 0;
+            if (!global) {
+              SYMTP_ASSIGN_OR_RETURN(clusters, kernels::Sm90GemmMaxActiveClusters(plan));
+            }
+            auto run = [&](int i) {
+              g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+              return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters);
+            };
+            SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+            const double frac = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops;
+            if (global) {
+              std::printf(" %6.1f %4.1f%%     ", us, 100 * frac);
+            } else {
+              std::printf(" %6.1f %4.1f%% [%2d]", us, 100 * frac, clusters);
+            }
+            js->sm90_plans.push_back(absl::StrFormat(
+                "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"tile_rows\": %d, "
+                "\"splits\": %d, \"global_reduce\": %s, \"max_active_clusters\": %d, "
+                "\"us\": %.2f, \"frac_of_measured_peak\": %.4f}",
+                sh.name, m, sh.n, sh.k, 128 * m_sub, sp, global ? "true" : "false", clusters, us,
+                frac));
+          }
+          std::printf("\n");
         }
-        std::printf("\n");
       }
     }
   }

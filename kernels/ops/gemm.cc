@@ -58,6 +58,7 @@ struct CublasLtHandle::State {
   int autotune = 1;
   bool exhaustive = false;
   GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
+  cuda::DeviceBuffer sm90_counters;  // GemmKernelChoice::kSm90's global split-K
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -388,7 +389,21 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
   if (g.m == 0) return absl::OkStatus();
   if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
       Sm90GemmDeviceSupported()) {
-    SYMTP_ASSIGN_OR_RETURN(const Sm90GemmPlan plan, PlanSm90GemmForDevice(g.m, g.n, g.k));
+    SYMTP_ASSIGN_OR_RETURN(Sm90GemmPlan plan,
+                           PlanSm90GemmForDevice(g.m, g.n, g.k, g.workspace_bytes));
+    if (plan.global_reduce) {
+      // Tile counters for the global split-K, zeroed once and kept zeroed by
+      // every launch (the handle serves one stream at a time).
+      const int64_t need = 2 * Sm90GemmTiles(g.m, g.n, plan);
+      if (st->sm90_counters.bytes() < static_cast<size_t>(need) * sizeof(unsigned int)) {
+        SYMTP_ASSIGN_OR_RETURN(st->sm90_counters,
+                               cuda::DeviceBuffer::Create(std::max<int64_t>(need, 4096) * 4));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(st->sm90_counters.get(), 0, st->sm90_counters.bytes(), stream));
+      }
+      return LaunchSm90Gemm(g, plan, stream, st->sm90_counters.as<unsigned int>(),
+                            static_cast<int64_t>(st->sm90_counters.bytes() / sizeof(unsigned int)));
+    }
     return LaunchSm90Gemm(g, plan, stream);
   }
   const PlanKey key{g.m,

@@ -103,7 +103,8 @@ absl::StatusOr<int> MaxActiveClusters(int splits) {
 
 template <int kMSub>
 absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
-                    const sm90::Sm90GemmParams& params, int splits, cudaStream_t stream) {
+                    const sm90::Sm90GemmParams& params, int splits, bool cooperative,
+                    cudaStream_t stream) {
   using T = sm90::TileShape<kMSub>;
   if (absl::Status s = ConfigureSmem<kMSub>(); !s.ok()) return s;
   cudaLaunchConfig_t cfg{};
@@ -114,10 +115,15 @@ absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
   cfg.dynamicSmemBytes = T::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  if (cooperative) {
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+  } else {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, sm90::Sm90GemmKernel<kMSub>, map_a, map_w, params));
@@ -129,8 +135,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 std::string Sm90GemmPlan::ToString() const {
-  return absl::StrFormat("sm90 %dx%d tiles, %d-way split-K cluster", 128 * m_sub, sm90::kBN,
-                         splits);
+  return absl::StrFormat("sm90 %dx%d tiles, %d-way split-K%s", 128 * m_sub, sm90::kBN, splits,
+                         splits == 1       ? ""
+                         : global_reduce ? " (global, cooperative)"
+                                           : " (cluster)");
+}
+
+int64_t Sm90GemmTiles(int64_t m, int64_t n, const Sm90GemmPlan& plan) {
+  const int64_t bm = 128 * plan.m_sub;
+  return ((m + bm - 1) / bm) * ((n + sm90::kBN - 1) / sm90::kBN);
+}
+
+size_t Sm90GemmPartialBytes(int64_t m, int64_t n, const Sm90GemmPlan& plan) {
+  return static_cast<size_t>(Sm90GemmTiles(m, n, plan)) * plan.splits * 128 * plan.m_sub *
+         sm90::kBN * sizeof(float);
 }
 
 bool Sm90GemmDeviceSupported() {
@@ -158,23 +176,33 @@ bool Sm90GemmArgsSupported(const GemmArgs& g) {
          Aligned16(g.c);
 }
 
-Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const int* max_clusters) {
+Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const int* max_clusters,
+                          size_t workspace_bytes) {
   Sm90GemmPlan p;
   p.m_sub = m <= 128 ? 1 : 2;
-  const int64_t tiles =
-      ((m + 128 * p.m_sub - 1) / (128 * p.m_sub)) * ((n + sm90::kBN - 1) / sm90::kBN);
+  const int64_t tiles = Sm90GemmTiles(m, n, p);
   const int64_t k_tiles = (k + sm90::kBK - 1) / sm90::kBK;
-  constexpr int64_t kReduceSteps = 2;
+  constexpr int64_t kClusterReduceSteps = 2, kGlobalReduceSteps = 4;
   int64_t best = -1;
   for (int s = 1; s <= 8; ++s) {
     if (s > 1 && k_tiles / s < 4) break;
+    const int64_t steps = (k_tiles + s - 1) / s;
     const int64_t per_wave = std::max<int64_t>(
         1, max_clusters != nullptr ? max_clusters[s] : std::max(1, num_sms) / s);
     const int64_t waves = (tiles + per_wave - 1) / per_wave;
-    const int64_t cost = waves * ((k_tiles + s - 1) / s + (s > 1 ? kReduceSteps : 0));
+    const int64_t cost = waves * (steps + (s > 1 ? kClusterReduceSteps : 0));
     if (best < 0 || cost < best) {
       best = cost;
       p.splits = s;
+      p.global_reduce = false;
+    }
+    Sm90GemmPlan g = p;
+    g.splits = s;
+    g.global_reduce = true;
+    if (s > 1 && tiles * s <= num_sms && Sm90GemmPartialBytes(m, n, g) <= workspace_bytes &&
+        steps + kGlobalReduceSteps < best) {
+      best = steps + kGlobalReduceSteps;
+      p = g;
     }
   }
   return p;
@@ -190,7 +218,8 @@ absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan) {
   return plan.m_sub == 1 ? MaxActiveClusters<1>(plan.splits) : MaxActiveClusters<2>(plan.splits);
 }
 
-absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k) {
+absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k,
+                                                   size_t workspace_bytes) {
   // Per device and tile height: SM count and clusters per wave for 1-8 splits.
   struct Table {
     int num_sms = 0;
@@ -216,10 +245,11 @@ absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t
     known |= uint64_t{1} << dev;
   }
   const int m_sub = m <= 128 ? 1 : 2;
-  return PlanSm90Gemm(m, n, k, t.num_sms, t.clusters[m_sub - 1]);
+  return PlanSm90Gemm(m, n, k, t.num_sms, t.clusters[m_sub - 1], workspace_bytes);
 }
 
-absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream) {
+absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream,
+                            unsigned int* counters, int64_t num_counters) {
   if (!Sm90GemmArgsSupported(g)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Sm90Gemm: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
@@ -246,8 +276,21 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
   params.m = static_cast<int>(g.m);
   params.n = static_cast<int>(g.n);
   params.k_tiles = static_cast<int>((g.k + sm90::kBK - 1) / sm90::kBK);
-  return plan.m_sub == 1 ? Launch<1>(*map_a, *map_w, params, plan.splits, stream)
-                         : Launch<2>(*map_a, *map_w, params, plan.splits, stream);
+  const bool global = plan.global_reduce && plan.splits > 1;
+  if (global) {
+    const int64_t tiles = Sm90GemmTiles(g.m, g.n, plan);
+    const size_t need = Sm90GemmPartialBytes(g.m, g.n, plan);
+    if (g.workspace == nullptr || g.workspace_bytes < need || !Aligned16(g.workspace) ||
+        counters == nullptr || num_counters < 2 * tiles) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Sm90Gemm: %s needs %d workspace bytes (have %d at %p) and %d counters (have %d)",
+          plan.ToString(), need, g.workspace_bytes, g.workspace, 2 * tiles, num_counters));
+    }
+    params.partials = static_cast<float*>(g.workspace);
+    params.counters = counters;
+  }
+  return plan.m_sub == 1 ? Launch<1>(*map_a, *map_w, params, plan.splits, global, stream)
+                         : Launch<2>(*map_a, *map_w, params, plan.splits, global, stream);
 }
 
 }  // namespace symtp::kernels

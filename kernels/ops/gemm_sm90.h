@@ -18,9 +18,19 @@ namespace symtp::kernels {
 
 struct Sm90GemmPlan {
   int m_sub = 2;   // 1: 128-row tiles, 2: 256-row tiles (A rows per CTA)
-  int splits = 1;  // CTAs per cluster, each a 1/splits share of K (1..8)
+  int splits = 1;  // CTAs per output tile, each a 1/splits share of K (1..8)
+  // How split partials are summed: false, through distributed shared memory
+  // inside a cluster of `splits` CTAs; true, through global memory (the
+  // call's workspace) in a cooperative launch (every CTA resident at once:
+  // tiles x splits <= SMs), which clusters of 3+ CTAs cannot fill.
+  bool global_reduce = false;
   std::string ToString() const;
 };
+
+// Output tiles of an m x n product under `plan`.
+int64_t Sm90GemmTiles(int64_t m, int64_t n, const Sm90GemmPlan& plan);
+// Workspace bytes a global_reduce plan needs for its partials.
+size_t Sm90GemmPartialBytes(int64_t m, int64_t n, const Sm90GemmPlan& plan);
 
 // True when the calling thread's current device is compute capability 9.0
 // (the kernel is built for sm_90a only). Cached per device.
@@ -31,26 +41,32 @@ bool Sm90GemmDeviceSupported();
 // sm_count_target. Says nothing about the device.
 bool Sm90GemmArgsSupported(const GemmArgs& g);
 
-// Tile height and split count for an (m, n, k) product on `num_sms` SMs.
-// The split count minimizes waves x (K steps per split + the cluster
-// reduction, counted as two K steps), where a wave holds max_clusters[s]
+// Tile height, split count and reduction for an (m, n, k) product on
+// `num_sms` SMs, minimizing waves x (K steps per split + the reduction: 2 K
+// steps in a cluster, 4 through global memory). A wave holds max_clusters[s]
 // clusters of s CTAs (as Sm90GemmMaxActiveClusters reports; null: num_sms / s,
-// which the device does not reach for s >= 3) and each split keeps >= 4 K
-// steps.
+// which the device does not reach for s >= 3); a global reduction needs one
+// wave and its partials to fit in workspace_bytes; each split keeps >= 4 K steps.
 Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms,
-                          const int* max_clusters = nullptr /* [9], index = splits */);
+                          const int* max_clusters = nullptr /* [9], index = splits */,
+                          size_t workspace_bytes = 0);
 
 // PlanSm90Gemm with the current device's SM count and cluster occupancy
 // (queried once per device).
-absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k);
+absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t k,
+                                                   size_t workspace_bytes);
 
 // How many clusters of `plan.splits` CTAs of the kernel the current device
 // runs at once (cudaOccupancyMaxActiveClusters): thread-block clusters are
 // placed inside one GPC, so this can be less than num_sms / splits.
 absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan);
 
-// Enqueues the product on `stream` (capturable). InvalidArgument when the
-// arguments or the device do not fit (see above), a CUDA error otherwise.
-absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream);
+// Enqueues the product on `stream` (capturable). A global_reduce plan takes
+// its partials from g.workspace and needs 2 x tiles `counters`, zeroed before
+// the first use and left zeroed by every launch (so one launch at a time may
+// use them: one stream). InvalidArgument when the arguments, the scratch or
+// the device do not fit, a CUDA error otherwise.
+absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream,
+                            unsigned int* counters = nullptr, int64_t num_counters = 0);
 
 }  // namespace symtp::kernels

@@ -42,6 +42,10 @@ class GemmTest : public testing::GpuTest {
     auto ws = cuda::DeviceBuffer::Create(kGemmWorkspaceBytes);
     ASSERT_OK(ws);
     ws_ = std::move(*ws);
+    auto counters = cuda::DeviceBuffer::Create(kCounters * sizeof(unsigned int));
+    ASSERT_OK(counters);
+    counters_ = std::move(*counters);
+    ASSERT_EQ(cudaMemset(counters_.get(), 0, counters_.bytes()), cudaSuccess);
   }
 
   void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad) {
@@ -77,7 +81,7 @@ class GemmTest : public testing::GpuTest {
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
     if (plan != nullptr) {
-      ASSERT_OK(LaunchSm90Gemm(g, *plan, stream()));
+      ASSERT_OK(LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters));
     } else {
       ASSERT_OK(Gemm(handle_, g, stream()));
     }
@@ -95,8 +99,18 @@ class GemmTest : public testing::GpuTest {
     testing::CheckClose(got, want, tol, "gemm");
   }
 
+  // The global split-K's tile counters must be zero again after every launch.
+  void ExpectCountersZero() {
+    std::vector<unsigned int> h(kCounters);
+    ASSERT_EQ(cudaMemcpy(h.data(), counters_.get(), counters_.bytes(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int64_t i = 0; i < kCounters; ++i) ASSERT_EQ(h[i], 0u) << "counter " << i;
+  }
+
+  static constexpr int64_t kCounters = 4096;
   CublasLtHandle handle_;
   cuda::DeviceBuffer ws_;
+  cuda::DeviceBuffer counters_;
 };
 
 TEST_F(GemmTest, Fp32IsTrueFp32) {
@@ -184,43 +198,69 @@ TEST_F(GemmTest, Sm90EveryPlanMatchesReference) {
   if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   // 16 K steps: every split count 1-8 (uneven shares for 3, 5, 6, 7); tile
   // heights 128 (two M tiles) and 256 (one, partly empty).
+  // Both reductions: in a cluster, and through the workspace (cooperative).
   for (int m_sub : {1, 2}) {
     for (int splits = 1; splits <= 8; ++splits) {
-      const Sm90GemmPlan plan{m_sub, splits};
-      CheckStrided(200, 392, 1000, 1000, 1000, 400, DType::kBF16, DType::kBF16, &plan);
+      for (bool global : {false, true}) {
+        const Sm90GemmPlan plan{m_sub, splits, global};
+        CheckStrided(200, 392, 1000, 1000, 1000, 400, DType::kBF16, DType::kBF16, &plan);
+      }
     }
   }
+  ExpectCountersZero();
 }
 
 TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
   if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   handle_.set_kernel_choice(GemmKernelChoice::kSm90);
-  const int64_t M = 256, N = 768, K = 2048;
+  const int64_t M = 256, N = 2048, K = 4096;
   std::vector<float> a = testing::RandomFloats(M * K, 11), w = testing::RandomFloats(N * K, 12);
   testing::RoundTo(&a, DType::kBF16);
   testing::RoundTo(&w, DType::kBF16);
   DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16),
-      dc2(M * N, DType::kBF16);
+      dc2(M * N, DType::kBF16), dc3(M * N, DType::kBF16);
   da.Upload(a);
   dw.Upload(w);
+  const std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
+  // Eager, the planner's pick; then the same call captured and replayed.
   ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
                  ws_.bytes(), stream()));
+  // A global split-K plan captured with its own counters, replayed twice.
+  GemmArgs g;
+  g.a = da.get();
+  g.w = dw.get();
+  g.c = dc3.get();
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.workspace = ws_.get();
+  g.workspace_bytes = ws_.bytes();
+  const Sm90GemmPlan global{2, 8, true};  // 8 tiles x 8 splits, one cooperative wave
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
                                ws_.get(), ws_.bytes(), stream());
+  const absl::Status st3 =
+      LaunchSm90Gemm(g, global, stream(), counters_.as<unsigned int>(), kCounters);
   ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
   ASSERT_OK(st);
+  ASSERT_OK(st3);
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
   Sync();
+  const std::vector<float> c3_first = dc3.Download();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  Sync();
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  const std::vector<float> c = dc.Download(), c2 = dc2.Download();
-  testing::CheckClose(c2, ReferenceGemm(a, K, w, K, M, N, K), 1e-2, "sm90 gemm in a graph");
+  const std::vector<float> c = dc.Download(), c2 = dc2.Download(), c3 = dc3.Download();
+  testing::CheckClose(c, want, 1e-2, "sm90 gemm, planner's pick");
+  testing::CheckClose(c3, want, 1e-2, "sm90 gemm, global split-K in a graph");
   // The split-K partials are summed in a fixed order: same bits every run.
   EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(c3.data(), c3_first.data(), c3.size() * sizeof(float)), 0);
+  ExpectCountersZero();
 }
 
 TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
@@ -246,6 +286,9 @@ TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
   g.out_dtype = DType::kBF16;
   EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 9}, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("plan")));
+  // A global split-K without workspace and counters.
+  EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 2, true}, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("counters")));
 }
 
 TEST(Sm90GemmPlanTest, FillsOneWave) {
@@ -262,6 +305,13 @@ TEST(Sm90GemmPlanTest, FillsOneWave) {
   // waves of 30 clusters for 32 tiles; 3-way ones fit in one (39).
   const int h200[9] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
   EXPECT_EQ(PlanSm90Gemm(256, 4096, 4096, 132, h200).splits, 3);
+  EXPECT_FALSE(PlanSm90Gemm(256, 4096, 4096, 132, h200).global_reduce);
+  // With a workspace for the partials, 4 splits in one cooperative wave (128 CTAs).
+  const Sm90GemmPlan wo_global = PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{32} << 20);
+  EXPECT_EQ(wo_global.splits, 4);
+  EXPECT_TRUE(wo_global.global_reduce);
+  // 16 MiB of partials do not fit 8 MiB: back to the cluster plan.
+  EXPECT_FALSE(PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{8} << 20).global_reduce);
   // 24 tiles: 30 clusters of 4 fit them; 5-way splits would take two waves of 22.
   EXPECT_EQ(PlanSm90Gemm(256, 3072, 4096, 132, h200).splits, 4);
 }

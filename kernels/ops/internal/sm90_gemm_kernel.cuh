@@ -80,7 +80,13 @@ struct Sm90GemmParams {
   __nv_bfloat16* c = nullptr;
   int64_t ldc = 0;
   int m = 0, n = 0;
-  int k_tiles = 0;  // ceil(K / kBK); cluster rank r runs [r k_tiles / splits, (r+1) k_tiles / splits)
+  int k_tiles = 0;  // ceil(K / kBK); split r runs [r k_tiles / splits, (r+1) k_tiles / splits)
+  // Global split-K (cooperative launch, no cluster): split r of tile t writes
+  // its fp32 partial to partials[(t splits + r) BM kBN], arrives on
+  // counters[2 t], waits for the tile's other splits, sums its share of rows
+  // and arrives on counters[2 t + 1]; the tile's last CTA zeroes both.
+  float* partials = nullptr;
+  unsigned int* counters = nullptr;
 };
 
 namespace detail {
@@ -197,16 +203,6 @@ __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t ClusterSize() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %cluster_nctarank;" : "=r"(n));
-  return n;
-}
 // Every thread of every CTA of the cluster; orders shared-memory writes before
 // it with reads (local or remote) after it.
 __device__ __forceinline__ void ClusterSync() {
@@ -227,8 +223,9 @@ __device__ __forceinline__ float4 LoadRemote4(uint32_t local_addr, uint32_t rank
 
 }  // namespace detail
 
-// Grid: x = split (the cluster, cluster dims (splits, 1, 1)), y = M tile,
-// z = N tile (consecutive CTAs share a W tile). Dynamic shared memory
+// Grid: x = split (cluster mode: the cluster, dims (splits, 1, 1); global
+// mode: a cooperative launch), y = M tile, z = N tile (consecutive CTAs share
+// a W tile). Dynamic shared memory
 // TileShape<kMSub>::kSmemBytes.
 template <int kMSub>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -250,7 +247,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto w_tile = [&](int s) { return base + s * T::kStageBytes + T::kABytes; };
 
   const int wg = threadIdx.x / 128;
-  const uint32_t rank = ClusterRank(), splits = ClusterSize();
+  // Split r of `splits` (grid x); in cluster mode also the CTA's cluster rank.
+  const uint32_t rank = blockIdx.x, splits = gridDim.x;
+  const bool global_reduce = p.partials != nullptr;
   const int kt0 = static_cast<int>(rank * p.k_tiles / splits);
   const int kt1 = static_cast<int>((rank + 1) * p.k_tiles / splits);
   const int iters = kt1 - kt0;
@@ -335,6 +334,24 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (global_reduce) {
+      // This split's partial, rows below m only (the others are never read).
+      const int tile = blockIdx.z * gridDim.y + blockIdx.y;
+      float* part = p.partials + (static_cast<int64_t>(tile) * splits + rank) * T::kBM * kBN;
+#pragma unroll
+      for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = row_in + h * 64 + 8 * i;
+          if (m0 + row >= p.m) continue;
+          float* prow = part + row * kBN + col_in;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            __stcg(reinterpret_cast<float2*>(prow + 8 * j),
+                   make_float2(acc[h][4 * j + 2 * i], acc[h][4 * j + 2 * i + 1]));
+          }
+        }
+      }
     } else {
       // Both consumer warpgroups must be done reading the ring before either
       // overwrites it with its partial.
@@ -356,20 +373,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (splits == 1) return;
 
-  ClusterSync();  // every partial written
-  {
-    const float* part = reinterpret_cast<const float*>(smem);
+  // Sums rows [rank BM / splits, (rank + 1) BM / splits) of the tile over the
+  // splits (load(q, row, col) reads split q's partial) and writes them as bf16.
+  const auto reduce_rows = [&](auto&& load) {
     const int rows_valid = min(T::kBM, p.m - m0);
     const int r0 = static_cast<int>(rank * T::kBM / splits);
     const int r1 = min(static_cast<int>((rank + 1) * T::kBM / splits), rows_valid);
     constexpr int kChunks = kBN / 4;  // float4 per partial row
     for (int t = threadIdx.x; t < (r1 - r0) * kChunks; t += kThreads) {
       const int row = r0 + t / kChunks, c4 = (t % kChunks) * 4;
-      const uint32_t local = SmemAddr(part + row * T::kPartialPitch + c4);
       float4 v[8];
 #pragma unroll
       for (uint32_t q = 0; q < 8; ++q) {
-        if (q < splits) v[q] = LoadRemote4(local, q);
+        if (q < splits) v[q] = load(q, row, c4);
       }
       float4 sum = v[0];
 #pragma unroll
@@ -391,10 +407,60 @@ __global__ void __launch_bounds__(kThreads, 1)
         packed.y = *reinterpret_cast<const uint32_t*>(&hi);
         *reinterpret_cast<uint2*>(out) = packed;
       } else {
-        const float v[4] = {sum.x, sum.y, sum.z, sum.w};
-        for (int e = 0; e < 4 && col + e < p.n; ++e) out[e] = __float2bfloat16_rn(v[e]);
+        const float e4[4] = {sum.x, sum.y, sum.z, sum.w};
+        for (int e = 0; e < 4 && col + e < p.n; ++e) out[e] = __float2bfloat16_rn(e4[e]);
       }
     }
+  };
+
+  if (global_reduce) {
+    const int tile = blockIdx.z * gridDim.y + blockIdx.y;
+    unsigned int* arrive = p.counters + 2 * tile;
+    unsigned int* done = arrive + 1;
+    __syncthreads();  // every partial store of this CTA issued
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(arrive, 1u);
+      // All splits of the tile run at once (cooperative launch): wait for them.
+      long long start = 0;
+      for (uint32_t spin = 1;; ++spin) {
+        unsigned int seen;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrive) : "memory");
+        if (seen >= splits) break;
+        if ((spin & 1023) == 0) {
+          const long long now = clock64();
+          if (start == 0) {
+            start = now;
+          } else if (now - start > kWaitTimeoutCycles) {
+            __trap();
+          }
+        }
+      }
+      __threadfence();
+    }
+    __syncthreads();
+    const float* parts = p.partials + static_cast<int64_t>(tile) * splits * T::kBM * kBN;
+    reduce_rows([&](uint32_t q, int row, int c4) {
+      return __ldcg(reinterpret_cast<const float4*>(parts + (q * T::kBM + row) * kBN + c4));
+    });
+    __syncthreads();  // every read of the partials done
+    if (threadIdx.x == 0) {
+      // The tile's last CTA resets its counters for the next launch (launches
+      // on a stream are ordered: nothing of this tile runs concurrently).
+      if (atomicAdd(done, 1u) == splits - 1) {
+        atomicExch(arrive, 0u);
+        atomicExch(done, 0u);
+      }
+    }
+    return;
+  }
+
+  ClusterSync();  // every partial written
+  {
+    const float* part = reinterpret_cast<const float*>(smem);
+    reduce_rows([&](uint32_t q, int row, int c4) {
+      return LoadRemote4(SmemAddr(part + row * T::kPartialPitch + c4), q);
+    });
   }
   ClusterSync();  // no CTA leaves while another still reads its partial
 #endif
