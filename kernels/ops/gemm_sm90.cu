@@ -182,7 +182,8 @@ Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const in
   p.m_sub = m <= 128 ? 1 : 2;
   const int64_t tiles = Sm90GemmTiles(m, n, p);
   const int64_t k_tiles = (k + sm90::kBK - 1) / sm90::kBK;
-  constexpr int64_t kClusterReduceSteps = 2, kGlobalReduceSteps = 4;
+  // Reduction costs in K steps, fitted to the plan table of run ag.
+  constexpr int64_t kClusterReduceSteps = 2, kGlobalReduceSteps = 6;
   int64_t best = -1;
   for (int s = 1; s <= 8; ++s) {
     if (s > 1 && k_tiles / s < 4) break;

@@ -43,7 +43,7 @@ bool Sm90GemmArgsSupported(const GemmArgs& g);
 
 // Tile height, split count and reduction for an (m, n, k) product on
 // `num_sms` SMs, minimizing waves x (K steps per split + the reduction: 2 K
-// steps in a cluster, 4 through global memory). A wave holds max_clusters[s]
+// steps in a cluster, 6 through global memory). A wave holds max_clusters[s]
 // clusters of s CTAs (as Sm90GemmMaxActiveClusters reports; null: num_sms / s,
 // which the device does not reach for s >= 3); a global reduction needs one
 // wave and its partials to fit in workspace_bytes; each split keeps >= 4 K steps.
