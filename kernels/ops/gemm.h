@@ -26,8 +26,9 @@ namespace symtp::kernels {
 enum class GemmKernelChoice {
   kCublasLt,  // the default
   // The hand-written sm_90a kernel (gemm_sm90.h) wherever it supports the
-  // call. Opt-in: on an H200 it is slower than cuBLASLt's heuristic on 78 of
-  // the 80 decode shapes measured (bench/results/h200-2026-11-23, runs aa-ad).
+  // call. Opt-in: on an H200 it is faster than cuBLASLt's heuristic on only 4
+  // of the 80 decode shapes measured, by <= 5% (bench/results/h200-2026-11-23,
+  // runs aa-ah).
   kSm90,
 };
 

@@ -11,18 +11,17 @@
 // through distributed shared memory: no workspace, no second kernel, and a
 // fixed summation order (rank 0, 1, ...), so results are deterministic.
 //
-// Measured (H200, bench/results/h200-2026-11-23 runs aa-ad): correct on
-// every plan, but slower than cuBLASLt's heuristic on 78 of the 80 decode
-// shapes (e.g. llama-8b wo, M = 256: 26 us at its best plan vs 19.5 us; the
-// two it wins, llama-70b TP=1 down at M = 128 / 256, by 1-5%), so it is
-// opt-in (GemmKernelChoice::kSm90). Why, from the plan sweep and Nsight
-// Compute: (1) each SM pulls only ~50-60 GB/s through its TMA ring (4-6
-// stages, ~190 KB in flight), so a 128-row tile runs its tensor cores ~45%
-// busy and a 256-row tile ~65-80%; (2) 256 x 128 tiles give 24-32 tiles on
-// these shapes, and the splits that would fill 132 SMs need clusters of 4-5,
-// of which the device runs only 30 / 22 at once (clusters of 2: 66), so the
-// launch takes two waves. Closing that needs a split-K fixup that does not
-// need co-scheduling (stream-K through global memory), not a new tile.
+// Measured (H200, bench/results/h200-2026-11-23 runs aa-ah): correct on
+// every plan, but faster than cuBLASLt's heuristic on only 4 of the 80 decode
+// shapes (by 0.5-5%) and slower on the short ones it was written for (e.g.
+// llama-8b wo, M = 256: 26.5 vs 21.0 us), so it is opt-in
+// (GemmKernelChoice::kSm90). Why: (1) with 64+ CTAs loading, each K step of
+// a 256 x 128 tile takes ~1.1 us, i.e. the kernel is bound by the aggregate
+// L2-to-SM bandwidth (~5.5 TB/s), and it re-reads A once per 128 columns;
+// (2) clusters of 3+ CTAs do not all fit at once (the device runs 39 / 30 /
+// 22 clusters of 3 / 4 / 5), so cluster split-K takes two waves; the global
+// split-K avoids that but adds its partials to the traffic. Next step: A
+// multicast across the CTAs of a cluster that share it.
 //
 // Structure (one CTA, 384 threads = 3 warpgroups):
 //   warpgroup 0, one thread: producer. TMA (cp.async.bulk.tensor, 128-byte
@@ -34,10 +33,12 @@
 //     keeping one K step's products in flight while it releases the stage
 //     before.
 //   epilogue: splits == 1: bf16 stores straight from the accumulators.
-//     splits > 1: each CTA writes its fp32 partial into its own shared
-//     memory (the drained ring), cluster barrier, CTA r sums rows
+//     splits > 1, cluster mode: each CTA writes its fp32 partial into its
+//     own shared memory (the drained ring), cluster barrier, CTA r sums rows
 //     [r BM / splits, (r + 1) BM / splits) over every CTA of the cluster
 //     (ld.shared::cluster), writes bf16, cluster barrier.
+//     splits > 1, global mode (Sm90GemmParams::partials): the same through
+//     the workspace and a per-tile counter, in a cooperative launch.
 //
 // wgmma m64nNk16 accumulator layout (fp32), thread t of the warpgroup, warp
 // w = t / 32, lane l: d[4 j + 2 i + c] = D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c].
