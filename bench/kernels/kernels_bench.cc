@@ -337,9 +337,9 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_tuned,
           100.0 * tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
-          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d%s%s", us_sm90, 100.0 * frac_sm90,
+          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d%s", us_sm90, 100.0 * frac_sm90,
                                       128 * plan.m_sub, plan.splits,
-                                      plan.global_reduce ? "g" : "", plan.multicast > 1 ? "m" : "")
+                                      plan.global_reduce ? "g" : "")
                           .c_str()
                     : "");
       js->gemm.push_back(absl::StrFormat(
@@ -397,15 +397,11 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
     for (int64_t m : {32, 128, 256, 512}) {
       for (int m_sub : {1, 2}) {
         if (m_sub == 2 && m <= 128) continue;
-        // Rows: cluster split-K; global split-K; global split-K (and split
-        // 1) with A multicast to N-tile pairs.
-        for (int mode = 0; mode < 3; ++mode) {
-          const bool global = mode > 0;
-          const int multicast = mode == 2 ? 2 : 1;
+        for (bool global : {false, true}) {
           std::printf("%-12s %4lld %5d %-7s", sh.name, static_cast<long long>(m), 128 * m_sub,
-                      mode == 0 ? "cluster" : mode == 1 ? "global" : "glob+mc");
+                      global ? "global" : "cluster");
           for (int sp = 1; sp <= 8; ++sp) {
-            kernels::Sm90GemmPlan plan{m_sub, sp, global && sp > 1, multicast};
+            const kernels::Sm90GemmPlan plan{m_sub, sp, global};
             kernels::GemmArgs g;
             g.a = abuf.get();
             g.c = cbuf.get();
@@ -414,14 +410,13 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
             g.k = sh.k;
             g.workspace = ws;
             g.workspace_bytes = kernels::kGemmWorkspaceBytes;
-            if ((mode == 1 && sp == 1) ||
-                (global && sp > 1 && (kernels::Sm90GemmTiles(m, sh.n, plan) * sp > num_sms ||
-                 kernels::Sm90GemmPartialBytes(m, sh.n, plan) > g.workspace_bytes))) {
+            if (global && (sp == 1 || kernels::Sm90GemmTiles(m, sh.n, plan) * sp > num_sms ||
+                           kernels::Sm90GemmPartialBytes(m, sh.n, plan) > g.workspace_bytes)) {
               std::printf("       -         ");
               continue;
             }
             int clusters = 0;
-            if (mode == 0) {
+            if (!global) {
               SYMTP_ASSIGN_OR_RETURN(clusters, kernels::Sm90GemmMaxActiveClusters(plan));
             }
             auto run = [&](int i) {
@@ -430,17 +425,17 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
             };
             SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
             const double frac = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops;
-            if (mode > 0) {
+            if (global) {
               std::printf(" %6.1f %4.1f%%     ", us, 100 * frac);
             } else {
               std::printf(" %6.1f %4.1f%% [%2d]", us, 100 * frac, clusters);
             }
             js->sm90_plans.push_back(absl::StrFormat(
                 "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"tile_rows\": %d, "
-                "\"splits\": %d, \"global_reduce\": %s, \"multicast\": %d, "
-                "\"max_active_clusters\": %d, \"us\": %.2f, \"frac_of_measured_peak\": %.4f}",
-                sh.name, m, sh.n, sh.k, 128 * m_sub, sp, plan.global_reduce ? "true" : "false",
-                multicast, clusters, us, frac));
+                "\"splits\": %d, \"global_reduce\": %s, \"max_active_clusters\": %d, "
+                "\"us\": %.2f, \"frac_of_measured_peak\": %.4f}",
+                sh.name, m, sh.n, sh.k, 128 * m_sub, sp, global ? "true" : "false", clusters, us,
+                frac));
           }
           std::printf("\n");
         }

@@ -105,7 +105,6 @@ template <int kMSub>
 absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
                     const sm90::Sm90GemmParams& params, int splits, bool cooperative,
                     cudaStream_t stream) {
-  // Cluster: (splits, 1, 1) for the cluster split-K, (1, 1, 2) for multicast pairs.
   using T = sm90::TileShape<kMSub>;
   if (absl::Status s = ConfigureSmem<kMSub>(); !s.ok()) return s;
   cudaLaunchConfig_t cfg{};
@@ -115,20 +114,18 @@ absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
   cfg.blockDim = dim3(sm90::kThreads);
   cfg.dynamicSmemBytes = T::kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
+  cudaLaunchAttribute attr[1];
   if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n++].val.cooperative = 1;
-  }
-  if (!cooperative || params.multicast > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cooperative ? 1u : static_cast<unsigned>(splits);
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = static_cast<unsigned>(params.multicast);
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+  } else {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
   }
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = 1;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, sm90::Sm90GemmKernel<kMSub>, map_a, map_w, params));
   return absl::OkStatus();
 }
@@ -138,11 +135,10 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 std::string Sm90GemmPlan::ToString() const {
-  return absl::StrFormat("sm90 %dx%d tiles, %d-way split-K%s%s", 128 * m_sub, sm90::kBN, splits,
+  return absl::StrFormat("sm90 %dx%d tiles, %d-way split-K%s", 128 * m_sub, sm90::kBN, splits,
                          splits == 1       ? ""
                          : global_reduce ? " (global, cooperative)"
-                                           : " (cluster)",
-                         multicast > 1 ? ", A multicast to N-tile pairs" : "");
+                                           : " (cluster)");
 }
 
 int64_t Sm90GemmTiles(int64_t m, int64_t n, const Sm90GemmPlan& plan) {
@@ -210,10 +206,6 @@ Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const in
       p = g;
     }
   }
-  // N-tile pairs share A where the plan allows it.
-  if ((p.splits == 1 || p.global_reduce) && ((n + sm90::kBN - 1) / sm90::kBN) % 2 == 0) {
-    p.multicast = 2;
-  }
   return p;
 }
 
@@ -269,16 +261,13 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
   if (!Sm90GemmDeviceSupported()) {
     return absl::InvalidArgumentError("Sm90Gemm: the current device is not compute capability 9.0");
   }
-  if ((plan.m_sub != 1 && plan.m_sub != 2) || plan.splits < 1 || plan.splits > 8 ||
-      (plan.multicast != 1 && plan.multicast != 2) ||
-      (plan.multicast == 2 && ((g.n + sm90::kBN - 1) / sm90::kBN % 2 != 0 ||
-                               (plan.splits > 1 && !plan.global_reduce)))) {
+  if ((plan.m_sub != 1 && plan.m_sub != 2) || plan.splits < 1 || plan.splits > 8) {
     return absl::InvalidArgumentError("Sm90Gemm: bad plan " + plan.ToString());
   }
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
   auto encode = EncodeTiled();
   if (!encode.ok()) return encode.status();
-  auto map_a = MakeMap(*encode, g.a, g.m, g.k, lda, 128 * plan.m_sub / plan.multicast, "A");
+  auto map_a = MakeMap(*encode, g.a, g.m, g.k, lda, 128 * plan.m_sub, "A");
   if (!map_a.ok()) return map_a.status();
   auto map_w = MakeMap(*encode, g.w, g.n, g.k, ldw, sm90::kBN, "W");
   if (!map_w.ok()) return map_w.status();
@@ -288,7 +277,6 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
   params.m = static_cast<int>(g.m);
   params.n = static_cast<int>(g.n);
   params.k_tiles = static_cast<int>((g.k + sm90::kBK - 1) / sm90::kBK);
-  params.multicast = plan.multicast;
   const bool global = plan.global_reduce && plan.splits > 1;
   if (global) {
     const int64_t tiles = Sm90GemmTiles(g.m, g.n, plan);

@@ -24,10 +24,6 @@ struct Sm90GemmPlan {
   // call's workspace) in a cooperative launch (every CTA resident at once:
   // tiles x splits <= SMs), which clusters of 3+ CTAs cannot fill.
   bool global_reduce = false;
-  // 2: pairs of N tiles form a cluster and share their A tile through TMA
-  // multicast (half the A traffic from L2); needs an even number of N tiles
-  // and splits == 1 or global_reduce.
-  int multicast = 1;
   std::string ToString() const;
 };
 

@@ -199,16 +199,11 @@ TEST_F(GemmTest, Sm90EveryPlanMatchesReference) {
   // 16 K steps: every split count 1-8 (uneven shares for 3, 5, 6, 7); tile
   // heights 128 (two M tiles) and 256 (one, partly empty).
   // Both reductions: in a cluster, and through the workspace (cooperative).
-  // And with A multicast to N-tile pairs (392 columns: 4 tiles of 128, the
-  // last partly outside) where the reduction allows it.
   for (int m_sub : {1, 2}) {
     for (int splits = 1; splits <= 8; ++splits) {
       for (bool global : {false, true}) {
-        for (int multicast : {1, 2}) {
-          if (multicast == 2 && splits > 1 && !global) continue;
-          const Sm90GemmPlan plan{m_sub, splits, global, multicast};
-          CheckStrided(200, 392, 1000, 1000, 1000, 400, DType::kBF16, DType::kBF16, &plan);
-        }
+        const Sm90GemmPlan plan{m_sub, splits, global};
+        CheckStrided(200, 392, 1000, 1000, 1000, 400, DType::kBF16, DType::kBF16, &plan);
       }
     }
   }
@@ -240,8 +235,7 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
   g.k = K;
   g.workspace = ws_.get();
   g.workspace_bytes = ws_.bytes();
-  // 8 tiles x 8 splits in one cooperative wave, A multicast to N-tile pairs.
-  const Sm90GemmPlan global{2, 8, true, 2};
+  const Sm90GemmPlan global{2, 8, true};  // 8 tiles x 8 splits, one cooperative wave
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
@@ -295,9 +289,6 @@ TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
   // A global split-K without workspace and counters.
   EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 2, true}, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("counters")));
-  // Multicast needs an even number of N tiles (n = 8: one).
-  EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 1, false, 2}, stream()),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("plan")));
 }
 
 TEST(Sm90GemmPlanTest, FillsOneWave) {
@@ -319,8 +310,6 @@ TEST(Sm90GemmPlanTest, FillsOneWave) {
   const Sm90GemmPlan wo_global = PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{32} << 20);
   EXPECT_EQ(wo_global.splits, 4);
   EXPECT_TRUE(wo_global.global_reduce);
-  EXPECT_EQ(wo_global.multicast, 2);  // 32 N tiles: 16 pairs share their A tiles
-  EXPECT_EQ(PlanSm90Gemm(256, 4096, 4096, 132, h200).multicast, 1);  // cluster split-K: no
   // 16 MiB of partials do not fit 8 MiB: back to the cluster plan.
   EXPECT_FALSE(PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{8} << 20).global_reduce);
   // 24 tiles: 30 clusters of 4 fit them; 5-way splits would take two waves of 22.

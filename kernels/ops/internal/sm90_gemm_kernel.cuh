@@ -88,10 +88,6 @@ struct Sm90GemmParams {
   // and arrives on counters[2 t + 1]; the tile's last CTA zeroes both.
   float* partials = nullptr;
   unsigned int* counters = nullptr;
-  // 2: the CTAs of an N-tile pair (a cluster along grid z) share the A tile:
-  // each loads half of it with TMA multicast into both (splits == 1 or the
-  // global split-K only).
-  int multicast = 1;
 };
 
 namespace detail {
@@ -152,18 +148,6 @@ __device__ __forceinline__ uint64_t L2Policy(bool evict_first) {
   return p;
 }
 
-// TMA multicast: the box lands at `dst` and completes bytes on `bar` in every
-// CTA of `cta_mask` (same shared-memory offsets in each).
-__device__ __forceinline__ void TmaLoad2DMulticast(uint32_t dst, const CUtensorMap* map,
-                                                   uint32_t bar, int c0, int c1, uint16_t cta_mask,
-                                                   uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
-      : "memory");
-}
-
 // TMA: the box at (c0 = K element, c1 = row) of `map` into shared `dst`,
 // completing bytes on `bar`.
 __device__ __forceinline__ void TmaLoad2D(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -220,19 +204,6 @@ __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Arrives on the mbarrier at the same offset in CTA `cta` of the cluster.
-__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-               : "memory");
-}
-
 // Every thread of every CTA of the cluster; orders shared-memory writes before
 // it with reads (local or remote) after it.
 __device__ __forceinline__ void ClusterSync() {
@@ -285,22 +256,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int iters = kt1 - kt0;
   const int m0 = blockIdx.y * T::kBM, n0 = blockIdx.z * kBN;
 
-  // Multicast: this CTA's index in its N-tile pair, which loads that half of A.
-  const uint32_t cta_n = p.multicast > 1 ? ClusterCtaRank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       MbarInit(full(s), 1);
-      // Each consumer warp after its own wgmma wait, of every CTA whose
-      // multicast writes into this stage.
-      MbarInit(empty(s), 8 * p.multicast);
+      MbarInit(empty(s), 256);  // every consumer thread, after its own wgmma wait
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
   }
   __syncthreads();
-  // The peer's barriers must be initialized before anything targets them.
-  if (p.multicast > 1) ClusterSync();
 
   if (wg == 0) {
     if (threadIdx.x == 0) {
@@ -313,13 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         MbarWait(empty(s), phase ^ 1);
         MbarExpectTx(full(s), T::kStageBytes);
         const int k = (kt0 + it) * kBK;
-        if (p.multicast > 1) {
-          const int half = T::kBM / 2;
-          TmaLoad2DMulticast(a_tile(s) + cta_n * half * 128, &map_a, full(s), k,
-                             m0 + static_cast<int>(cta_n) * half, 0x3, keep);
-        } else {
-          TmaLoad2D(a_tile(s), &map_a, full(s), k, m0, keep);
-        }
+        TmaLoad2D(a_tile(s), &map_a, full(s), k, m0, keep);
         TmaLoad2D(w_tile(s), &map_w, full(s), k, n0, stream);
       }
     }
@@ -349,11 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Keep this step's products in flight; the previous step's are done,
       // so its stage goes back to the producer.
       WgmmaWait<1>();
-      if (it > 0 && threadIdx.x % 32 == 0) {
-        const uint32_t bar = empty((it - 1) % T::kStages);
-        MbarArrive(bar);
-        if (p.multicast > 1) MbarArriveRemote(bar, cta_n ^ 1);
-      }
+      if (it > 0) MbarArrive(empty((it - 1) % T::kStages));
     }
     WgmmaWait<0>();
 
@@ -417,11 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (splits == 1) {
-    // Multicast: the peer may still arrive on this CTA's barriers.
-    if (p.multicast > 1) ClusterSync();
-    return;
-  }
+  if (splits == 1) return;
 
   // Sums rows [rank BM / splits, (rank + 1) BM / splits) of the tile over the
   // splits (load(q, row, col) reads split q's partial) and writes them as bf16.
@@ -502,7 +453,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicExch(done, 0u);
       }
     }
-    if (p.multicast > 1) ClusterSync();
     return;
   }
 
