@@ -28,7 +28,7 @@ enum class GemmKernelChoice {
   // The hand-written sm_90a kernel (gemm_sm90.h) wherever it supports the
   // call. Opt-in: on an H200 it is faster than cuBLASLt's heuristic on only 4
   // of the 80 decode shapes measured, by <= 5% (bench/results/h200-2026-11-23,
-  // runs aa-ah).
+  // runs aa-ai).
   kSm90,
 };
 

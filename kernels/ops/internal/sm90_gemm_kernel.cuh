@@ -16,12 +16,12 @@
 // shapes (by 0.5-5%) and slower on the short ones it was written for (e.g.
 // llama-8b wo, M = 256: 26.5 vs 21.0 us), so it is opt-in
 // (GemmKernelChoice::kSm90). Why: (1) with 64+ CTAs loading, each K step of
-// a 256 x 128 tile takes ~1.1 us, i.e. the kernel is bound by the aggregate
-// L2-to-SM bandwidth (~5.5 TB/s), and it re-reads A once per 128 columns;
+// a 256 x 128 tile takes ~1.1 us (~5.5 TB/s from L2 over all SMs; it
+// re-reads A once per 128 columns), against ~0.69 us with 32 CTAs;
 // (2) clusters of 3+ CTAs do not all fit at once (the device runs 39 / 30 /
 // 22 clusters of 3 / 4 / 5), so cluster split-K takes two waves; the global
-// split-K avoids that but adds its partials to the traffic. Next step: A
-// multicast across the CTAs of a cluster that share it.
+// split-K avoids that but adds its partials to the traffic. A multicast to
+// N-tile pairs (halving A's L2 reads) was tried and was slower (run ai).
 //
 // Structure (one CTA, 384 threads = 3 warpgroups):
 //   warpgroup 0, one thread: producer. TMA (cp.async.bulk.tensor, 128-byte
