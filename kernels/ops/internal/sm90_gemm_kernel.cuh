@@ -11,7 +11,7 @@
 // through distributed shared memory: no workspace, no second kernel, and a
 // fixed summation order (rank 0, 1, ...), so results are deterministic.
 //
-// Measured (H200, bench/results/h200-2026-11-23 runs aa-ah): correct on
+// Measured (H200, bench/results/h200-2026-11-23 runs aa-ai): correct on
 // every plan, but faster than cuBLASLt's heuristic on only 4 of the 80 decode
 // shapes (by 0.5-5%) and slower on the short ones it was written for (e.g.
 // llama-8b wo, M = 256: 26.5 vs 21.0 us), so it is opt-in
