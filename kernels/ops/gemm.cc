@@ -389,8 +389,11 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
   if (g.m == 0) return absl::OkStatus();
   if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
       Sm90GemmDeviceSupported()) {
-    SYMTP_ASSIGN_OR_RETURN(Sm90GemmPlan plan,
-                           PlanSm90GemmForDevice(g.m, g.n, g.k, g.workspace_bytes));
+    // The global split-K keeps its fp32 partials in the workspace (16-byte aligned).
+    const bool ws_ok = reinterpret_cast<uintptr_t>(g.workspace) % 16 == 0;
+    SYMTP_ASSIGN_OR_RETURN(
+        Sm90GemmPlan plan,
+        PlanSm90GemmForDevice(g.m, g.n, g.k, ws_ok && g.workspace ? g.workspace_bytes : 0));
     if (plan.global_reduce) {
       // Tile counters for the global split-K, zeroed once and kept zeroed by
       // every launch (the handle serves one stream at a time).
