@@ -107,6 +107,16 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Zeroes an array of mma.m16n8k16 accumulator fragments.
+template <int N>
+__device__ __forceinline__ void ZeroFragments(float (&f)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[i][e] = 0.f;
+  }
+}
+
 // Asynchronous global -> shared copy of 16 bytes to a shared-memory address,
 // L2 only (each byte is read once); with `valid` false the destination is
 // zero-filled and nothing is read.

@@ -213,11 +213,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   // o[mt]: O^T rows (head dims) 16mt + gid (e < 2) and + 8 (e >= 2), columns
   // (query rows) 2tig + (e & 1).
   float o[kKS][4];
-#pragma unroll
-  for (int mt = 0; mt < kKS; ++mt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[mt][e] = 0.f;
-  }
+  ZeroFragments(o);
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
@@ -236,11 +232,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
     // S^T: c[0] = (key gid, row 2tig), c[1] = (key gid, row 2tig+1),
     // c[2], c[3] = key gid + 8.
     float acc[kChains][4];
-#pragma unroll
-    for (int c = 0; c < kChains; ++c) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[c][e] = 0.f;
-    }
+    ZeroFragments(acc);
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
       uint32_t ka[4];

@@ -138,11 +138,7 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   // o[j][e]: row (e < 2 ? r0 : r1), head dim 8j + 2tig + (e & 1).
   float o[kNT][4];
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
-  }
+  ZeroFragments(o);
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
