@@ -82,6 +82,22 @@ absl::Status ConfigureSmem() {
   return absl::OkStatus();
 }
 
+// The launch attribute that groups a tile's splits: a cooperative launch
+// (global split-K) or clusters of `splits` CTAs along grid x.
+cudaLaunchAttribute SplitAttribute(int splits, bool cooperative) {
+  cudaLaunchAttribute a{};
+  if (cooperative) {
+    a.id = cudaLaunchAttributeCooperative;
+    a.val.cooperative = 1;
+  } else {
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = static_cast<unsigned>(splits);
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+  }
+  return a;
+}
+
 template <int kMSub>
 absl::StatusOr<int> MaxActiveClusters(int splits) {
   if (absl::Status s = ConfigureSmem<kMSub>(); !s.ok()) return s;
@@ -89,12 +105,8 @@ absl::StatusOr<int> MaxActiveClusters(int splits) {
   cfg.gridDim = dim3(static_cast<unsigned>(splits), 1, 1024);
   cfg.blockDim = dim3(sm90::kThreads);
   cfg.dynamicSmemBytes = sm90::TileShape<kMSub>::kSmemBytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
+  cudaLaunchAttribute attr = SplitAttribute(splits, /*cooperative=*/false);
+  cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = 0;
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&n, sm90::Sm90GemmKernel<kMSub>, &cfg));
@@ -114,17 +126,8 @@ absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_w,
   cfg.blockDim = dim3(sm90::kThreads);
   cfg.dynamicSmemBytes = T::kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (cooperative) {
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-  } else {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-  }
-  cfg.attrs = attr;
+  cudaLaunchAttribute attr = SplitAttribute(splits, cooperative);
+  cfg.attrs = &attr;
   cfg.numAttrs = 1;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, sm90::Sm90GemmKernel<kMSub>, map_a, map_w, params));
   return absl::OkStatus();

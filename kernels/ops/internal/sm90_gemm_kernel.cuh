@@ -109,14 +109,30 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// Waits for the phase of parity `parity` of `bar` to complete; traps after
-// kWaitTimeoutCycles SM clocks. The clock is read only every 4096 polls: a
-// timer read on the first miss of every wait (%globaltimer, in the first
-// version) sat on the path of every K step.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
+// Polls `done()` until it returns true; reads the SM clock every 1024 polls
+// and traps after kWaitTimeoutCycles, so a lost transfer or a missing peer is
+// a launch error, not a hang. (Reading %globaltimer on the first miss of every
+// wait, in the first version, sat on the path of every K step.)
+template <typename Poll>
+__device__ __forceinline__ void SpinUntil(Poll&& done) {
   long long start = 0;
   for (uint32_t spin = 1;; ++spin) {
+    if (done()) return;
+    if ((spin & 1023) == 0) {
+      const long long now = clock64();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > kWaitTimeoutCycles) {
+        __trap();
+      }
+    }
+  }
+}
+
+// Waits for the phase of parity `parity` of `bar` to complete.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  SpinUntil([&] {
+    uint32_t done;
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
@@ -126,16 +142,8 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-    if (done) return;
-    if ((spin & 4095) == 0) {
-      const long long now = clock64();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > kWaitTimeoutCycles) {
-        __trap();
-      }
-    }
-  }
+    return done != 0;
+  });
 }
 
 __device__ __forceinline__ uint64_t L2Policy(bool evict_first) {
@@ -423,20 +431,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();
       atomicAdd(arrive, 1u);
       // All splits of the tile run at once (cooperative launch): wait for them.
-      long long start = 0;
-      for (uint32_t spin = 1;; ++spin) {
+      SpinUntil([&] {
         unsigned int seen;
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrive) : "memory");
-        if (seen >= splits) break;
-        if ((spin & 1023) == 0) {
-          const long long now = clock64();
-          if (start == 0) {
-            start = now;
-          } else if (now - start > kWaitTimeoutCycles) {
-            __trap();
-          }
-        }
-      }
+        return seen >= splits;
+      });
       __threadfence();
     }
     __syncthreads();
