@@ -13,6 +13,9 @@
 //   model_decode    GpuModel (TP = 1) decode step of llama-8b-shape with
 //                   --layers layers (default 4), context 1024, batch 32..512,
 //                   CUDA graphs on and off, time per kernel class (eager)
+//   sm90plans       every plan of the sm_90a GEMM on the short decode shapes
+//   sm90probe       where that kernel's time goes at M = 256: operand loads
+//                   switched off in turn, per-CTA timelines (Sm90GemmProbe)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -157,7 +160,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans;
+  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe;
   std::string ceilings, device;
 };
 
@@ -445,6 +448,156 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
           std::printf("\n");
         }
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --sections sm90probe: where the sm_90a GEMM's time goes on the three
+// M = 256 shapes cuBLASLt leaves below 60%. Per plan: the median time as is,
+// with A or W (or both) loaded only into the ring's first fill (wrong output,
+// diagnostics only: how much each operand's loads cost), and, from one
+// stamped launch, each CTA's timeline (Sm90GemmProbe): start skew across
+// CTAs, SM clock, time to the first stage, K step time (median and slowest
+// CTA), epilogue stores, the wait for the tile's other splits, the reduction.
+absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                            const Ceilings& c, Json* js) {
+  if (!kernels::Sm90GemmDeviceSupported()) return absl::OkStatus();
+  using Probe = kernels::Sm90GemmProbe;
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  } shapes[] = {{"8b tp1 wo", 4096, 4096}, {"8b tp2 qkv", 3072, 4096}, {"8b tp2 wo", 4096, 2048}};
+  const kernels::Sm90GemmPlan plans[] = {{2, 1, false}, {2, 2, false}, {2, 2, true}, {2, 4, true},
+                                         {1, 1, false}, {1, 2, false}, {1, 2, true}};
+  const int64_t m = 256;
+  const size_t arena = size_t{2} << 30;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
+  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(m * 4096 * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), m * 4096, 4, 1.f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(m * 4096 * 2));
+  constexpr int64_t kCounters = 1 << 12;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counters, cuda::DeviceBuffer::Create(kCounters * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters.get(), 0, kCounters * 4, s));
+  constexpr int64_t kMaxCtas = 1024;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer stamps,
+                         cuda::DeviceBuffer::Create(kMaxCtas * Probe::kSlots * 8));
+  std::printf(
+      "\nsm90 GEMM probe, M = 256 (us = median time; noA / noW / noAW = A / W / both loaded "
+      "only into the ring's first fill; timeline of one stamped launch, medians over CTAs: "
+      "skew = last CTA start - first, MHz = SM clock, first = start to first stage landed, "
+      "step = K step (ns; max = slowest CTA), store = epilogue stores, wait = for the other "
+      "splits, reduce = sum and write)\n");
+  std::printf("%-11s %-22s %4s %7s %7s %7s %7s %6s %5s %6s %6s %6s %6s %6s %6s %6s\n", "shape",
+              "plan", "ctas", "us", "noA", "noW", "noAW", "skew", "MHz", "first", "step",
+              "max", "store", "wait", "reduce", "span");
+  for (const Shape& sh : shapes) {
+    const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
+    {
+      auto run = [&](int i) {
+        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+        return kernels::Gemm(h, abuf.get(), w, cbuf.get(), m, sh.n, sh.k, DType::kBF16, ws,
+                             kernels::kGemmWorkspaceBytes, s);
+      };
+      SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+      std::printf("%-11s %-22s %4s %7.1f  (%.1f%% of %.0f TFLOP/s)\n", sh.name, "cuBLASLt heuristic",
+                  "", us, 100 * 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops,
+                  c.gemm_tflops);
+      js->sm90_probe.push_back(absl::StrFormat(
+          "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"cublaslt\", \"us\": %.2f}",
+          sh.name, m, sh.n, sh.k, us));
+    }
+    for (const kernels::Sm90GemmPlan& plan : plans) {
+      kernels::GemmArgs g;
+      g.a = abuf.get();
+      g.c = cbuf.get();
+      g.m = m;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.workspace = ws;
+      g.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      const int64_t ctas = kernels::Sm90GemmTiles(m, sh.n, plan) * plan.splits;
+      if (ctas > kMaxCtas) continue;
+      double us[4] = {0, 0, 0, 0};
+      for (int flags = 0; flags < 4; ++flags) {
+        Probe probe;
+        probe.flags = flags;
+        auto run = [&](int i) {
+          g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+          return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters,
+                                         &probe);
+        };
+        SYMTP_ASSIGN_OR_RETURN(us[flags], TimeUs(s, 5, 30, run));
+      }
+      // One stamped launch of the real kernel (fresh W slot).
+      Probe probe;
+      probe.stamps = stamps.as<unsigned long long>();
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stamps.get(), 0, ctas * Probe::kSlots * 8, s));
+      g.w = static_cast<const char*>(wbuf.get()) + (97 % slots) * wbytes;
+      SYMTP_RETURN_IF_ERROR(kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(),
+                                                    kCounters, &probe));
+      std::vector<unsigned long long> st(ctas * Probe::kSlots);
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8,
+                                           cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      unsigned long long g0 = ~0ull, g_last_start = 0, g1 = 0;
+      std::vector<double> mhz, first, step, store, wait, reduce;
+      std::string raw;
+      for (int64_t b = 0; b < ctas; ++b) {
+        const unsigned long long* x = &st[b * Probe::kSlots];
+        if (x[Probe::kGlobalEnd] == 0) {
+          return absl::InternalError(absl::StrFormat("sm90probe: CTA %d of %s left no stamps",
+                                                     b, plan.ToString()));
+        }
+        g0 = std::min(g0, x[Probe::kGlobalStart]);
+        g_last_start = std::max(g_last_start, x[Probe::kGlobalStart]);
+        g1 = std::max(g1, x[Probe::kGlobalEnd]);
+        const double ns = static_cast<double>(x[Probe::kGlobalEnd] - x[Probe::kGlobalStart]);
+        const double f = ns > 0 ? (x[Probe::kClockEnd] - x[Probe::kClockStart]) / ns : 0;  // GHz
+        mhz.push_back(1000 * f);
+        const auto us_of = [&](int from, int to) {
+          return f > 0 ? (static_cast<double>(x[to]) - static_cast<double>(x[from])) / f / 1000
+                       : 0.0;
+        };
+        first.push_back(us_of(Probe::kClockStart, Probe::kFirstStage));
+        const int iters = static_cast<int>(x[Probe::kIters]);
+        step.push_back(iters > 1 ? 1000 * us_of(Probe::kFirstStage, Probe::kKLoopEnd) / (iters - 1)
+                                 : 0.0);
+        store.push_back(us_of(Probe::kKLoopEnd, Probe::kStored));
+        if (plan.splits > 1) {
+          wait.push_back(us_of(Probe::kStored, Probe::kSplitsIn));
+          reduce.push_back(us_of(Probe::kSplitsIn, Probe::kClockEnd));
+        }
+        absl::StrAppend(&raw, b ? ", " : "", "[");
+        for (int slot = 0; slot < Probe::kSlots; ++slot) {
+          absl::StrAppend(&raw, slot ? ", " : "", x[slot]);
+        }
+        absl::StrAppend(&raw, "]");
+      }
+      const double step_max = *std::max_element(step.begin(), step.end());
+      const auto med = [](const std::vector<double>& v) { return v.empty() ? 0.0 : Median(v); };
+      std::printf(
+          "%-11s %-22s %4lld %7.1f %7.1f %7.1f %7.1f %6.2f %5.0f %6.2f %6.0f %6.0f %6.2f %6.2f "
+          "%6.2f %6.1f\n",
+          sh.name,
+          absl::StrFormat("%dx128 %dx%s", 128 * plan.m_sub, plan.splits,
+                          plan.splits == 1 ? "" : plan.global_reduce ? " global" : " cluster")
+              .c_str(),
+          static_cast<long long>(ctas), us[0], us[1], us[2], us[3], (g_last_start - g0) / 1000.0,
+          med(mhz), med(first), med(step), step_max, med(store), med(wait), med(reduce),
+          (g1 - g0) / 1000.0);
+      js->sm90_probe.push_back(absl::StrFormat(
+          "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"%s\", \"ctas\": %d, "
+          "\"us\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, \"us_skip_aw\": %.2f, "
+          "\"start_skew_us\": %.3f, \"sm_mhz\": %.0f, \"first_stage_us\": %.3f, "
+          "\"k_step_ns\": %.1f, \"k_step_ns_max\": %.1f, \"store_us\": %.3f, "
+          "\"splits_wait_us\": %.3f, \"reduce_us\": %.3f, \"span_us\": %.3f, "
+          "\"cta_stamps_slots\": \"global_start, global_end, clock_start, first_stage, "
+          "k_loop_end, stored, splits_in, clock_end, sm, iters\", \"cta_stamps\": [%s]}",
+          sh.name, m, sh.n, sh.k, plan.ToString(), ctas, us[0], us[1], us[2], us[3],
+          (g_last_start - g0) / 1000.0, med(mhz), med(first), med(step), step_max, med(store),
+          med(wait), med(reduce), (g1 - g0) / 1000.0, raw));
     }
   }
   return absl::OkStatus();
@@ -861,7 +1014,7 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown argument '", a,
                        "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans]"));
+                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe]"));
     }
   }
   std::string why;
@@ -891,6 +1044,9 @@ absl::Status Run(int argc, char** argv) {
   if (on("gemm"))
     section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive));
   if (on("sm90plans")) section("sm90_plans", BenchSm90Plans(ws.get(), stream.get(), c, &js));
+  if (on("sm90probe")) {
+    section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));
+  }
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -902,10 +1058,10 @@ absl::Status Run(int argc, char** argv) {
     std::fprintf(f,
                  "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
                  "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s\n}\n",
+                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s\n}\n",
                  js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
                  JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str());
+                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(), JoinArr(js.sm90_probe).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

@@ -253,7 +253,8 @@ absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t
 }
 
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream,
-                            unsigned int* counters, int64_t num_counters) {
+                            unsigned int* counters, int64_t num_counters,
+                            const Sm90GemmProbe* probe) {
   if (!Sm90GemmArgsSupported(g)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Sm90Gemm: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
@@ -280,6 +281,10 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
   params.m = static_cast<int>(g.m);
   params.n = static_cast<int>(g.n);
   params.k_tiles = static_cast<int>((g.k + sm90::kBK - 1) / sm90::kBK);
+  if (probe != nullptr) {
+    params.probe = probe->flags;
+    params.stamps = probe->stamps;
+  }
   const bool global = plan.global_reduce && plan.splits > 1;
   if (global) {
     const int64_t tiles = Sm90GemmTiles(g.m, g.n, plan);

@@ -27,6 +27,35 @@ struct Sm90GemmPlan {
   std::string ToString() const;
 };
 
+// Diagnostics for kernels_bench --sections sm90probe; Gemm() never sets them.
+struct Sm90GemmProbe {
+  // flags: parts of the kernel to switch off (its output is then wrong).
+  enum Flag : int {
+    kSkipA = 1,  // load A only into the ring's first fill (then reuse it)
+    kSkipW = 2,  // load W only into the ring's first fill
+  };
+  // stamps: kSlots values per CTA (index: x + X (y + Y z) of the grid), written
+  // by the first consumer thread: %globaltimer (ns) at its start and end;
+  // clock64 at its start, when the first stage landed, after the K loop, after
+  // the epilogue's stores (the partial, or the output when splits == 1), after
+  // the wait for the tile's other splits, at the end; the SM id; its K steps.
+  enum Slot : int {
+    kGlobalStart,
+    kGlobalEnd,
+    kClockStart,
+    kFirstStage,
+    kKLoopEnd,
+    kStored,
+    kSplitsIn,
+    kClockEnd,
+    kSm,
+    kIters,
+    kSlots
+  };
+  int flags = 0;
+  unsigned long long* stamps = nullptr;  // device memory, kSlots x CTAs
+};
+
 // Output tiles of an m x n product under `plan`.
 int64_t Sm90GemmTiles(int64_t m, int64_t n, const Sm90GemmPlan& plan);
 // Workspace bytes a global_reduce plan needs for its partials.
@@ -67,6 +96,7 @@ absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan);
 // use them: one stream). InvalidArgument when the arguments, the scratch or
 // the device do not fit, a CUDA error otherwise.
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream,
-                            unsigned int* counters = nullptr, int64_t num_counters = 0);
+                            unsigned int* counters = nullptr, int64_t num_counters = 0,
+                            const Sm90GemmProbe* probe = nullptr);
 
 }  // namespace symtp::kernels

@@ -52,6 +52,8 @@
 
 #include <cstdint>
 
+#include "kernels/ops/gemm_sm90.h"
+
 namespace symtp::kernels::sm90 {
 
 inline constexpr int kBN = 128;       // W rows (output columns) per tile
@@ -88,7 +90,11 @@ struct Sm90GemmParams {
   // and arrives on counters[2 t + 1]; the tile's last CTA zeroes both.
   float* partials = nullptr;
   unsigned int* counters = nullptr;
+  // Diagnostics only (Sm90GemmProbe, kernels_bench --sections sm90probe).
+  int probe = 0;
+  unsigned long long* stamps = nullptr;
 };
+
 
 namespace detail {
 
@@ -144,6 +150,12 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
         : "memory");
     return done != 0;
   });
+}
+
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
 }
 
 __device__ __forceinline__ uint64_t L2Policy(bool evict_first) {
@@ -263,6 +275,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt1 = static_cast<int>((rank + 1) * p.k_tiles / splits);
   const int iters = kt1 - kt0;
   const int m0 = blockIdx.y * T::kBM, n0 = blockIdx.z * kBN;
+  // Diagnostics (Sm90GemmParams::stamps / probe): consumer thread 0 stamps.
+  using Probe = ::symtp::kernels::Sm90GemmProbe;
+  unsigned long long* const stamp =
+      p.stamps != nullptr && threadIdx.x == 128
+          ? p.stamps + Probe::kSlots * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
+          : nullptr;
+  const auto mark = [&](int slot) {
+    if (stamp != nullptr) stamp[slot] = clock64();
+  };
+  if (stamp != nullptr) {
+    stamp[Probe::kGlobalStart] = GlobalTimer();
+    mark(Probe::kClockStart);
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
+    stamp[Probe::kSm] = sm;
+    stamp[Probe::kIters] = static_cast<unsigned long long>(iters);
+  }
+  const auto finish = [&] {
+    if (stamp != nullptr) {
+      mark(Probe::kClockEnd);
+      stamp[Probe::kGlobalEnd] = GlobalTimer();
+    }
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -284,10 +319,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = it % T::kStages;
         const uint32_t phase = (it / T::kStages) & 1;
         MbarWait(empty(s), phase ^ 1);
-        MbarExpectTx(full(s), T::kStageBytes);
+        const bool load_a = it < T::kStages || (p.probe & Probe::kSkipA) == 0;
+        const bool load_w = it < T::kStages || (p.probe & Probe::kSkipW) == 0;
+        MbarExpectTx(full(s), (load_a ? T::kABytes : 0) + (load_w ? T::kWBytes : 0));
         const int k = (kt0 + it) * kBK;
-        TmaLoad2D(a_tile(s), &map_a, full(s), k, m0, keep);
-        TmaLoad2D(w_tile(s), &map_w, full(s), k, n0, stream);
+        if (load_a) TmaLoad2D(a_tile(s), &map_a, full(s), k, m0, keep);
+        if (load_w) TmaLoad2D(w_tile(s), &map_w, full(s), k, n0, stream);
       }
     }
     __syncwarp();
@@ -302,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int it = 0; it < iters; ++it) {
       const int s = it % T::kStages;
       MbarWait(full(s), (it / T::kStages) & 1);
+      if (it == 0) mark(Probe::kFirstStage);
       WgmmaFence();
       const uint32_t a_rows = a_tile(s) + cw * (64 * kMSub) * 128;
 #pragma unroll
@@ -319,6 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (it > 0) MbarArrive(empty((it - 1) % T::kStages));
     }
     WgmmaWait<0>();
+    mark(Probe::kKLoopEnd);
 
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in = cw * 64 * kMSub + warp * 16 + lane / 4;  // + h 64 + 8 i
@@ -380,7 +419,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (splits == 1) return;
+  mark(Probe::kStored);
+  if (splits == 1) {
+    finish();
+    return;
+  }
 
   // Sums rows [rank BM / splits, (rank + 1) BM / splits) of the tile over the
   // splits (load(q, row, col) reads split q's partial) and writes them as bf16.
@@ -439,6 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();
     }
     __syncthreads();
+    mark(Probe::kSplitsIn);
     const float* parts = p.partials + static_cast<int64_t>(tile) * splits * T::kBM * kBN;
     reduce_rows([&](uint32_t q, int row, int c4) {
       return __ldcg(reinterpret_cast<const float4*>(parts + (q * T::kBM + row) * kBN + c4));
@@ -452,10 +496,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicExch(done, 0u);
       }
     }
+    finish();
     return;
   }
 
   ClusterSync();  // every partial written
+  mark(Probe::kSplitsIn);
   {
     const float* part = reinterpret_cast<const float*>(smem);
     reduce_rows([&](uint32_t q, int row, int c4) {
@@ -463,6 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     });
   }
   ClusterSync();  // no CTA leaves while another still reads its partial
+  finish();
 #endif
 }
 
