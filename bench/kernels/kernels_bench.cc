@@ -140,6 +140,35 @@ absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
   return Median(us);
 }
 
+// Per-call microseconds of `fn` as a CUDA graph replays it (how the model
+// runs decode): `calls` calls (fn(0..calls-1)) captured into one graph,
+// replayed `reps` times after 2 warm-ups; median replay time / calls.
+absl::StatusOr<double> GraphUsPerCall(cudaStream_t s, int calls, int reps,
+                                      const std::function<absl::Status(int)>& fn) {
+  cudaGraph_t graph = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  absl::Status st;
+  for (int i = 0; i < calls && st.ok(); ++i) st = fn(i);
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (!st.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return st;
+  }
+  CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(inst);
+  auto replay = [&](int) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<double> us = TimeUs(s, 2, reps, replay);
+  cudaGraphExecDestroy(exec);
+  if (!us.ok()) return us.status();
+  return *us / calls;
+}
+
 float Bf16ToFloat(uint16_t b) {
   uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
@@ -468,8 +497,11 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
     const char* name;
     int64_t n, k;
   } shapes[] = {{"8b tp1 wo", 4096, 4096}, {"8b tp2 qkv", 3072, 4096}, {"8b tp2 wo", 4096, 2048}};
-  const kernels::Sm90GemmPlan plans[] = {{2, 1, false}, {2, 2, false}, {2, 2, true}, {2, 4, true},
+  const kernels::Sm90GemmPlan plans[] = {{2, 1, false}, {2, 2, false}, {2, 2, true},
+                                         {2, 3, true},  {2, 4, true},  {2, 5, true},
                                          {1, 1, false}, {1, 2, false}, {1, 2, true}};
+  int num_sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t m = 256;
   const size_t arena = size_t{2} << 30;
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
@@ -489,9 +521,22 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       "skew = last CTA start - first, MHz = SM clock, first = start to first stage landed, "
       "step = K step (ns; max = slowest CTA), store = epilogue stores, wait = for the other "
       "splits, reduce = sum and write)\n");
-  std::printf("%-11s %-22s %4s %7s %7s %7s %7s %6s %5s %6s %6s %6s %6s %6s %6s %6s\n", "shape",
-              "plan", "ctas", "us", "noA", "noW", "noAW", "skew", "MHz", "first", "step",
-              "max", "store", "wait", "reduce", "span");
+  {
+    // What the timing itself costs: a 16-byte memset (one tiny kernel).
+    auto noop = [&](int) -> absl::Status {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0, 16, s));
+      return absl::OkStatus();
+    };
+    SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, noop));
+    SYMTP_ASSIGN_OR_RETURN(double gus, GraphUsPerCall(s, 20, 5, noop));
+    std::printf("a 16-byte memset: %.2f us event-timed, %.2f us per call in a graph of 20\n", us,
+                gus);
+    js->sm90_probe.push_back(absl::StrFormat(
+        "{\"plan\": \"memset16\", \"us\": %.2f, \"graph_us_per_call\": %.2f}", us, gus));
+  }
+  std::printf("%-11s %-22s %4s %7s %7s %7s %7s %7s %6s %5s %6s %6s %6s %6s %6s %6s %6s\n",
+              "shape", "plan", "ctas", "us", "graph", "noA", "noW", "noAW", "skew", "MHz", "first",
+              "step", "max", "store", "wait", "reduce", "span");
   for (const Shape& sh : shapes) {
     const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
     {
@@ -501,12 +546,15 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
                              kernels::kGemmWorkspaceBytes, s);
       };
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
-      std::printf("%-11s %-22s %4s %7.1f  (%.1f%% of %.0f TFLOP/s)\n", sh.name, "cuBLASLt heuristic",
-                  "", us, 100 * 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops,
-                  c.gemm_tflops);
+      SYMTP_ASSIGN_OR_RETURN(double gus, GraphUsPerCall(s, 20, 5, run));
+      const double flop = 2.0 * m * sh.n * sh.k;
+      std::printf("%-11s %-22s %4s %7.1f %7.1f  (%.1f%% / %.1f%% of %.0f TFLOP/s)\n", sh.name,
+                  "cuBLASLt heuristic", "", us, gus, 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops,
+                  100 * flop / (gus * 1e-6) / 1e12 / c.gemm_tflops, c.gemm_tflops);
       js->sm90_probe.push_back(absl::StrFormat(
-          "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"cublaslt\", \"us\": %.2f}",
-          sh.name, m, sh.n, sh.k, us));
+          "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"cublaslt\", "
+          "\"us\": %.2f, \"graph_us_per_call\": %.2f}",
+          sh.name, m, sh.n, sh.k, us, gus));
     }
     for (const kernels::Sm90GemmPlan& plan : plans) {
       kernels::GemmArgs g;
@@ -518,7 +566,7 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       g.workspace = ws;
       g.workspace_bytes = kernels::kGemmWorkspaceBytes;
       const int64_t ctas = kernels::Sm90GemmTiles(m, sh.n, plan) * plan.splits;
-      if (ctas > kMaxCtas) continue;
+      if (ctas > kMaxCtas || (plan.global_reduce && ctas > num_sms)) continue;
       double us[4] = {0, 0, 0, 0};
       for (int flags = 0; flags < 4; ++flags) {
         Probe probe;
@@ -529,6 +577,14 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
                                          &probe);
         };
         SYMTP_ASSIGN_OR_RETURN(us[flags], TimeUs(s, 5, 30, run));
+      }
+      double gus = 0;
+      {
+        auto run = [&](int i) {
+          g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+          return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters);
+        };
+        SYMTP_ASSIGN_OR_RETURN(gus, GraphUsPerCall(s, 20, 5, run));
       }
       // One stamped launch of the real kernel (fresh W slot).
       Probe probe;
@@ -578,24 +634,24 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       const double step_max = *std::max_element(step.begin(), step.end());
       const auto med = [](const std::vector<double>& v) { return v.empty() ? 0.0 : Median(v); };
       std::printf(
-          "%-11s %-22s %4lld %7.1f %7.1f %7.1f %7.1f %6.2f %5.0f %6.2f %6.0f %6.0f %6.2f %6.2f "
-          "%6.2f %6.1f\n",
+          "%-11s %-22s %4lld %7.1f %7.1f %7.1f %7.1f %7.1f %6.2f %5.0f %6.2f %6.0f %6.0f %6.2f "
+          "%6.2f %6.2f %6.1f\n",
           sh.name,
           absl::StrFormat("%dx128 %dx%s", 128 * plan.m_sub, plan.splits,
                           plan.splits == 1 ? "" : plan.global_reduce ? " global" : " cluster")
               .c_str(),
-          static_cast<long long>(ctas), us[0], us[1], us[2], us[3], (g_last_start - g0) / 1000.0,
+          static_cast<long long>(ctas), us[0], gus, us[1], us[2], us[3], (g_last_start - g0) / 1000.0,
           med(mhz), med(first), med(step), step_max, med(store), med(wait), med(reduce),
           (g1 - g0) / 1000.0);
       js->sm90_probe.push_back(absl::StrFormat(
           "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"%s\", \"ctas\": %d, "
-          "\"us\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, \"us_skip_aw\": %.2f, "
+          "\"us\": %.2f, \"graph_us_per_call\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, \"us_skip_aw\": %.2f, "
           "\"start_skew_us\": %.3f, \"sm_mhz\": %.0f, \"first_stage_us\": %.3f, "
           "\"k_step_ns\": %.1f, \"k_step_ns_max\": %.1f, \"store_us\": %.3f, "
           "\"splits_wait_us\": %.3f, \"reduce_us\": %.3f, \"span_us\": %.3f, "
           "\"cta_stamps_slots\": \"global_start, global_end, clock_start, first_stage, "
           "k_loop_end, stored, splits_in, clock_end, sm, iters\", \"cta_stamps\": [%s]}",
-          sh.name, m, sh.n, sh.k, plan.ToString(), ctas, us[0], us[1], us[2], us[3],
+          sh.name, m, sh.n, sh.k, plan.ToString(), ctas, us[0], gus, us[1], us[2], us[3],
           (g_last_start - g0) / 1000.0, med(mhz), med(first), med(step), step_max, med(store),
           med(wait), med(reduce), (g1 - g0) / 1000.0, raw));
     }

@@ -59,6 +59,7 @@ namespace symtp::kernels::sm90 {
 inline constexpr int kBN = 128;       // W rows (output columns) per tile
 inline constexpr int kBK = 64;        // K per stage: one 128-byte swizzle row of bf16
 inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+inline constexpr int kStagePitch = kBN + 8;  // bf16 per staged output row: no bank conflicts
 inline constexpr long long kWaitTimeoutCycles = 4'000'000'000;  // ~2 s at 2 GHz
 
 // kMSub: m64 row blocks per consumer warpgroup (1: BM = 128, 2: BM = 256).
@@ -70,9 +71,12 @@ struct TileShape {
   static constexpr int kWBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kPartialPitch = kBN + 8;  // floats; 2 wavefronts per float2 row store
-  static constexpr int kPartialBytes = kBM * kPartialPitch * 4;
-  static constexpr int kDataBytes = kRingBytes > kPartialBytes ? kRingBytes : kPartialBytes;
+  // A cluster partial (fp32, fragment order), then the staged bf16 output.
+  static constexpr int kPartialBytes = kBM * kBN * 4;
+  static constexpr int kStagingBytes = kBM * kStagePitch * 2;
+  static constexpr int kDataBytes = kRingBytes > kPartialBytes + kStagingBytes
+                                        ? kRingBytes
+                                        : kPartialBytes + kStagingBytes;
   // + full/empty barriers + slack to align the ring to 1024 bytes (swizzle atom).
   static constexpr int kSmemBytes = kDataBytes + 2 * kStages * 8 + 1024;
   static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0);
@@ -224,6 +228,22 @@ __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b));
 }
 
+// Row (in the tile) of the first value of accumulator chunk j of m64 block h
+// of consumer thread ct (0-255): float4 {acc[h][4j..4j+3]} holds D[row][col],
+// D[row][col + 1], D[row + 8][col], D[row + 8][col + 1], col = 8 j + 2 (ct % 4).
+template <int kMSub>
+__device__ __forceinline__ int ChunkRow(int h, int ct) {
+  return (ct / 128) * 64 * kMSub + h * 64 + ((ct % 128) / 32) * 16 + (ct % 32) / 4;
+}
+
+// Puts one accumulator chunk (see ChunkRow) into the staged bf16 tile.
+__device__ __forceinline__ void ToStaging(__nv_bfloat16* staging, int row, int col, float4 v) {
+  *reinterpret_cast<__nv_bfloat162*>(staging + row * kStagePitch + col) =
+      __floats2bfloat162_rn(v.x, v.y);
+  *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8) * kStagePitch + col) =
+      __floats2bfloat162_rn(v.z, v.w);
+}
+
 // Every thread of every CTA of the cluster; orders shared-memory writes before
 // it with reads (local or remote) after it.
 __device__ __forceinline__ void ClusterSync() {
@@ -266,6 +286,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto empty = [&](int s) { return bars + 8 * (T::kStages + s); };
   const auto a_tile = [&](int s) { return base + s * T::kStageBytes; };
   const auto w_tile = [&](int s) { return base + s * T::kStageBytes + T::kABytes; };
+
+  // The bf16 output tile (or this CTA's share of it) is staged here, past
+  // a cluster partial, then written with 16-byte stores.
+  __nv_bfloat16* const staging = reinterpret_cast<__nv_bfloat16*>(smem + T::kPartialBytes);
 
   const int wg = threadIdx.x / 128;
   // Split r of `splits` (grid x); in cluster mode also the CTA's cluster rank.
@@ -359,110 +383,119 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaWait<0>();
     mark(Probe::kKLoopEnd);
 
-    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int row_in = cw * 64 * kMSub + warp * 16 + lane / 4;  // + h 64 + 8 i
-    const int col_in = 2 * (lane % 4);                         // + 8 j + c
+    // The accumulators leave in the wgmma fragment order ("chunk" fc = float4
+    // j of m64 block h of consumer thread ct: (h 16 + j) 256 + ct), which is
+    // how partials are laid out (coalesced stores and loads, no bank
+    // conflicts); ToStaging puts chunks into rows.
+    const int ct = threadIdx.x - 128;
+    // Both consumer warpgroups must be done reading the ring before either
+    // overwrites it (the staging tile or a cluster partial lives there).
+    asm volatile("bar.sync 1, 256;" ::: "memory");
     if (splits == 1) {
 #pragma unroll
       for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = m0 + row_in + h * 64 + 8 * i;
-          if (row >= p.m) continue;
-          __nv_bfloat16* out = p.c + static_cast<int64_t>(row) * p.ldc;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const int col = n0 + col_in + 8 * j;
-            const float x = acc[h][4 * j + 2 * i], y = acc[h][4 * j + 2 * i + 1];
-            if (col + 1 < p.n) {
-              *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(x, y);
-            } else if (col < p.n) {
-              out[col] = __float2bfloat16_rn(x);
-            }
-          }
-        }
-      }
-    } else if (global_reduce) {
-      // This split's partial, rows below m only (the others are never read).
-      const int tile = blockIdx.z * gridDim.y + blockIdx.y;
-      float* part = p.partials + (static_cast<int64_t>(tile) * splits + rank) * T::kBM * kBN;
-#pragma unroll
-      for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = row_in + h * 64 + 8 * i;
-          if (m0 + row >= p.m) continue;
-          float* prow = part + row * kBN + col_in;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            __stcg(reinterpret_cast<float2*>(prow + 8 * j),
-                   make_float2(acc[h][4 * j + 2 * i], acc[h][4 * j + 2 * i + 1]));
-          }
+        for (int j = 0; j < 16; ++j) {
+          ToStaging(staging, ChunkRow<kMSub>(h, ct), 8 * j + 2 * (ct % 4),
+                    make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2],
+                                acc[h][4 * j + 3]));
         }
       }
     } else {
-      // Both consumer warpgroups must be done reading the ring before either
-      // overwrites it with its partial.
-      asm volatile("bar.sync 1, 256;" ::: "memory");
-      float* part = reinterpret_cast<float*>(smem);
+      float4* const part =
+          global_reduce
+              ? reinterpret_cast<float4*>(
+                    p.partials + (static_cast<int64_t>(blockIdx.z * gridDim.y + blockIdx.y) * splits +
+                                  rank) * T::kBM * kBN)
+              : reinterpret_cast<float4*>(smem);
 #pragma unroll
       for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float* prow = part + (row_in + h * 64 + 8 * i) * T::kPartialPitch + col_in;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            *reinterpret_cast<float2*>(prow + 8 * j) =
-                make_float2(acc[h][4 * j + 2 * i], acc[h][4 * j + 2 * i + 1]);
+        for (int j = 0; j < 16; ++j) {
+          const float4 v = make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2],
+                                       acc[h][4 * j + 3]);
+          if (global_reduce) {
+            __stcg(part + (h * 16 + j) * 256 + ct, v);
+          } else {
+            part[(h * 16 + j) * 256 + ct] = v;
           }
         }
       }
     }
   }
-  mark(Probe::kStored);
+
+  // Writes staged rows [r0, r1) of the tile (bf16, row-major) to C with
+  // 16-byte stores, every thread of the CTA taking part.
+  const auto store_rows = [&](int r0, int r1) {
+    r1 = min(r1, p.m - m0);
+    constexpr int kRowChunks = kBN / 8;
+    for (int t = threadIdx.x; t < (r1 - r0) * kRowChunks; t += kThreads) {
+      const int row = r0 + t / kRowChunks, c8 = (t % kRowChunks) * 8, col = n0 + c8;
+      const __nv_bfloat16* src = staging + (row - r0) * kStagePitch + c8;
+      __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
+      if (col + 8 <= p.n) {
+        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int e = 0; e < 8 && col + e < p.n; ++e) out[e] = src[e];
+      }
+    }
+  };
+
   if (splits == 1) {
+    __syncthreads();  // staging complete
+    mark(Probe::kStored);
+    store_rows(0, T::kBM);
     finish();
     return;
   }
+  mark(Probe::kStored);
 
-  // Sums rows [rank BM / splits, (rank + 1) BM / splits) of the tile over the
-  // splits (load(q, row, col) reads split q's partial) and writes them as bf16.
-  const auto reduce_rows = [&](auto&& load) {
-    const int rows_valid = min(T::kBM, p.m - m0);
-    const int r0 = static_cast<int>(rank * T::kBM / splits);
-    const int r1 = min(static_cast<int>((rank + 1) * T::kBM / splits), rows_valid);
-    constexpr int kChunks = kBN / 4;  // float4 per partial row
-    for (int t = threadIdx.x; t < (r1 - r0) * kChunks; t += kThreads) {
-      const int row = r0 + t / kChunks, c4 = (t % kChunks) * 4;
-      float4 v[8];
+  // Sums the chunks of 16-row units [u0, u1) of the tile over the splits
+  // (load(q, fc) reads chunk fc of split q's partial) into staging rows
+  // [16 u0, 16 u1), then writes them: two chunks per thread in flight, each
+  // with all of its splits' loads.
+  constexpr int kUnits = T::kBM / 16;
+  const int u0 = static_cast<int>(rank * kUnits / splits);
+  const int u1 = static_cast<int>((rank + 1) * kUnits / splits);
+  const auto reduce_units = [&](auto&& load) {
+    const int items = (u1 - u0) * 16 * 32;  // per unit: 16 chunks j x 32 lanes
+    const auto chunk_of = [&](int e) {
+      const int u = u0 + e / 512, j = (e / 32) % 16, lane = e % 32;
+      const int cw = u / (4 * kMSub), h = (u / 4) % kMSub, warp = u % 4;
+      return (h * 16 + j) * 256 + cw * 128 + warp * 32 + lane;
+    };
+    for (int e = threadIdx.x; e < items; e += 2 * kThreads) {
+      const bool two = e + kThreads < items;
+      const int fc[2] = {chunk_of(e), two ? chunk_of(e + kThreads) : chunk_of(e)};
+      float4 v[2][8];
 #pragma unroll
       for (uint32_t q = 0; q < 8; ++q) {
-        if (q < splits) v[q] = load(q, row, c4);
-      }
-      float4 sum = v[0];
-#pragma unroll
-      for (uint32_t q = 1; q < 8; ++q) {
         if (q < splits) {
-          sum.x += v[q].x;
-          sum.y += v[q].y;
-          sum.z += v[q].z;
-          sum.w += v[q].w;
+          v[0][q] = load(q, fc[0]);
+          v[1][q] = load(q, fc[1]);
         }
       }
-      const int col = n0 + c4;
-      __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
-      if (col + 3 < p.n) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z, sum.w);
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(out) = packed;
-      } else {
-        const float e4[4] = {sum.x, sum.y, sum.z, sum.w};
-        for (int e = 0; e < 4 && col + e < p.n; ++e) out[e] = __float2bfloat16_rn(e4[e]);
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float4 sum = v[x][0];
+#pragma unroll
+        for (uint32_t q = 1; q < 8; ++q) {
+          if (q < splits) {
+            sum.x += v[x][q].x;
+            sum.y += v[x][q].y;
+            sum.z += v[x][q].z;
+            sum.w += v[x][q].w;
+          }
+        }
+        if (x == 0 || two) {
+          const int c = fc[x] % 256, hj = fc[x] / 256;
+          ToStaging(staging, ChunkRow<kMSub>(hj / 16, c) - 16 * u0, 8 * (hj % 16) + 2 * (c % 4),
+                    sum);
+        }
       }
     }
+    __syncthreads();  // staging complete
+    store_rows(16 * u0, 16 * u1);
   };
 
   if (global_reduce) {
@@ -483,10 +516,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     mark(Probe::kSplitsIn);
-    const float* parts = p.partials + static_cast<int64_t>(tile) * splits * T::kBM * kBN;
-    reduce_rows([&](uint32_t q, int row, int c4) {
-      return __ldcg(reinterpret_cast<const float4*>(parts + (q * T::kBM + row) * kBN + c4));
-    });
+    const float4* parts =
+        reinterpret_cast<const float4*>(p.partials + static_cast<int64_t>(tile) * splits * T::kBM * kBN);
+    reduce_units([&](uint32_t q, int fc) { return __ldcg(parts + q * (T::kBM * kBN / 4) + fc); });
     __syncthreads();  // every read of the partials done
     if (threadIdx.x == 0) {
       // The tile's last CTA resets its counters for the next launch (launches
@@ -502,12 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   ClusterSync();  // every partial written
   mark(Probe::kSplitsIn);
-  {
-    const float* part = reinterpret_cast<const float*>(smem);
-    reduce_rows([&](uint32_t q, int row, int c4) {
-      return LoadRemote4(SmemAddr(part + row * T::kPartialPitch + c4), q);
-    });
-  }
+  reduce_units([&](uint32_t q, int fc) { return LoadRemote4(base + 16 * fc, q); });
   ClusterSync();  // no CTA leaves while another still reads its partial
   finish();
 #endif
