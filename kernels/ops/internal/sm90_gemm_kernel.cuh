@@ -71,12 +71,21 @@ struct TileShape {
   static constexpr int kWBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  // A cluster partial (fp32, fragment order), then the staged bf16 output.
-  static constexpr int kPartialBytes = kBM * kBN * 4;
+  // After the K loop: the chunks a cluster split receives (at most, over 2-8
+  // splits: (splits - 1) senders x kMSub x ceil(16 / splits) chunks x 256
+  // threads x 16 bytes), then the staged bf16 output.
+  static constexpr int RecvBytes(int splits) {
+    return (splits - 1) * kMSub * ((16 + splits - 1) / splits) * 256 * 16;
+  }
+  static constexpr int MaxRecvBytes() {
+    int most = 0;
+    for (int s = 2; s <= 8; ++s) most = RecvBytes(s) > most ? RecvBytes(s) : most;
+    return most;
+  }
   static constexpr int kStagingBytes = kBM * kStagePitch * 2;
-  static constexpr int kDataBytes = kRingBytes > kPartialBytes + kStagingBytes
+  static constexpr int kDataBytes = kRingBytes > MaxRecvBytes() + kStagingBytes
                                         ? kRingBytes
-                                        : kPartialBytes + kStagingBytes;
+                                        : MaxRecvBytes() + kStagingBytes;
   // + full/empty barriers + slack to align the ring to 1024 bytes (swizzle atom).
   static constexpr int kSmemBytes = kDataBytes + 2 * kStages * 8 + 1024;
   static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0);
@@ -252,14 +261,12 @@ __device__ __forceinline__ void ClusterSync() {
 }
 // Not volatile and no memory clobber: the loads of one output chunk from
 // every rank may be in flight together (ClusterSync orders them).
-__device__ __forceinline__ float4 LoadRemote4(uint32_t local_addr, uint32_t rank) {
+__device__ __forceinline__ void StoreRemote4(uint32_t local_addr, uint32_t rank, float4 v) {
   uint32_t remote;
   asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
-  float4 v;
-  asm("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "r"(remote));
-  return v;
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
 }
 
 }  // namespace detail
@@ -286,10 +293,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto empty = [&](int s) { return bars + 8 * (T::kStages + s); };
   const auto a_tile = [&](int s) { return base + s * T::kStageBytes; };
   const auto w_tile = [&](int s) { return base + s * T::kStageBytes + T::kABytes; };
-
-  // The bf16 output tile (or this CTA's share of it) is staged here, past
-  // a cluster partial, then written with 16-byte stores.
-  __nv_bfloat16* const staging = reinterpret_cast<__nv_bfloat16*>(smem + T::kPartialBytes);
 
   const int wg = threadIdx.x / 128;
   // Split r of `splits` (grid x); in cluster mode also the CTA's cluster rank.
@@ -334,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  float acc[kMSub][64];  // the consumers' accumulators (unused by the producer warpgroup)
   if (wg == 0) {
     if (threadIdx.x == 0) {
       // W is streamed once: evict it first; A (the activations) is re-read by
@@ -354,7 +358,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {
     const int cw = wg - 1;  // consumer warpgroup: rows [cw BM/2, (cw+1) BM/2) of the tile
-    float acc[kMSub][64];
 #pragma unroll
     for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
@@ -382,126 +385,86 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaWait<0>();
     mark(Probe::kKLoopEnd);
-
-    // The accumulators leave in the wgmma fragment order ("chunk" fc = float4
-    // j of m64 block h of consumer thread ct: (h 16 + j) 256 + ct), which is
-    // how partials are laid out (coalesced stores and loads, no bank
-    // conflicts); ToStaging puts chunks into rows.
-    const int ct = threadIdx.x - 128;
-    // Both consumer warpgroups must be done reading the ring before either
-    // overwrites it (the staging tile or a cluster partial lives there).
-    asm volatile("bar.sync 1, 256;" ::: "memory");
-    if (splits == 1) {
-#pragma unroll
-      for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          ToStaging(staging, ChunkRow<kMSub>(h, ct), 8 * j + 2 * (ct % 4),
-                    make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2],
-                                acc[h][4 * j + 3]));
-        }
-      }
-    } else {
-      float4* const part =
-          global_reduce
-              ? reinterpret_cast<float4*>(
-                    p.partials + (static_cast<int64_t>(blockIdx.z * gridDim.y + blockIdx.y) * splits +
-                                  rank) * T::kBM * kBN)
-              : reinterpret_cast<float4*>(smem);
-#pragma unroll
-      for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float4 v = make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2],
-                                       acc[h][4 * j + 3]);
-          if (global_reduce) {
-            __stcg(part + (h * 16 + j) * 256 + ct, v);
-          } else {
-            part[(h * 16 + j) * 256 + ct] = v;
-          }
-        }
-      }
-    }
   }
 
-  // Writes staged rows [r0, r1) of the tile (bf16, row-major) to C with
-  // 16-byte stores, every thread of the CTA taking part.
-  const auto store_rows = [&](int r0, int r1) {
-    r1 = min(r1, p.m - m0);
-    constexpr int kRowChunks = kBN / 8;
-    for (int t = threadIdx.x; t < (r1 - r0) * kRowChunks; t += kThreads) {
-      const int row = r0 + t / kRowChunks, c8 = (t % kRowChunks) * 8, col = n0 + c8;
-      const __nv_bfloat16* src = staging + (row - r0) * kStagePitch + c8;
-      __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
-      if (col + 8 <= p.n) {
-        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int e = 0; e < 8 && col + e < p.n; ++e) out[e] = src[e];
-      }
-    }
+  // Split-K: rank r of the tile's splits owns the 8-column chunks j (of 16)
+  // with j splits / 16 == r, i.e. columns [8 j0, 8 j1) of every row; every
+  // other rank sends it those chunks of its accumulators (float4 j of m64
+  // block h of consumer thread ct, the wgmma fragment order: coalesced, no
+  // bank conflicts), and the owner adds them to its own in registers in rank
+  // order (deterministic). Cluster mode pushes them into the owner's shared
+  // memory (st.shared::cluster: stores do not wait, so nothing is latency
+  // bound); global mode goes through the workspace. Then each rank stages its
+  // columns as bf16 and writes them with 16-byte stores.
+  const int j0 = static_cast<int>((16 * rank + splits - 1) / splits);
+  const int j1 = static_cast<int>((16 * (rank + 1) + splits - 1) / splits);
+  const int jmax = static_cast<int>((16 + splits - 1) / splits);  // chunks a rank owns, at most
+  const bool consumer = wg > 0;
+  const int ct = threadIdx.x - 128;
+  const auto owner = [&](int j) { return static_cast<uint32_t>(j) * splits / 16; };
+  // Cluster mode: the chunks received from the other ranks, slot (sender's
+  // rank without this one) x h x owned chunk x consumer thread, in the
+  // drained ring; the staged output follows.
+  const uint32_t recv_bytes = global_reduce ? 0u : (splits - 1) * kMSub * jmax * 256 * 16;
+  __nv_bfloat16* const staging = reinterpret_cast<__nv_bfloat16*>(smem + recv_bytes);
+  const auto chunk = [&](int h, int j) {
+    return make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2], acc[h][4 * j + 3]);
   };
+  const auto add = [&](int h, int j, float4 v) {
+    acc[h][4 * j] += v.x;
+    acc[h][4 * j + 1] += v.y;
+    acc[h][4 * j + 2] += v.z;
+    acc[h][4 * j + 3] += v.w;
+  };
+  const int tile = blockIdx.z * gridDim.y + blockIdx.y;
 
-  if (splits == 1) {
-    __syncthreads();  // staging complete
+  if (splits > 1 && !global_reduce) {
     mark(Probe::kStored);
-    store_rows(0, T::kBM);
-    finish();
-    return;
-  }
-  mark(Probe::kStored);
-
-  // Sums the chunks of 16-row units [u0, u1) of the tile over the splits
-  // (load(q, fc) reads chunk fc of split q's partial) into staging rows
-  // [16 u0, 16 u1), then writes them: two chunks per thread in flight, each
-  // with all of its splits' loads.
-  constexpr int kUnits = T::kBM / 16;
-  const int u0 = static_cast<int>(rank * kUnits / splits);
-  const int u1 = static_cast<int>((rank + 1) * kUnits / splits);
-  const auto reduce_units = [&](auto&& load) {
-    const int items = (u1 - u0) * 16 * 32;  // per unit: 16 chunks j x 32 lanes
-    const auto chunk_of = [&](int e) {
-      const int u = u0 + e / 512, j = (e / 32) % 16, lane = e % 32;
-      const int cw = u / (4 * kMSub), h = (u / 4) % kMSub, warp = u % 4;
-      return (h * 16 + j) * 256 + cw * 128 + warp * 32 + lane;
-    };
-    for (int e = threadIdx.x; e < items; e += 2 * kThreads) {
-      const bool two = e + kThreads < items;
-      const int fc[2] = {chunk_of(e), two ? chunk_of(e + kThreads) : chunk_of(e)};
-      float4 v[2][8];
+    ClusterSync();  // every ring of the cluster drained: the receive buffers are free
+    if (consumer) {
 #pragma unroll
-      for (uint32_t q = 0; q < 8; ++q) {
-        if (q < splits) {
-          v[0][q] = load(q, fc[0]);
-          v[1][q] = load(q, fc[1]);
-        }
-      }
+      for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        float4 sum = v[x][0];
-#pragma unroll
-        for (uint32_t q = 1; q < 8; ++q) {
-          if (q < splits) {
-            sum.x += v[x][q].x;
-            sum.y += v[x][q].y;
-            sum.z += v[x][q].z;
-            sum.w += v[x][q].w;
-          }
-        }
-        if (x == 0 || two) {
-          const int c = fc[x] % 256, hj = fc[x] / 256;
-          ToStaging(staging, ChunkRow<kMSub>(hj / 16, c) - 16 * u0, 8 * (hj % 16) + 2 * (c % 4),
-                    sum);
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t q = owner(j);
+          if (q == rank) continue;
+          const int qj0 = static_cast<int>((16 * q + splits - 1) / splits);
+          const uint32_t slot = rank < q ? rank : rank - 1;
+          const uint32_t idx = ((slot * kMSub + h) * jmax + (j - qj0)) * 256 + ct;
+          StoreRemote4(base + 16 * idx, q, chunk(h, j));
         }
       }
     }
-    __syncthreads();  // staging complete
-    store_rows(16 * u0, 16 * u1);
-  };
-
-  if (global_reduce) {
-    const int tile = blockIdx.z * gridDim.y + blockIdx.y;
+    ClusterSync();  // every chunk landed
+    mark(Probe::kSplitsIn);
+    if (consumer) {
+      const float4* recv = reinterpret_cast<const float4*>(smem);
+      for (uint32_t slot = 0; slot + 1 < splits; ++slot) {
+#pragma unroll
+        for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            if (j >= j0 && j < j1) add(h, j, recv[((slot * kMSub + h) * jmax + (j - j0)) * 256 + ct]);
+          }
+        }
+      }
+    }
+  } else if (splits > 1) {
+    // Split r's partial: partials[(tile splits + r) BM kBN], fragment order
+    // ((h 16 + j) 256 + ct float4s); only the chunks other ranks own are written.
+    float4* const parts = reinterpret_cast<float4*>(p.partials) +
+                          static_cast<int64_t>(tile) * splits * (T::kBM * kBN / 4);
+    if (consumer) {
+#pragma unroll
+      for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (owner(j) != rank) __stcg(parts + rank * (T::kBM * kBN / 4) + (h * 16 + j) * 256 + ct, chunk(h, j));
+        }
+      }
+    }
+    mark(Probe::kStored);
     unsigned int* arrive = p.counters + 2 * tile;
-    unsigned int* done = arrive + 1;
     __syncthreads();  // every partial store of this CTA issued
     if (threadIdx.x == 0) {
       __threadfence();
@@ -516,26 +479,58 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     mark(Probe::kSplitsIn);
-    const float4* parts =
-        reinterpret_cast<const float4*>(p.partials + static_cast<int64_t>(tile) * splits * T::kBM * kBN);
-    reduce_units([&](uint32_t q, int fc) { return __ldcg(parts + q * (T::kBM * kBN / 4) + fc); });
-    __syncthreads();  // every read of the partials done
-    if (threadIdx.x == 0) {
-      // The tile's last CTA resets its counters for the next launch (launches
-      // on a stream are ordered: nothing of this tile runs concurrently).
-      if (atomicAdd(done, 1u) == splits - 1) {
-        atomicExch(arrive, 0u);
-        atomicExch(done, 0u);
+    if (consumer) {
+      for (uint32_t q = 0; q < splits; ++q) {
+        if (q == rank) continue;
+        const float4* part = parts + q * (T::kBM * kBN / 4);
+#pragma unroll
+        for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            if (j >= j0 && j < j1) add(h, j, __ldcg(part + (h * 16 + j) * 256 + ct));
+          }
+        }
       }
     }
-    finish();
-    return;
+  } else {
+    mark(Probe::kStored);
   }
 
-  ClusterSync();  // every partial written
-  mark(Probe::kSplitsIn);
-  reduce_units([&](uint32_t q, int fc) { return LoadRemote4(base + 16 * fc, q); });
-  ClusterSync();  // no CTA leaves while another still reads its partial
+  if (consumer) {
+    // Both consumer warpgroups are done with the ring (the staging may overlap it).
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+#pragma unroll
+    for (int h = 0; h < kMSub; ++h) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if (j >= j0 && j < j1) ToStaging(staging, ChunkRow<kMSub>(h, ct), 8 * j + 2 * (ct % 4), chunk(h, j));
+      }
+    }
+  }
+  __syncthreads();  // staging complete; every read of the partials done
+  {
+    // Columns [8 j0, 8 j1) of every valid row, 16 bytes per store.
+    const int jn = j1 - j0, rows = min(T::kBM, p.m - m0);
+    for (int t = threadIdx.x; t < rows * jn; t += kThreads) {
+      const int row = t / jn, c8 = 8 * (j0 + t % jn), col = n0 + c8;
+      const __nv_bfloat16* src = staging + row * kStagePitch + c8;
+      __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
+      if (col + 8 <= p.n) {
+        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int e = 0; e < 8 && col + e < p.n; ++e) out[e] = src[e];
+      }
+    }
+  }
+  if (splits > 1 && global_reduce && threadIdx.x == 0) {
+    // The tile's last CTA resets its counters for the next launch (launches
+    // on a stream are ordered: nothing of this tile runs concurrently).
+    unsigned int* arrive = p.counters + 2 * tile;
+    if (atomicAdd(arrive + 1, 1u) == splits - 1) {
+      atomicExch(arrive, 0u);
+      atomicExch(arrive + 1, 0u);
+    }
+  }
   finish();
 #endif
 }
