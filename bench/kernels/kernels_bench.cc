@@ -519,8 +519,9 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       "\nsm90 GEMM probe, M = 256 (us = median time; noA / noW / noAW = A / W / both loaded "
       "only into the ring's first fill; timeline of one stamped launch, medians over CTAs: "
       "skew = last CTA start - first, MHz = SM clock, first = start to first stage landed, "
-      "step = K step (ns; max = slowest CTA), store = epilogue stores, wait = for the other "
-      "splits, reduce = sum and write)\n");
+      "step = K step (ns; max = slowest CTA), send = chunks out to the other splits (or "
+      "staging when unsplit), wait = until the other splits' chunks are in, sum = summed and "
+      "staged, out = output stores issued, span = first CTA start to last CTA end)\n");
   {
     // What the timing itself costs: a 16-byte memset (one tiny kernel).
     auto noop = [&](int) -> absl::Status {
@@ -534,9 +535,9 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
     js->sm90_probe.push_back(absl::StrFormat(
         "{\"plan\": \"memset16\", \"us\": %.2f, \"graph_us_per_call\": %.2f}", us, gus));
   }
-  std::printf("%-11s %-22s %4s %7s %7s %7s %7s %7s %6s %5s %6s %6s %6s %6s %6s %6s %6s\n",
+  std::printf("%-11s %-22s %4s %7s %7s %7s %7s %7s %6s %5s %6s %6s %6s %6s %6s %6s %6s %6s\n",
               "shape", "plan", "ctas", "us", "graph", "noA", "noW", "noAW", "skew", "MHz", "first",
-              "step", "max", "store", "wait", "reduce", "span");
+              "step", "max", "send", "wait", "sum", "out", "span");
   for (const Shape& sh : shapes) {
     const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
     {
@@ -598,7 +599,7 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
                                            cudaMemcpyDeviceToHost, s));
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       unsigned long long g0 = ~0ull, g_last_start = 0, g1 = 0;
-      std::vector<double> mhz, first, step, store, wait, reduce;
+      std::vector<double> mhz, first, step, send, wait, sum, out;
       std::string raw;
       for (int64_t b = 0; b < ctas; ++b) {
         const unsigned long long* x = &st[b * Probe::kSlots];
@@ -620,11 +621,10 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
         const int iters = static_cast<int>(x[Probe::kIters]);
         step.push_back(iters > 1 ? 1000 * us_of(Probe::kFirstStage, Probe::kKLoopEnd) / (iters - 1)
                                  : 0.0);
-        store.push_back(us_of(Probe::kKLoopEnd, Probe::kStored));
-        if (plan.splits > 1) {
-          wait.push_back(us_of(Probe::kStored, Probe::kSplitsIn));
-          reduce.push_back(us_of(Probe::kSplitsIn, Probe::kClockEnd));
-        }
+        send.push_back(us_of(Probe::kKLoopEnd, Probe::kStored));
+        wait.push_back(us_of(Probe::kStored, Probe::kSplitsIn));
+        sum.push_back(us_of(Probe::kSplitsIn, Probe::kReduced));
+        out.push_back(us_of(Probe::kReduced, Probe::kClockEnd));
         absl::StrAppend(&raw, b ? ", " : "", "[");
         for (int slot = 0; slot < Probe::kSlots; ++slot) {
           absl::StrAppend(&raw, slot ? ", " : "", x[slot]);
@@ -635,25 +635,25 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       const auto med = [](const std::vector<double>& v) { return v.empty() ? 0.0 : Median(v); };
       std::printf(
           "%-11s %-22s %4lld %7.1f %7.1f %7.1f %7.1f %7.1f %6.2f %5.0f %6.2f %6.0f %6.0f %6.2f "
-          "%6.2f %6.2f %6.1f\n",
+          "%6.2f %6.2f %6.2f %6.1f\n",
           sh.name,
           absl::StrFormat("%dx128 %dx%s", 128 * plan.m_sub, plan.splits,
                           plan.splits == 1 ? "" : plan.global_reduce ? " global" : " cluster")
               .c_str(),
           static_cast<long long>(ctas), us[0], gus, us[1], us[2], us[3], (g_last_start - g0) / 1000.0,
-          med(mhz), med(first), med(step), step_max, med(store), med(wait), med(reduce),
+          med(mhz), med(first), med(step), step_max, med(send), med(wait), med(sum), med(out),
           (g1 - g0) / 1000.0);
       js->sm90_probe.push_back(absl::StrFormat(
           "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"%s\", \"ctas\": %d, "
           "\"us\": %.2f, \"graph_us_per_call\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, \"us_skip_aw\": %.2f, "
           "\"start_skew_us\": %.3f, \"sm_mhz\": %.0f, \"first_stage_us\": %.3f, "
-          "\"k_step_ns\": %.1f, \"k_step_ns_max\": %.1f, \"store_us\": %.3f, "
-          "\"splits_wait_us\": %.3f, \"reduce_us\": %.3f, \"span_us\": %.3f, "
+          "\"k_step_ns\": %.1f, \"k_step_ns_max\": %.1f, \"send_us\": %.3f, "
+          "\"wait_us\": %.3f, \"sum_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f, "
           "\"cta_stamps_slots\": \"global_start, global_end, clock_start, first_stage, "
-          "k_loop_end, stored, splits_in, clock_end, sm, iters\", \"cta_stamps\": [%s]}",
+          "k_loop_end, sent, splits_in, reduced, clock_end, sm, iters\", \"cta_stamps\": [%s]}",
           sh.name, m, sh.n, sh.k, plan.ToString(), ctas, us[0], gus, us[1], us[2], us[3],
-          (g_last_start - g0) / 1000.0, med(mhz), med(first), med(step), step_max, med(store),
-          med(wait), med(reduce), (g1 - g0) / 1000.0, raw));
+          (g_last_start - g0) / 1000.0, med(mhz), med(first), med(step), step_max, med(send),
+          med(wait), med(sum), med(out), (g1 - g0) / 1000.0, raw));
     }
   }
   return absl::OkStatus();

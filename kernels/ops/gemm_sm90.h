@@ -37,8 +37,9 @@ struct Sm90GemmProbe {
   // stamps: kSlots values per CTA (index: x + X (y + Y z) of the grid), written
   // by the first consumer thread: %globaltimer (ns) at its start and end;
   // clock64 at its start, when the first stage landed, after the K loop, after
-  // the epilogue's stores (the partial, or the output when splits == 1), after
-  // the wait for the tile's other splits, at the end; the SM id; its K steps.
+  // its chunks for the other splits were sent, when the other splits' chunks
+  // were in (split-K; else after staging), after the sum was staged, at the
+  // end (the output's stores issued); the SM id; its K steps.
   enum Slot : int {
     kGlobalStart,
     kGlobalEnd,
@@ -47,6 +48,7 @@ struct Sm90GemmProbe {
     kKLoopEnd,
     kStored,
     kSplitsIn,
+    kReduced,
     kClockEnd,
     kSm,
     kIters,

@@ -299,13 +299,9 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
       EXPECT_LE(x[Probe::kClockStart], x[Probe::kFirstStage]);
       EXPECT_LE(x[Probe::kFirstStage], x[Probe::kKLoopEnd]);
       EXPECT_LE(x[Probe::kKLoopEnd], x[Probe::kStored]);
-      if (plan.splits > 1) {
-        EXPECT_LE(x[Probe::kStored], x[Probe::kSplitsIn]);
-        EXPECT_LE(x[Probe::kSplitsIn], x[Probe::kClockEnd]);
-      } else {
-        EXPECT_EQ(x[Probe::kSplitsIn], 0u);
-        EXPECT_LE(x[Probe::kStored], x[Probe::kClockEnd]);
-      }
+      EXPECT_LE(x[Probe::kStored], x[Probe::kSplitsIn]);
+      EXPECT_LE(x[Probe::kSplitsIn], x[Probe::kReduced]);
+      EXPECT_LE(x[Probe::kReduced], x[Probe::kClockEnd]);
       EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
       steps[b / plan.splits] += static_cast<int64_t>(x[Probe::kIters]);  // x = split
     }

@@ -59,7 +59,9 @@ namespace symtp::kernels::sm90 {
 inline constexpr int kBN = 128;       // W rows (output columns) per tile
 inline constexpr int kBK = 64;        // K per stage: one 128-byte swizzle row of bf16
 inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-inline constexpr int kStagePitch = kBN + 8;  // bf16 per staged output row: no bank conflicts
+// bf16 per staged output row holding `chunks` 8-column chunks: an odd number
+// of 16-byte units, so the 8 rows of a fragment store hit distinct banks.
+constexpr int StagePitch(int chunks) { return 8 * (chunks % 2 == 0 ? chunks + 1 : chunks + 2); }
 inline constexpr long long kWaitTimeoutCycles = 4'000'000'000;  // ~2 s at 2 GHz
 
 // kMSub: m64 row blocks per consumer warpgroup (1: BM = 128, 2: BM = 256).
@@ -71,23 +73,25 @@ struct TileShape {
   static constexpr int kWBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  // After the K loop: the chunks a cluster split receives (at most, over 2-8
-  // splits: (splits - 1) senders x kMSub x ceil(16 / splits) chunks x 256
-  // threads x 16 bytes), then the staged bf16 output.
+  // After the K loop (see the kernel's split-K comment): every split's
+  // chunks of the columns this CTA owns, then its staged bf16 output.
+  static constexpr int OwnedChunks(int splits) { return (16 + splits - 1) / splits; }
   static constexpr int RecvBytes(int splits) {
-    return (splits - 1) * kMSub * ((16 + splits - 1) / splits) * 256 * 16;
+    return splits == 1 ? 0 : splits * kMSub * OwnedChunks(splits) * 256 * 16;
   }
-  static constexpr int MaxRecvBytes() {
+  static constexpr int MaxEpilogueBytes() {
     int most = 0;
-    for (int s = 2; s <= 8; ++s) most = RecvBytes(s) > most ? RecvBytes(s) : most;
+    for (int s = 1; s <= 8; ++s) {
+      const int bytes = RecvBytes(s) + kBM * StagePitch(OwnedChunks(s)) * 2;
+      most = bytes > most ? bytes : most;
+    }
     return most;
   }
-  static constexpr int kStagingBytes = kBM * kStagePitch * 2;
-  static constexpr int kDataBytes = kRingBytes > MaxRecvBytes() + kStagingBytes
-                                        ? kRingBytes
-                                        : MaxRecvBytes() + kStagingBytes;
-  // + full/empty barriers + slack to align the ring to 1024 bytes (swizzle atom).
-  static constexpr int kSmemBytes = kDataBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kDataBytes =
+      kRingBytes > MaxEpilogueBytes() ? kRingBytes : MaxEpilogueBytes();
+  // + full/empty barriers, the reduction's barrier, slack to align the ring
+  // to 1024 bytes (swizzle atom).
+  static constexpr int kSmemBytes = kDataBytes + (2 * kStages + 1) * 8 + 1024;
   static_assert(kABytes % 1024 == 0 && kWBytes % 1024 == 0);
   static_assert(kSmemBytes <= 227 * 1024);
 };
@@ -246,11 +250,22 @@ __device__ __forceinline__ int ChunkRow(int h, int ct) {
 }
 
 // Puts one accumulator chunk (see ChunkRow) into the staged bf16 tile.
-__device__ __forceinline__ void ToStaging(__nv_bfloat16* staging, int row, int col, float4 v) {
-  *reinterpret_cast<__nv_bfloat162*>(staging + row * kStagePitch + col) =
-      __floats2bfloat162_rn(v.x, v.y);
-  *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8) * kStagePitch + col) =
+__device__ __forceinline__ void ToStaging(__nv_bfloat16* staging, int pitch, int row, int col,
+                                          float4 v) {
+  *reinterpret_cast<__nv_bfloat162*>(staging + row * pitch + col) = __floats2bfloat162_rn(v.x, v.y);
+  *reinterpret_cast<__nv_bfloat162*>(staging + (row + 8) * pitch + col) =
       __floats2bfloat162_rn(v.z, v.w);
+}
+
+// Bulk copy (TMA engine) of `bytes` from global `src` into shared `dst`,
+// completing on `bar`.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
 }
 
 // Every thread of every CTA of the cluster; orders shared-memory writes before
@@ -291,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bars = base + T::kDataBytes;  // full[kStages], then empty[kStages]
   const auto full = [&](int s) { return bars + 8 * s; };
   const auto empty = [&](int s) { return bars + 8 * (T::kStages + s); };
+  const uint32_t reduce_bar = bars + 8 * 2 * T::kStages;  // global split-K's bulk copies
   const auto a_tile = [&](int s) { return base + s * T::kStageBytes; };
   const auto w_tile = [&](int s) { return base + s * T::kStageBytes + T::kABytes; };
 
@@ -331,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(full(s), 1);
       MbarInit(empty(s), 256);  // every consumer thread, after its own wgmma wait
     }
+    MbarInit(reduce_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
@@ -387,133 +404,134 @@ __global__ void __launch_bounds__(kThreads, 1)
     mark(Probe::kKLoopEnd);
   }
 
-  // Split-K: rank r of the tile's splits owns the 8-column chunks j (of 16)
-  // with j splits / 16 == r, i.e. columns [8 j0, 8 j1) of every row; every
-  // other rank sends it those chunks of its accumulators (float4 j of m64
-  // block h of consumer thread ct, the wgmma fragment order: coalesced, no
-  // bank conflicts), and the owner adds them to its own in registers in rank
-  // order (deterministic). Cluster mode pushes them into the owner's shared
-  // memory (st.shared::cluster: stores do not wait, so nothing is latency
-  // bound); global mode goes through the workspace. Then each rank stages its
-  // columns as bf16 and writes them with 16-byte stores.
+  // Split-K: split r owns the 8-column chunks j (of the tile's 16) with
+  // j splits / 16 == r, columns [8 j0, 8 j1) of every row. Each split puts
+  // its accumulator chunks (float4 j of m64 block h of consumer thread ct, the
+  // wgmma fragment order) where the owner finds them: cluster mode stores them
+  // straight into the owner's shared memory (st.shared::cluster, slot = the
+  // sender's rank); global mode keeps its own in shared memory and writes the
+  // others to the workspace, from where each owner pulls its columns with
+  // bulk copies once the tile's counter says every split is in. Either way
+  // the owner then sums the slots in rank order (deterministic) from its own
+  // shared memory, stages bf16 and writes its columns with 16-byte stores.
+  // Nothing waits on a remote load.
   const int j0 = static_cast<int>((16 * rank + splits - 1) / splits);
   const int j1 = static_cast<int>((16 * (rank + 1) + splits - 1) / splits);
-  const int jmax = static_cast<int>((16 + splits - 1) / splits);  // chunks a rank owns, at most
+  const int jn = j1 - j0, jmax = static_cast<int>((16 + splits - 1) / splits);
+  const int pitch = StagePitch(jmax);
   const bool consumer = wg > 0;
   const int ct = threadIdx.x - 128;
-  const auto owner = [&](int j) { return static_cast<uint32_t>(j) * splits / 16; };
-  // Cluster mode: the chunks received from the other ranks, slot (sender's
-  // rank without this one) x h x owned chunk x consumer thread, in the
-  // drained ring; the staged output follows.
-  const uint32_t recv_bytes = global_reduce ? 0u : (splits - 1) * kMSub * jmax * 256 * 16;
+  const int tile = blockIdx.z * gridDim.y + blockIdx.y;
+  // recv[slot][h][j - j0 of the owner][ct] (float4), then the staged output.
+  const uint32_t slot_floats4 = kMSub * jmax * 256;
+  float4* const recv = reinterpret_cast<float4*>(smem);
+  const uint32_t recv_bytes = splits == 1 ? 0u : splits * slot_floats4 * 16;
   __nv_bfloat16* const staging = reinterpret_cast<__nv_bfloat16*>(smem + recv_bytes);
   const auto chunk = [&](int h, int j) {
     return make_float4(acc[h][4 * j], acc[h][4 * j + 1], acc[h][4 * j + 2], acc[h][4 * j + 3]);
   };
-  const auto add = [&](int h, int j, float4 v) {
-    acc[h][4 * j] += v.x;
-    acc[h][4 * j + 1] += v.y;
-    acc[h][4 * j + 2] += v.z;
-    acc[h][4 * j + 3] += v.w;
-  };
-  const int tile = blockIdx.z * gridDim.y + blockIdx.y;
+  // Global mode: split q's partial, (h 16 + j) 256 + ct float4s.
+  float4* const parts = global_reduce ? reinterpret_cast<float4*>(p.partials) +
+                                            static_cast<int64_t>(tile) * splits * (T::kBM * kBN / 4)
+                                      : nullptr;
 
-  if (splits > 1 && !global_reduce) {
+  if (splits == 1) {
     mark(Probe::kStored);
-    ClusterSync();  // every ring of the cluster drained: the receive buffers are free
     if (consumer) {
+      // Both consumer warpgroups are done with the ring (the staging overlaps it).
+      asm volatile("bar.sync 1, 256;" ::: "memory");
 #pragma unroll
       for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const uint32_t q = owner(j);
-          if (q == rank) continue;
-          const int qj0 = static_cast<int>((16 * q + splits - 1) / splits);
-          const uint32_t slot = rank < q ? rank : rank - 1;
-          const uint32_t idx = ((slot * kMSub + h) * jmax + (j - qj0)) * 256 + ct;
-          StoreRemote4(base + 16 * idx, q, chunk(h, j));
+          ToStaging(staging, pitch, ChunkRow<kMSub>(h, ct), 8 * j + 2 * (ct % 4), chunk(h, j));
         }
       }
     }
-    ClusterSync();  // every chunk landed
     mark(Probe::kSplitsIn);
-    if (consumer) {
-      const float4* recv = reinterpret_cast<const float4*>(smem);
-      for (uint32_t slot = 0; slot + 1 < splits; ++slot) {
-#pragma unroll
-        for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            if (j >= j0 && j < j1) add(h, j, recv[((slot * kMSub + h) * jmax + (j - j0)) * 256 + ct]);
-          }
-        }
-      }
-    }
-  } else if (splits > 1) {
-    // Split r's partial: partials[(tile splits + r) BM kBN], fragment order
-    // ((h 16 + j) 256 + ct float4s); only the chunks other ranks own are written.
-    float4* const parts = reinterpret_cast<float4*>(p.partials) +
-                          static_cast<int64_t>(tile) * splits * (T::kBM * kBN / 4);
-    if (consumer) {
-#pragma unroll
-      for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          if (owner(j) != rank) __stcg(parts + rank * (T::kBM * kBN / 4) + (h * 16 + j) * 256 + ct, chunk(h, j));
-        }
-      }
-    }
-    mark(Probe::kStored);
-    unsigned int* arrive = p.counters + 2 * tile;
-    __syncthreads();  // every partial store of this CTA issued
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(arrive, 1u);
-      // All splits of the tile run at once (cooperative launch): wait for them.
-      SpinUntil([&] {
-        unsigned int seen;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrive) : "memory");
-        return seen >= splits;
-      });
-      __threadfence();
-    }
-    __syncthreads();
-    mark(Probe::kSplitsIn);
-    if (consumer) {
-      for (uint32_t q = 0; q < splits; ++q) {
-        if (q == rank) continue;
-        const float4* part = parts + q * (T::kBM * kBN / 4);
-#pragma unroll
-        for (int h = 0; h < kMSub; ++h) {
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            if (j >= j0 && j < j1) add(h, j, __ldcg(part + (h * 16 + j) * 256 + ct));
-          }
-        }
-      }
-    }
   } else {
-    mark(Probe::kStored);
-  }
-
-  if (consumer) {
-    // Both consumer warpgroups are done with the ring (the staging may overlap it).
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (!global_reduce) ClusterSync();  // every ring of the cluster drained: recv is free
+    if (consumer) {
+      if (global_reduce) asm volatile("bar.sync 1, 256;" ::: "memory");  // this ring drained
 #pragma unroll
-    for (int h = 0; h < kMSub; ++h) {
+      for (int h = 0; h < kMSub; ++h) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (j >= j0 && j < j1) ToStaging(staging, ChunkRow<kMSub>(h, ct), 8 * j + 2 * (ct % 4), chunk(h, j));
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t q = static_cast<uint32_t>(j) * splits / 16;  // the owner
+          const int qj0 = static_cast<int>((16 * q + splits - 1) / splits);
+          const uint32_t idx = rank * slot_floats4 + (h * jmax + (j - qj0)) * 256 + ct;
+          if (q == rank) {
+            recv[idx] = chunk(h, j);
+          } else if (global_reduce) {
+            __stcg(parts + rank * (T::kBM * kBN / 4) + (h * 16 + j) * 256 + ct, chunk(h, j));
+          } else {
+            StoreRemote4(base + 16 * idx, q, chunk(h, j));
+          }
+        }
       }
     }
+    mark(Probe::kStored);
+    if (!global_reduce) {
+      ClusterSync();  // every chunk landed
+    } else {
+      __syncthreads();  // every partial store of this CTA issued
+      if (threadIdx.x == 0) {
+        unsigned int* arrive = p.counters + 2 * tile;
+        __threadfence();
+        atomicAdd(arrive, 1u);
+        // All splits of the tile run at once (cooperative launch): wait for them.
+        SpinUntil([&] {
+          unsigned int seen;
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrive) : "memory");
+          return seen >= splits;
+        });
+        __threadfence();
+        // The partials were written through the generic proxy; the bulk
+        // copies read them through the async proxy.
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        const uint32_t run_bytes = jn * 256 * 16;
+        MbarExpectTx(reduce_bar, (splits - 1) * kMSub * run_bytes);
+        for (uint32_t q = 0; q < splits; ++q) {
+          if (q == rank) continue;
+          for (int h = 0; h < kMSub; ++h) {
+            BulkLoad(SmemAddr(recv + q * slot_floats4 + h * jmax * 256),
+                     parts + q * (T::kBM * kBN / 4) + (h * 16 + j0) * 256, run_bytes, reduce_bar);
+          }
+        }
+      }
+      MbarWait(reduce_bar, 0);
+    }
+    mark(Probe::kSplitsIn);
+    // Sum the slots of every owned chunk (h, j - j0, thread) and stage it.
+    for (int e = threadIdx.x; e < kMSub * jn * 256; e += kThreads) {
+      const int c = e % 256, hj = e / 256, h = hj / jn, jj = hj % jn;
+      const uint32_t at = (h * jmax + jj) * 256 + c;
+      float4 v[8];
+#pragma unroll
+      for (uint32_t q = 0; q < 8; ++q) {
+        if (q < splits) v[q] = recv[q * slot_floats4 + at];
+      }
+      float4 sum = v[0];
+#pragma unroll
+      for (uint32_t q = 1; q < 8; ++q) {
+        if (q < splits) {
+          sum.x += v[q].x;
+          sum.y += v[q].y;
+          sum.z += v[q].z;
+          sum.w += v[q].w;
+        }
+      }
+      ToStaging(staging, pitch, ChunkRow<kMSub>(h, c), 8 * jj + 2 * (c % 4), sum);
+    }
   }
-  __syncthreads();  // staging complete; every read of the partials done
+  __syncthreads();  // staging complete; every read of recv done
+  mark(Probe::kReduced);
   {
-    // Columns [8 j0, 8 j1) of every valid row, 16 bytes per store.
-    const int jn = j1 - j0, rows = min(T::kBM, p.m - m0);
+    // Owned columns [8 j0, 8 j1) of every valid row, 16 bytes per store.
+    const int rows = min(T::kBM, p.m - m0);
     for (int t = threadIdx.x; t < rows * jn; t += kThreads) {
-      const int row = t / jn, c8 = 8 * (j0 + t % jn), col = n0 + c8;
-      const __nv_bfloat16* src = staging + row * kStagePitch + c8;
+      const int row = t / jn, jj = t % jn, col = n0 + 8 * (j0 + jj);
+      const __nv_bfloat16* src = staging + row * pitch + 8 * jj;
       __nv_bfloat16* out = p.c + static_cast<int64_t>(m0 + row) * p.ldc + col;
       if (col + 8 <= p.n) {
         *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
@@ -524,7 +542,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (splits > 1 && global_reduce && threadIdx.x == 0) {
     // The tile's last CTA resets its counters for the next launch (launches
-    // on a stream are ordered: nothing of this tile runs concurrently).
+    // on a stream are ordered: nothing of this tile runs concurrently). Its
+    // partial reads (bulk copies) completed before the barrier above.
     unsigned int* arrive = p.counters + 2 * tile;
     if (atomicAdd(arrive + 1, 1u) == splits - 1) {
       atomicExch(arrive, 0u);
