@@ -295,10 +295,13 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
       "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once, sm90 = the "
-      "hand-written sm_90a kernel (TMA + wgmma, split-K in a cluster)\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %9s %7s%s%s\n", "model", "tp", "layer",
-              "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "tuned us", "%peak",
-              exhaustive ? "   exh us   %peak" : "", have_sm90 ? "  sm90 us   %peak split" : "");
+      "hand-written sm_90a kernel (TMA + wgmma, split-K); us = one launch between two events, "
+      "graph = per call of 20 captured in a CUDA graph (as decode runs)\n");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s%s%s\n", "model", "tp",
+              "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
+              "tuned us", "%peak",
+              exhaustive ? "   exh us   %peak" : "",
+              have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     const size_t slots = arena / wbytes;
@@ -347,15 +350,21 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
         }
       }
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
+      SYMTP_ASSIGN_OR_RETURN(double us_graph, GraphUsPerCall(s, 20, 5, run));
       SYMTP_ASSIGN_OR_RETURN(double us_tuned, TimeUs(s, 5, 30, run_tuned));
       double us_exh = 0;
       if (exhaustive) {
         SYMTP_ASSIGN_OR_RETURN(us_exh, TimeUs(s, 5, 30, run_exh));
       }
-      double us_sm90 = 0;
+      double us_sm90 = 0, us_sm90_graph = 0;
       if (have_sm90) {
         SYMTP_ASSIGN_OR_RETURN(us_sm90, TimeUs(s, 5, 30, run_sm90));
+        SYMTP_ASSIGN_OR_RETURN(us_sm90_graph, GraphUsPerCall(s, 20, 5, run_sm90));
       }
+      const double flop = 2.0 * m * g.n * g.k;
+      const double frac_graph = flop / (us_graph * 1e-6) / 1e12 / c.gemm_tflops;
+      const double frac_sm90_graph =
+          have_sm90 ? flop / (us_sm90_graph * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       const double frac_sm90 =
           have_sm90 ? 2.0 * m * g.n * g.k / (us_sm90 * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
       kernels::Sm90GemmPlan plan;
@@ -369,12 +378,13 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
-          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %9.1f %6.1f%%%s%s\n", g.model,
-          g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-          static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_tuned,
-          100.0 * tflops_tuned / c.gemm_tflops,
+          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %9.1f %6.1f%%%s%s\n",
+          g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+          static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
+          100.0 * frac_graph, us_tuned, 100.0 * tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
-          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %dx%d%s", us_sm90, 100.0 * frac_sm90,
+          have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %8.1f %6.1f%% %dx%d%s", us_sm90,
+                                      100.0 * frac_sm90, us_sm90_graph, 100.0 * frac_sm90_graph,
                                       128 * plan.m_sub, plan.splits,
                                       plan.global_reduce ? "g" : "")
                           .c_str()
@@ -382,17 +392,21 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       js->gemm.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
-          "%.1f, \"tuned_us\": %.2f, \"tuned_frac_of_measured_peak\": %.4f%s%s}",
-          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_tuned,
-          tflops_tuned / c.gemm_tflops,
+          "%.1f, \"graph_us\": %.2f, \"graph_frac_of_measured_peak\": %.4f, \"tuned_us\": %.2f, "
+          "\"tuned_frac_of_measured_peak\": %.4f%s%s}",
+          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_graph,
+          frac_graph, us_tuned, tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(", \"exhaustive_us\": %.2f, "
                                        "\"exhaustive_frac_of_measured_peak\": %.4f",
                                        us_exh, frac_exh)
                      : "",
           have_sm90 ? absl::StrFormat(", \"sm90_us\": %.2f, \"sm90_frac_of_measured_peak\": %.4f, "
+                                      "\"sm90_graph_us\": %.2f, "
+                                      "\"sm90_graph_frac_of_measured_peak\": %.4f, "
                                       "\"sm90_tile_rows\": %d, \"sm90_splits\": %d, "
                                       "\"sm90_global_reduce\": %s",
-                                      us_sm90, frac_sm90, 128 * plan.m_sub, plan.splits,
+                                      us_sm90, frac_sm90, us_sm90_graph, frac_sm90_graph,
+                                      128 * plan.m_sub, plan.splits,
                                       plan.global_reduce ? "true" : "false")
                     : ""));
     }
