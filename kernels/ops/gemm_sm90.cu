@@ -181,35 +181,51 @@ bool Sm90GemmArgsSupported(const GemmArgs& g) {
 
 Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms, const int* max_clusters,
                           size_t workspace_bytes) {
-  Sm90GemmPlan p;
-  p.m_sub = m <= 128 ? 1 : 2;
-  const int64_t tiles = Sm90GemmTiles(m, n, p);
+  // Costs in units of a 128-row tile's K step (~385 ns on the H200), fitted to
+  // the per-CTA timelines of kernels_bench --sections sm90probe (run ao of
+  // bench/results/h200-2026-11-23, M = 256): a 256-row tile's K step is 1.6 of them (1.85 once most
+  // SMs load), the epilogue of an unsplit tile 3.4 / 6.8 (128 / 256 rows),
+  // of a split tile (chunks to the owner, sum, store) 12.5 / 20.5 whichever
+  // way the chunks travel.
   const int64_t k_tiles = (k + sm90::kBK - 1) / sm90::kBK;
-  // Reduction costs in K steps, fitted to the plan table of run ag.
-  constexpr int64_t kClusterReduceSteps = 2, kGlobalReduceSteps = 6;
-  int64_t best = -1;
-  for (int s = 1; s <= 8; ++s) {
-    if (s > 1 && k_tiles / s < 4) break;
-    const int64_t steps = (k_tiles + s - 1) / s;
-    const int64_t per_wave = std::max<int64_t>(
-        1, max_clusters != nullptr ? max_clusters[s] : std::max(1, num_sms) / s);
-    const int64_t waves = (tiles + per_wave - 1) / per_wave;
-    const int64_t cost = waves * (steps + (s > 1 ? kClusterReduceSteps : 0));
-    if (best < 0 || cost < best) {
-      best = cost;
-      p.splits = s;
-      p.global_reduce = false;
-    }
-    Sm90GemmPlan g = p;
-    g.splits = s;
-    g.global_reduce = true;
-    if (s > 1 && tiles * s <= num_sms && Sm90GemmPartialBytes(m, n, g) <= workspace_bytes &&
-        steps + kGlobalReduceSteps < best) {
-      best = steps + kGlobalReduceSteps;
-      p = g;
+  Sm90GemmPlan best_plan;
+  best_plan.m_sub = m <= 128 ? 1 : 2;
+  double best = -1;
+  // 128-row tiles at M <= 256 as well: twice the tiles, a cheaper epilogue.
+  for (int m_sub = m <= 128 ? 1 : 2; m_sub >= (m <= 256 ? 1 : 2); --m_sub) {
+    Sm90GemmPlan p;
+    p.m_sub = m_sub;
+    const int64_t tiles = Sm90GemmTiles(m, n, p);
+    for (int s = 1; s <= 8; ++s) {
+      if (s > 1 && k_tiles / s < 4) break;
+      const int64_t steps = (k_tiles + s - 1) / s;
+      const auto cost = [&](int64_t ctas_at_once, int64_t waves) {
+        const double step = m_sub == 1 ? 1.0 : (2 * ctas_at_once > num_sms ? 1.85 : 1.6);
+        constexpr double kEpilogue[2][2] = {{3.4, 12.5}, {6.8, 20.5}};  // [m_sub - 1][split]
+        const double epilogue = kEpilogue[m_sub - 1][s > 1 ? 1 : 0];
+        return static_cast<double>(waves) * (static_cast<double>(steps) * step + epilogue);
+      };
+      // Clusters of s CTAs (s = 1: plain CTAs), as many waves as they take.
+      const int64_t per_wave = std::max<int64_t>(
+          1, max_clusters != nullptr ? max_clusters[s] : std::max(1, num_sms) / s);
+      const int64_t waves = (tiles + per_wave - 1) / per_wave;
+      const double c = cost(std::min(tiles, per_wave) * s, waves);
+      if (best < 0 || c < best) {
+        best = c;
+        best_plan = {m_sub, s, false};
+      }
+      // Global split-K: one cooperative wave, partials in the workspace.
+      Sm90GemmPlan g{m_sub, s, true};
+      if (s > 1 && tiles * s <= num_sms && Sm90GemmPartialBytes(m, n, g) <= workspace_bytes) {
+        const double cg = cost(tiles * s, 1);
+        if (cg < best) {
+          best = cg;
+          best_plan = g;
+        }
+      }
     }
   }
-  return p;
+  return best_plan;
 }
 
 absl::StatusOr<int> Sm90GemmMaxActiveClusters(const Sm90GemmPlan& plan) {
@@ -248,8 +264,9 @@ absl::StatusOr<Sm90GemmPlan> PlanSm90GemmForDevice(int64_t m, int64_t n, int64_t
     }
     known |= uint64_t{1} << dev;
   }
-  const int m_sub = m <= 128 ? 1 : 2;
-  return PlanSm90Gemm(m, n, k, t.num_sms, t.clusters[m_sub - 1], workspace_bytes);
+  // Both tile heights take the same shared memory (a 192 KB ring), so the
+  // same cluster occupancy; the 256-row kernel's is the one passed.
+  return PlanSm90Gemm(m, n, k, t.num_sms, t.clusters[1], workspace_bytes);
 }
 
 absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStream_t stream,

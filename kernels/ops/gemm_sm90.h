@@ -73,11 +73,13 @@ bool Sm90GemmDeviceSupported();
 bool Sm90GemmArgsSupported(const GemmArgs& g);
 
 // Tile height, split count and reduction for an (m, n, k) product on
-// `num_sms` SMs, minimizing waves x (K steps per split + the reduction: 2 K
-// steps in a cluster, 6 through global memory). A wave holds max_clusters[s]
-// clusters of s CTAs (as Sm90GemmMaxActiveClusters reports; null: num_sms / s,
-// which the device does not reach for s >= 3); a global reduction needs one
-// wave and its partials to fit in workspace_bytes; each split keeps >= 4 K steps.
+// `num_sms` SMs: the plan with the least waves x (K steps x step cost +
+// epilogue cost), costs fitted to the kernel's measured per-CTA timelines
+// (gemm_sm90.cu). 128-row tiles are considered up to m = 256. A wave holds
+// max_clusters[s] clusters of s CTAs (as Sm90GemmMaxActiveClusters reports;
+// the same for both tile heights; null: num_sms / s, which the device does
+// not reach for s >= 3); a global reduction needs one wave and its partials
+// to fit in workspace_bytes; each split keeps >= 4 K steps.
 Sm90GemmPlan PlanSm90Gemm(int64_t m, int64_t n, int64_t k, int num_sms,
                           const int* max_clusters = nullptr /* [9], index = splits */,
                           size_t workspace_bytes = 0);

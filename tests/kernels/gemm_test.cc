@@ -358,28 +358,40 @@ TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
 }
 
 TEST(Sm90GemmPlanTest, FillsOneWave) {
-  const Sm90GemmPlan wo = PlanSm90Gemm(256, 4096, 4096, 132);  // 32 tiles of 256 x 128
-  EXPECT_EQ(wo.m_sub, 2);
-  EXPECT_EQ(wo.splits, 4);
+  // llama-8b wo at M = 256: 64 tiles of 128 rows, two splits (128 CTAs), beat
+  // 32 tiles of 256 rows with four (their epilogue costs more; probe runs).
+  const Sm90GemmPlan wo = PlanSm90Gemm(256, 4096, 4096, 132);
+  EXPECT_EQ(wo.m_sub, 1);
+  EXPECT_EQ(wo.splits, 2);
   const Sm90GemmPlan small = PlanSm90Gemm(64, 4096, 4096, 132);
   EXPECT_EQ(small.m_sub, 1);
   EXPECT_EQ(small.splits, 4);
-  EXPECT_EQ(PlanSm90Gemm(256, 128256, 4096, 132).splits, 1);  // many tiles: no split
+  const Sm90GemmPlan wide = PlanSm90Gemm(256, 128256, 4096, 132);  // many tiles: no split
+  EXPECT_EQ(wide.m_sub, 2);
+  EXPECT_EQ(wide.splits, 1);
+  EXPECT_EQ(PlanSm90Gemm(512, 4096, 4096, 132).m_sub, 2);      // 128-row tiles only to 256
   EXPECT_EQ(PlanSm90Gemm(256, 128, 256, 132).splits, 1);      // 4 K steps: no split
   EXPECT_EQ(PlanSm90Gemm(256, 128, 65536, 132).splits, 8);    // at most a portable cluster
-  // With the H200's cluster occupancy (run ab): 4-way splits would take two
-  // waves of 30 clusters for 32 tiles; 3-way ones fit in one (39).
+  // With the H200's cluster occupancy (run ab: 66 / 39 / 30 clusters of
+  // 2 / 3 / 4): 32 tiles at M = 128 with a 4-way split would take two waves
+  // of 30 clusters; 3-way ones fit in one.
   const int h200[9] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
-  EXPECT_EQ(PlanSm90Gemm(256, 4096, 4096, 132, h200).splits, 3);
-  EXPECT_FALSE(PlanSm90Gemm(256, 4096, 4096, 132, h200).global_reduce);
+  const Sm90GemmPlan down = PlanSm90Gemm(128, 4096, 14336, 132, h200);
+  EXPECT_EQ(down.splits, 3);
+  EXPECT_FALSE(down.global_reduce);
   // With a workspace for the partials, 4 splits in one cooperative wave (128 CTAs).
-  const Sm90GemmPlan wo_global = PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{32} << 20);
-  EXPECT_EQ(wo_global.splits, 4);
-  EXPECT_TRUE(wo_global.global_reduce);
-  // 16 MiB of partials do not fit 8 MiB: back to the cluster plan.
-  EXPECT_FALSE(PlanSm90Gemm(256, 4096, 4096, 132, h200, size_t{8} << 20).global_reduce);
-  // 24 tiles: 30 clusters of 4 fit them; 5-way splits would take two waves of 22.
-  EXPECT_EQ(PlanSm90Gemm(256, 3072, 4096, 132, h200).splits, 4);
+  const Sm90GemmPlan down_global = PlanSm90Gemm(128, 4096, 14336, 132, h200, size_t{32} << 20);
+  EXPECT_EQ(down_global.splits, 4);
+  EXPECT_TRUE(down_global.global_reduce);
+  // 8 MiB of partials do not fit 4 MiB: back to the cluster plan.
+  EXPECT_FALSE(PlanSm90Gemm(128, 4096, 14336, 132, h200, size_t{4} << 20).global_reduce);
+  // Clusters of 2 fit 66 at once: llama-8b TP=2 qkv and wo at M = 256 in one wave.
+  for (const int64_t n : {3072, 4096}) {
+    const Sm90GemmPlan p = PlanSm90Gemm(256, n, 4096, 132, h200, size_t{32} << 20);
+    EXPECT_EQ(p.m_sub, 1);
+    EXPECT_EQ(p.splits, 2);
+    EXPECT_FALSE(p.global_reduce);
+  }
 }
 
 TEST_F(GemmTest, RejectsBadArguments) {
