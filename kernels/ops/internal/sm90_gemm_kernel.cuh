@@ -7,21 +7,27 @@
 // (run w: llama-8b wo M=256 at 51% of the bf16 rate). Here a CTA owns a
 // BM x 128 tile (BM = 128 or 256: all of a decode batch, so W is streamed
 // from HBM once) and the K loop is split across the CTAs of a thread-block
-// cluster (Sm90GemmPlan::splits <= 8), whose fp32 partials are summed
-// through distributed shared memory: no workspace, no second kernel, and a
-// fixed summation order (rank 0, 1, ...), so results are deterministic.
+// cluster (Sm90GemmPlan::splits <= 8) or of a cooperative launch, whose fp32
+// partials are summed in a fixed order, so results are deterministic.
 //
-// Measured (H200, bench/results/h200-2026-11-23 runs aa-ai): correct on
-// every plan, but faster than cuBLASLt's heuristic on only 4 of the 80 decode
-// shapes (by 0.5-5%) and slower on the short ones it was written for (e.g.
-// llama-8b wo, M = 256: 26.5 vs 21.0 us), so it is opt-in
-// (GemmKernelChoice::kSm90). Why: (1) with 64+ CTAs loading, each K step of
-// a 256 x 128 tile takes ~1.1 us (~5.5 TB/s from L2 over all SMs; it
-// re-reads A once per 128 columns), against ~0.69 us with 32 CTAs;
-// (2) clusters of 3+ CTAs do not all fit at once (the device runs 39 / 30 /
-// 22 clusters of 3 / 4 / 5), so cluster split-K takes two waves; the global
-// split-K avoids that but adds its partials to the traffic. A multicast to
-// N-tile pairs (halving A's L2 reads) was tried and was slower (run ai).
+// Measured (H200, bench/results/h200-2026-11-23 runs aa-ap): correct on every
+// plan, but slower than cuBLASLt on the short decode GEMMs it was written for
+// (llama-8b wo, M = 256, per call in a CUDA graph: 18.7-19.5 us, best plan,
+// vs 17.2-18.0), so it is opt-in (GemmKernelChoice::kSm90). Where its time
+// goes (Sm90GemmProbe per-CTA timelines, run ao): the K loop is not the
+// problem: a 256 x 128 tile's K step runs at the SM's tensor peak (~600 ns
+// at ~1.75 GHz; ~650-700 ns once 96+ CTAs load), a 128-row tile's at ~78%,
+// and switching A or W loads off changes nothing. What costs is around it:
+// ~1.5-2.5 us until the first stage lands, and 4.5 us (128-row tiles, 2
+// splits) to 8 us (256 rows, 2-5 splits) of split-K epilogue: moving the
+// partials between SMs, summing, storing; three designs of it (rows summed
+// from remote loads; owners adding into registers; owners summing pushed or
+// bulk-copied chunks in shared memory: the current one) measured alike (runs
+// am-ao), near the rate the device moves partials at. So a tile big enough
+// for the tensor peak leaves too few tiles, and splitting K to fill the SMs
+// costs about what it gains. Earlier: clusters of 3+ CTAs do not all fit at
+// once (the device runs 39 / 30 / 22 clusters of 3 / 4 / 5); a multicast of
+// A to N-tile pairs was slower (run ai).
 //
 // Structure (one CTA, 384 threads = 3 warpgroups):
 //   warpgroup 0, one thread: producer. TMA (cp.async.bulk.tensor, 128-byte
@@ -32,13 +38,13 @@
 //     wgmma.m64n128k16 (A and W from shared memory through descriptors),
 //     keeping one K step's products in flight while it releases the stage
 //     before.
-//   epilogue: splits == 1: bf16 stores straight from the accumulators.
-//     splits > 1, cluster mode: each CTA writes its fp32 partial into its
-//     own shared memory (the drained ring), cluster barrier, CTA r sums rows
-//     [r BM / splits, (r + 1) BM / splits) over every CTA of the cluster
-//     (ld.shared::cluster), writes bf16, cluster barrier.
-//     splits > 1, global mode (Sm90GemmParams::partials): the same through
-//     the workspace and a per-tile counter, in a cooperative launch.
+//   epilogue: the output is staged as bf16 in shared memory and written with
+//     16-byte stores. splits > 1: split r owns a range of the tile's columns;
+//     the other splits' accumulator chunks reach it (cluster mode: stored
+//     into its shared memory with st.shared::cluster between two cluster
+//     barriers; global mode, Sm90GemmParams::partials: through the workspace,
+//     pulled with bulk copies once the tile's counter shows every split in),
+//     and it sums them in rank order. See the comment at the split-K code.
 //
 // wgmma m64nNk16 accumulator layout (fp32), thread t of the warpgroup, warp
 // w = t / 32, lane l: d[4 j + 2 i + c] = D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c].
