@@ -533,9 +533,9 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       "\nsm90 GEMM probe, M = 256 (us = median time; noA / noW / noAW = A / W / both loaded "
       "only into the ring's first fill; timeline of one stamped launch, medians over CTAs: "
       "skew = last CTA start - first, MHz = SM clock, first = start to first stage landed, "
-      "step = K step (ns; max = slowest CTA), send = chunks out to the other splits (or "
-      "staging when unsplit), wait = until the other splits' chunks are in, sum = summed and "
-      "staged, out = output stores issued, span = first CTA start to last CTA end)\n");
+      "step = K step (ns; max = slowest CTA), send = chunks out to the other splits, wait = "
+      "until the other splits' chunks are in (unsplit: the staging), sum = summed and staged, "
+      "out = output stores issued, span = first CTA start to last CTA end)\n");
   {
     // What the timing itself costs: a 16-byte memset (one tiny kernel).
     auto noop = [&](int) -> absl::Status {
