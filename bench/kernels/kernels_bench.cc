@@ -115,10 +115,12 @@ absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
     SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create(true));
     ev.push_back(std::move(e));
   }
-  // Under a profiler (ncu / nsys inject through CUDA_INJECTION64_PATH) a
-  // kernel launch may wait for the kernel, which would wait for the gate:
-  // no gate there (the times are the profiler's to take anyway).
-  static const bool profiled = std::getenv("CUDA_INJECTION64_PATH") != nullptr;
+  // Under a profiler a kernel launch may wait for the kernel, which would
+  // wait for the gate: no gate there (the times are the profiler's to take
+  // anyway). Profilers that inject through CUDA_INJECTION64_PATH are seen;
+  // SYMTP_BENCH_NO_GATE=1 says so for the others (tools/device/*.sh set it).
+  static const bool profiled = std::getenv("CUDA_INJECTION64_PATH") != nullptr ||
+                               std::getenv("SYMTP_BENCH_NO_GATE") != nullptr;
   StreamGate gate;
   if (!profiled) SYMTP_RETURN_IF_ERROR(gate.Hold(s));
   for (int i = 0; i < reps; ++i) {

@@ -3,8 +3,8 @@
 # alone) of the kernels a kernels_bench section launches, grouped by kernel
 # and grid: the kernel's own time, without the launch gaps that event timing
 # and graph replays include. The machine has ncu but no nsys.
-#   KERNEL: ncu kernel-name regex (default: cuBLASLt's kernels, names holding
-#           gemm / xmma / cutlass in lower case, not the sm_90a kernel);
+#   KERNEL: ncu kernel-name regex (default: cuBLASLt's kernels: nvjet_*, or
+#           names holding gemm / xmma / cutlass in lower case; not the sm_90a kernel);
 #   SECTIONS: kernels_bench sections (default sm90probe).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/kernel_durations.sh")
 # Writes $OUT/kernel_durations.txt (launches, median / min us, grid, block,
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_P
 tools/device/build.sh kernels_bench >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
-timeout 480 "$NCU" --clock-control none --cache-control none --kernel-name "regex:${KERNEL:-gemm|xmma|cutlass}" \
+SYMTP_BENCH_NO_GATE=1 timeout 480 "$NCU" --clock-control none --cache-control none --kernel-name "regex:${KERNEL:-nvjet|gemm|xmma|cutlass}" \
   --metrics gpu__time_duration.sum --csv --print-units base \
   build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-sm90probe}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu: exit $?"

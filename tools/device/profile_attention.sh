@@ -27,7 +27,7 @@ CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$
 for c in $CASES; do
   name=${c%%:*}
   skip=${c##*:}
-  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
+  SYMTP_BENCH_NO_GATE=1 timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "$skip" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis \
@@ -40,7 +40,7 @@ done
 # SASS) and the kernel's SASS from the object file, for reading the key loop.
 if [[ ${SOURCE:-0} == 1 ]]; then
   first=${CASES%% *}
-  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
+  SYMTP_BENCH_NO_GATE=1 timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "${first##*:}" --launch-count 1 --section SourceCounters --section WarpStateStats \
     --page source --print-source sass --csv \
     build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" >"$OUT/ncu_source_${first%%:*}.csv" 2>&1
