@@ -75,9 +75,6 @@ template <int kMSub>
 struct TileShape {
   static constexpr int kBM = 128 * kMSub;
   static constexpr int kStages = kMSub == 2 ? 4 : 6;
-  // K steps of wgmma products a consumer keeps in flight (a 128-row tile's
-  // step is short: two keep the tensor pipe fed across the stage handoff).
-  static constexpr int kInFlight = kMSub == 2 ? 1 : 2;
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kWBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kABytes + kWBytes;
@@ -404,10 +401,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       WgmmaCommit();
-      // Keep the last kInFlight steps' products in flight; the step before
-      // them is done, so its stage goes back to the producer.
-      WgmmaWait<T::kInFlight>();
-      if (it >= T::kInFlight) MbarArrive(empty((it - T::kInFlight) % T::kStages));
+      // Keep this step's products in flight; the previous step's are done,
+      // so its stage goes back to the producer.
+      WgmmaWait<1>();
+      if (it > 0) MbarArrive(empty((it - 1) % T::kStages));
     }
     WgmmaWait<0>();
     mark(Probe::kKLoopEnd);
