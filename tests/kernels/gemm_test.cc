@@ -385,7 +385,8 @@ TEST(Sm90GemmPlanTest, FillsOneWave) {
   EXPECT_TRUE(down_global.global_reduce);
   // 8 MiB of partials do not fit 4 MiB: back to the cluster plan.
   EXPECT_FALSE(PlanSm90Gemm(128, 4096, 14336, 132, h200, size_t{4} << 20).global_reduce);
-  // Clusters of 2 fit 66 at once: llama-8b TP=2 qkv and wo at M = 256 in one wave.
+  // Clusters of 2 fit 66 at once: llama-8b TP=2 qkv (N 3072) and TP=1 wo (N 4096)
+  // at M = 256 run 128-row tiles with 2 cluster splits in one wave.
   for (const int64_t n : {3072, 4096}) {
     const Sm90GemmPlan p = PlanSm90Gemm(256, n, 4096, 132, h200, size_t{32} << 20);
     EXPECT_EQ(p.m_sub, 1);
