@@ -18,9 +18,6 @@
 
 namespace symtp::kernels::internal {
 
-// EXPERIMENT (not for commit): 0 drops P's bf16 residual from the P V products.
-__device__ int g_prefill_p_residual = 1;
-
 template <int D>
 struct MmaPrefillLayout {
   static constexpr int kTileKeys = 64;  // keys per stage, shared by the block
@@ -45,7 +42,6 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
   constexpr int kSub = L::kTileKeys / kMmaKeyTile;  // 16-key steps per tile
 
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  const bool p_residual = g_prefill_p_residual != 0;
   float* wacc_s = reinterpret_cast<float*>(mma_smem);
   float* wm_s = wacc_s + kMmaAttnMaxRows * D;
   float* wl_s = wm_s + kMmaAttnMaxRows;
@@ -236,7 +232,6 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
       // P as A (FlashAttention-2 register reuse), bf16 plus residual.
       const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]), pa1 = PackBf16x2(s[0][2], s[0][3]);
       const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]), pa3 = PackBf16x2(s[1][2], s[1][3]);
-      if (p_residual) {
       const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
       const uint32_t pr1 = PackBf16x2Residual(s[0][2], s[0][3], pa1);
       const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
@@ -249,15 +244,6 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
         MmaBf16(o[2 * dp], pr0, pr1, pr2, pr3, vb[0], vb[1]);
         MmaBf16(o[2 * dp + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
         MmaBf16(o[2 * dp + 1], pr0, pr1, pr2, pr3, vb[2], vb[3]);
-      }
-      } else {
-#pragma unroll
-      for (int dp = 0; dp < kKS; ++dp) {
-        uint32_t vb[4];
-        LdMatrixX4<true>(vb, kt + v_ld + 32 * dp);
-        MmaBf16(o[2 * dp], pa0, pa1, pa2, pa3, vb[0], vb[1]);
-        MmaBf16(o[2 * dp + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
-      }
       }
     }
     fill_stage = stage;
@@ -311,13 +297,6 @@ absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream)
   static const cudaError_t attr = cudaFuncSetAttribute(
       MmaPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
-  static const bool no_residual = [] {
-    if (std::getenv("SYMTP_PREFILL_NO_P_RESIDUAL") == nullptr) return false;
-    const int zero = 0;
-    cudaMemcpyToSymbol(g_prefill_p_residual, &zero, sizeof(zero));
-    return true;
-  }();
-  (void)no_residual;
   MmaPrefillKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
