@@ -140,6 +140,132 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
   float o[kNT][4];
   ZeroFragments(o);
 
+  // One step of `kU` 16-key sub-tiles starting at key t0 (sub-tile `sub` of
+  // the stage at `tile`): S = Q K^T, masking, online softmax, O += P V.
+  auto step = [&](auto u_count, unsigned tile, int t0, int sub) {
+    constexpr int kU = decltype(u_count)::value;
+    if (t0 >= warp_end) return;  // warp-uniform
+    const unsigned kt = tile + static_cast<unsigned>(sub * kMmaKeyTile * L::kPitch);
+    // S = Q K^T: s[u][nt][e] is row (e < 2 ? r0 : r1), key t0 + 16u + 8nt +
+    // 2tig + (e & 1). One 16-key sub-tile: even and odd k-steps in separate
+    // accumulators (two chains per n-tile); more: one chain per n-tile.
+    constexpr int kChains = kU == 1 ? 2 : 1;
+    float s[kU][2][4], so[kU][2][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[u][nt][e] = so[u][nt][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        uint32_t kb4[4];
+        LdMatrixX4<false>(kb4, kt + static_cast<unsigned>(u * kMmaKeyTile * L::kPitch) + k_ld + 32 * ks);
+        float(&d0)[4] = (kChains == 2 && (ks & 1)) ? so[u][0] : s[u][0];
+        float(&d1)[4] = (kChains == 2 && (ks & 1)) ? so[u][1] : s[u][1];
+        MmaBf16(d0, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[0], kb4[1]);
+        MmaBf16(d1, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[2], kb4[3]);
+      }
+    }
+    if constexpr (kChains == 2) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][nt][e] += so[0][nt][e];
+      }
+    }
+    if (t0 + kU * kMmaKeyTile <= unmasked_end) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[u][nt][e] *= scale;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = t0 + u * kMmaKeyTile + nt * 8 + 2 * tig + (e & 1);
+            const int pos = e < 2 ? pos0 : pos1;
+            s[u][nt][e] = key <= pos && key < ke ? s[u][nt][e] * scale : -INFINITY;
+          }
+        }
+      }
+    }
+    // Row maxima over the quad (the 4 lanes of a row); lazy rescaling: the
+    // reference max moves (and O, l are rescaled) only when some row sees a
+    // score more than 2^8 above it, a warp-uniform branch.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      mx0 = fmaxf(mx0, fmaxf(fmaxf(s[u][0][0], s[u][0][1]), fmaxf(s[u][1][0], s[u][1][1])));
+      mx1 = fmaxf(mx1, fmaxf(fmaxf(s[u][0][2], s[u][0][3]), fmaxf(s[u][1][2], s[u][1][3])));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    constexpr float kLazyLog2 = 8.f;
+    if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
+      const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      l0 *= al0;
+      l1 *= al1;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        o[j][0] *= al0;
+        o[j][1] *= al0;
+        o[j][2] *= al1;
+        o[j][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float m = e < 2 ? m0 : m1;
+          s[u][nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[u][nt][e] - m);
+        }
+        l0 += s[u][nt][0] + s[u][nt][1];
+        l1 += s[u][nt][2] + s[u][nt][3];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      // P as A (FlashAttention-2 register reuse), bf16 plus residual.
+      const uint32_t pa0 = PackBf16x2(s[u][0][0], s[u][0][1]), pa1 = PackBf16x2(s[u][0][2], s[u][0][3]);
+      const uint32_t pa2 = PackBf16x2(s[u][1][0], s[u][1][1]), pa3 = PackBf16x2(s[u][1][2], s[u][1][3]);
+      const uint32_t pr0 = PackBf16x2Residual(s[u][0][0], s[u][0][1], pa0);
+      const uint32_t pr1 = PackBf16x2Residual(s[u][0][2], s[u][0][3], pa1);
+      const uint32_t pr2 = PackBf16x2Residual(s[u][1][0], s[u][1][1], pa2);
+      const uint32_t pr3 = PackBf16x2Residual(s[u][1][2], s[u][1][3], pa3);
+      const unsigned vt = kt + static_cast<unsigned>(u * kMmaKeyTile * L::kPitch);
+#pragma unroll
+      for (int dp = 0; dp < kKS; ++dp) {
+        uint32_t vb[4];
+        LdMatrixX4<true>(vb, vt + v_ld + 32 * dp);
+        MmaBf16(o[2 * dp], pa0, pa1, pa2, pa3, vb[0], vb[1]);
+        MmaBf16(o[2 * dp], pr0, pr1, pr2, pr3, vb[0], vb[1]);
+        MmaBf16(o[2 * dp + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+        MmaBf16(o[2 * dp + 1], pr0, pr1, pr2, pr3, vb[2], vb[3]);
+      }
+    }
+  };
+
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
   RowSlots next_slots = lookup(kStages - 1);
@@ -150,100 +276,17 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
     issue(i + kStages - 1, fill_stage, next_slots);
     next_slots = lookup(i + kStages);
     const unsigned tile = ring + static_cast<unsigned>(stage * L::kStageBytes);
-    for (int sub = slice * per; sub < (slice + 1) * per; ++sub) {
-      const int t0 = kb + i * L::kTileKeys + sub * kMmaKeyTile;
-      if (t0 >= warp_end) break;  // warp-uniform
-      const unsigned kt = tile + static_cast<unsigned>(sub * kMmaKeyTile * L::kPitch);
-      // S = Q K^T: s[nt][e] is row (e < 2 ? r0 : r1), key t0 + 8nt + 2tig + (e & 1);
-      // even and odd k-steps in separate accumulators.
-      float s[2][4], so[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = so[nt][e] = 0.f;
-      }
-#pragma unroll
-      for (int ks = 0; ks < kKS; ++ks) {
-        uint32_t kb4[4];
-        LdMatrixX4<false>(kb4, kt + k_ld + 32 * ks);
-        MmaBf16((ks & 1) ? so[0] : s[0], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[0],
-                kb4[1]);
-        MmaBf16((ks & 1) ? so[1] : s[1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[2],
-                kb4[3]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] += so[nt][e];
-      }
-      if (t0 + kMmaKeyTile <= unmasked_end) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
-        }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = t0 + nt * 8 + 2 * tig + (e & 1);
-            const int pos = e < 2 ? pos0 : pos1;
-            s[nt][e] = key <= pos && key < ke ? s[nt][e] * scale : -INFINITY;
-          }
-        }
-      }
-      // Row maxima over the quad (the 4 lanes of a row); lazy rescaling: the
-      // reference max moves (and O, l are rescaled) only when some row sees a
-      // score more than 2^8 above it, a warp-uniform branch.
-      float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-      float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      constexpr float kLazyLog2 = 8.f;
-      if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-        const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        l0 *= al0;
-        l1 *= al1;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          o[j][0] *= al0;
-          o[j][1] *= al0;
-          o[j][2] *= al1;
-          o[j][3] *= al1;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float m = e < 2 ? m0 : m1;
-          s[nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[nt][e] - m);
-        }
-        l0 += s[nt][0] + s[nt][1];
-        l1 += s[nt][2] + s[nt][3];
-      }
-      // P as A (FlashAttention-2 register reuse), bf16 plus residual.
-      const uint32_t pa0 = PackBf16x2(s[0][0], s[0][1]), pa1 = PackBf16x2(s[0][2], s[0][3]);
-      const uint32_t pa2 = PackBf16x2(s[1][0], s[1][1]), pa3 = PackBf16x2(s[1][2], s[1][3]);
-      const uint32_t pr0 = PackBf16x2Residual(s[0][0], s[0][1], pa0);
-      const uint32_t pr1 = PackBf16x2Residual(s[0][2], s[0][3], pa1);
-      const uint32_t pr2 = PackBf16x2Residual(s[1][0], s[1][1], pa2);
-      const uint32_t pr3 = PackBf16x2Residual(s[1][2], s[1][3], pa3);
-#pragma unroll
-      for (int dp = 0; dp < kKS; ++dp) {
-        uint32_t vb[4];
-        LdMatrixX4<true>(vb, kt + v_ld + 32 * dp);
-        MmaBf16(o[2 * dp], pa0, pa1, pa2, pa3, vb[0], vb[1]);
-        MmaBf16(o[2 * dp], pr0, pr1, pr2, pr3, vb[0], vb[1]);
-        MmaBf16(o[2 * dp + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
-        MmaBf16(o[2 * dp + 1], pr0, pr1, pr2, pr3, vb[2], vb[3]);
+    // This warp's share of the tile: per 16-key steps from sub0. A warp with
+    // the whole tile (4 row groups: prefill) takes its 64 keys in one step
+    // (8 independent Q K^T chains, one softmax pass); otherwise 16 at a time.
+    const int sub0 = slice * per;
+    if (per == kSub) {
+      step(std::integral_constant<int, kSub>{}, tile, kb + i * L::kTileKeys + sub0 * kMmaKeyTile,
+           sub0);
+    } else {
+      for (int sub = sub0; sub < sub0 + per; ++sub) {
+        step(std::integral_constant<int, 1>{}, tile, kb + i * L::kTileKeys + sub * kMmaKeyTile,
+             sub);
       }
     }
     fill_stage = stage;
