@@ -12,6 +12,11 @@
 //   - Q K^T's B operands come from the K tile by ldmatrix, and P V's from
 //     the V tile by ldmatrix.trans (no byte permutes), in natural head-dim
 //     order.
+//   - a warp that owns the whole 64-key tile for its 16 rows (4 row groups,
+//     the prefill case) takes it in one step: 8 independent Q K^T chains and
+//     one softmax pass per tile instead of four 16-key steps (run av of
+//     bench/results/h200-2026-11-23: 13% faster at 4096 tokens; the kernel
+//     runs 8 warps per SM and was latency-bound, run au).
 #pragma once
 
 #include "kernels/ops/internal/mma_decode_kernel.cuh"
