@@ -301,8 +301,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       "graph = per call of 20 captured in a CUDA graph (as decode runs)\n");
   std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s%s%s\n", "model", "tp",
               "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
-              "tuned us", "%peak",
-              exhaustive ? "   exh us   %peak" : "",
+              "tuned us", "%peak", exhaustive ? "   exh us   %peak" : "",
               have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
@@ -380,15 +379,15 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
-          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %9.1f %6.1f%%%s%s\n",
+          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %9.1f "
+          "%6.1f%%%s%s\n",
           g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
           100.0 * frac_graph, us_tuned, 100.0 * tflops_tuned / c.gemm_tflops,
           exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
           have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %8.1f %6.1f%% %dx%d%s", us_sm90,
                                       100.0 * frac_sm90, us_sm90_graph, 100.0 * frac_sm90_graph,
-                                      128 * plan.m_sub, plan.splits,
-                                      plan.global_reduce ? "g" : "")
+                                      128 * plan.m_sub, plan.splits, plan.global_reduce ? "g" : "")
                           .c_str()
                     : "");
       js->gemm.push_back(absl::StrFormat(
@@ -505,8 +504,8 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
 // stamped launch, each CTA's timeline (Sm90GemmProbe): start skew across
 // CTAs, SM clock, time to the first stage, K step time (median and slowest
 // CTA), epilogue stores, the wait for the tile's other splits, the reduction.
-absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
-                            const Ceilings& c, Json* js) {
+absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s, const Ceilings& c,
+                            Json* js) {
   if (!kernels::Sm90GemmDeviceSupported()) return absl::OkStatus();
   using Probe = kernels::Sm90GemmProbe;
   struct Shape {
@@ -566,7 +565,8 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       SYMTP_ASSIGN_OR_RETURN(double gus, GraphUsPerCall(s, 20, 5, run));
       const double flop = 2.0 * m * sh.n * sh.k;
       std::printf("%-11s %-22s %4s %7.1f %7.1f  (%.1f%% / %.1f%% of %.0f TFLOP/s)\n", sh.name,
-                  "cuBLASLt heuristic", "", us, gus, 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops,
+                  "cuBLASLt heuristic", "", us, gus,
+                  100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops,
                   100 * flop / (gus * 1e-6) / 1e12 / c.gemm_tflops, c.gemm_tflops);
       js->sm90_probe.push_back(absl::StrFormat(
           "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"cublaslt\", "
@@ -608,11 +608,11 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       probe.stamps = stamps.as<unsigned long long>();
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stamps.get(), 0, ctas * Probe::kSlots * 8, s));
       g.w = static_cast<const char*>(wbuf.get()) + (97 % slots) * wbytes;
-      SYMTP_RETURN_IF_ERROR(kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(),
-                                                    kCounters, &probe));
+      SYMTP_RETURN_IF_ERROR(
+          kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters, &probe));
       std::vector<unsigned long long> st(ctas * Probe::kSlots);
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8,
-                                           cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       unsigned long long g0 = ~0ull, g_last_start = 0, g1 = 0;
       std::vector<double> mhz, first, step, send, wait, sum, out;
@@ -620,8 +620,8 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       for (int64_t b = 0; b < ctas; ++b) {
         const unsigned long long* x = &st[b * Probe::kSlots];
         if (x[Probe::kGlobalEnd] == 0) {
-          return absl::InternalError(absl::StrFormat("sm90probe: CTA %d of %s left no stamps",
-                                                     b, plan.ToString()));
+          return absl::InternalError(
+              absl::StrFormat("sm90probe: CTA %d of %s left no stamps", b, plan.ToString()));
         }
         g0 = std::min(g0, x[Probe::kGlobalStart]);
         g_last_start = std::max(g_last_start, x[Probe::kGlobalStart]);
@@ -654,14 +654,17 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
           "%6.2f %6.2f %6.2f %6.1f\n",
           sh.name,
           absl::StrFormat("%dx128 %dx%s", 128 * plan.m_sub, plan.splits,
-                          plan.splits == 1 ? "" : plan.global_reduce ? " global" : " cluster")
+                          plan.splits == 1     ? ""
+                          : plan.global_reduce ? " global"
+                                               : " cluster")
               .c_str(),
-          static_cast<long long>(ctas), us[0], gus, us[1], us[2], us[3], (g_last_start - g0) / 1000.0,
-          med(mhz), med(first), med(step), step_max, med(send), med(wait), med(sum), med(out),
-          (g1 - g0) / 1000.0);
+          static_cast<long long>(ctas), us[0], gus, us[1], us[2], us[3],
+          (g_last_start - g0) / 1000.0, med(mhz), med(first), med(step), step_max, med(send),
+          med(wait), med(sum), med(out), (g1 - g0) / 1000.0);
       js->sm90_probe.push_back(absl::StrFormat(
           "{\"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"plan\": \"%s\", \"ctas\": %d, "
-          "\"us\": %.2f, \"graph_us_per_call\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, \"us_skip_aw\": %.2f, "
+          "\"us\": %.2f, \"graph_us_per_call\": %.2f, \"us_skip_a\": %.2f, \"us_skip_w\": %.2f, "
+          "\"us_skip_aw\": %.2f, "
           "\"start_skew_us\": %.3f, \"sm_mhz\": %.0f, \"first_stage_us\": %.3f, "
           "\"k_step_ns\": %.1f, \"k_step_ns_max\": %.1f, \"send_us\": %.3f, "
           "\"wait_us\": %.3f, \"sum_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f, "
@@ -1083,10 +1086,10 @@ absl::Status Run(int argc, char** argv) {
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown argument '", a,
-                       "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-                       "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown argument '", a,
+          "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
+          "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe]"));
     }
   }
   std::string why;
@@ -1133,7 +1136,8 @@ absl::Status Run(int argc, char** argv) {
                  "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s\n}\n",
                  js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
                  JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(), JoinArr(js.sm90_probe).c_str());
+                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
+                 JoinArr(js.sm90_probe).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

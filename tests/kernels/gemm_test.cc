@@ -82,8 +82,7 @@ class GemmTest : public testing::GpuTest {
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
     if (plan != nullptr) {
-      ASSERT_OK(
-          LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters, probe));
+      ASSERT_OK(LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters, probe));
     } else {
       ASSERT_OK(Gemm(handle_, g, stream()));
     }
@@ -270,7 +269,8 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
 // the product correct; the load-skipping probes finish (their output is not
 // checked: it is wrong by design) and leave the counters zero.
 TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
-  if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  if (!Sm90GemmDeviceSupported())
+    GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   using Probe = Sm90GemmProbe;
   const int64_t M = 200, N = 392, K = 1000, k_tiles = 16;
   int num_sms = 0;
@@ -307,7 +307,8 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
     }
     for (int64_t t = 0; t < tiles; ++t) EXPECT_EQ(steps[t], k_tiles) << "tile " << t;
     // The probes that switch loads off run to the end.
-    for (const int flags : {int{Probe::kSkipA}, int{Probe::kSkipW}, Probe::kSkipA | Probe::kSkipW}) {
+    for (const int flags :
+         {int{Probe::kSkipA}, int{Probe::kSkipW}, Probe::kSkipA | Probe::kSkipW}) {
       DevArray da(M * K, DType::kBF16), dw(N * K, DType::kBF16), dc(M * N, DType::kBF16);
       da.Upload(testing::RandomFloats(M * K, 5));
       dw.Upload(testing::RandomFloats(N * K, 6));
@@ -369,7 +370,7 @@ TEST(Sm90GemmPlanTest, FillsOneWave) {
   const Sm90GemmPlan wide = PlanSm90Gemm(256, 128256, 4096, 132);  // many tiles: no split
   EXPECT_EQ(wide.m_sub, 2);
   EXPECT_EQ(wide.splits, 1);
-  EXPECT_EQ(PlanSm90Gemm(512, 4096, 4096, 132).m_sub, 2);      // 128-row tiles only to 256
+  EXPECT_EQ(PlanSm90Gemm(512, 4096, 4096, 132).m_sub, 2);     // 128-row tiles only to 256
   EXPECT_EQ(PlanSm90Gemm(256, 128, 256, 132).splits, 1);      // 4 K steps: no split
   EXPECT_EQ(PlanSm90Gemm(256, 128, 65536, 132).splits, 8);    // at most a portable cluster
   // With the H200's cluster occupancy (run ab: 66 / 39 / 30 clusters of

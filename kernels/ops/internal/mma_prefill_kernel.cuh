@@ -169,7 +169,8 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         uint32_t kb4[4];
-        LdMatrixX4<false>(kb4, kt + static_cast<unsigned>(u * kMmaKeyTile * L::kPitch) + k_ld + 32 * ks);
+        LdMatrixX4<false>(kb4,
+                          kt + static_cast<unsigned>(u * kMmaKeyTile * L::kPitch) + k_ld + 32 * ks);
         float(&d0)[4] = (kChains == 2 && (ks & 1)) ? so[u][0] : s[u][0];
         float(&d1)[4] = (kChains == 2 && (ks & 1)) ? so[u][1] : s[u][1];
         MmaBf16(d0, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[0], kb4[1]);
@@ -252,8 +253,10 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       // P as A (FlashAttention-2 register reuse), bf16 plus residual.
-      const uint32_t pa0 = PackBf16x2(s[u][0][0], s[u][0][1]), pa1 = PackBf16x2(s[u][0][2], s[u][0][3]);
-      const uint32_t pa2 = PackBf16x2(s[u][1][0], s[u][1][1]), pa3 = PackBf16x2(s[u][1][2], s[u][1][3]);
+      const uint32_t pa0 = PackBf16x2(s[u][0][0], s[u][0][1]),
+                     pa1 = PackBf16x2(s[u][0][2], s[u][0][3]);
+      const uint32_t pa2 = PackBf16x2(s[u][1][0], s[u][1][1]),
+                     pa3 = PackBf16x2(s[u][1][2], s[u][1][3]);
       const uint32_t pr0 = PackBf16x2Residual(s[u][0][0], s[u][0][1], pa0);
       const uint32_t pr1 = PackBf16x2Residual(s[u][0][2], s[u][0][3], pa1);
       const uint32_t pr2 = PackBf16x2Residual(s[u][1][0], s[u][1][1], pa2);

@@ -93,8 +93,8 @@ struct TileShape {
     }
     return most;
   }
-  static constexpr int kDataBytes =
-      kRingBytes > MaxEpilogueBytes() ? kRingBytes : MaxEpilogueBytes();
+  static constexpr int kDataBytes = kRingBytes > MaxEpilogueBytes() ? kRingBytes
+                                                                    : MaxEpilogueBytes();
   // + full/empty barriers, the reduction's barrier, slack to align the ring
   // to 1024 bytes (swizzle atom).
   static constexpr int kSmemBytes = kDataBytes + (2 * kStages + 1) * 8 + 1024;
@@ -117,7 +117,6 @@ struct Sm90GemmParams {
   int probe = 0;
   unsigned long long* stamps = nullptr;
 };
-
 
 namespace detail {
 
@@ -268,8 +267,8 @@ __device__ __forceinline__ void ToStaging(__nv_bfloat16* staging, int pitch, int
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
                                          uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          dst),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
@@ -328,7 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Probe = ::symtp::kernels::Sm90GemmProbe;
   unsigned long long* const stamp =
       p.stamps != nullptr && threadIdx.x == 128
-          ? p.stamps + Probe::kSlots * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
+          ? p.stamps +
+                Probe::kSlots * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
           : nullptr;
   const auto mark = [&](int slot) {
     if (stamp != nullptr) stamp[slot] = clock64();
