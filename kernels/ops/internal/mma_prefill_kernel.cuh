@@ -28,7 +28,7 @@ struct MmaPrefillLayout {
   static constexpr int kTileKeys = 64;  // keys per stage, shared by the block
   static constexpr int kPitch = 2 * D + 16;
   static constexpr int kTileBytes = kTileKeys * kPitch;  // K or V
-  static constexpr int kStages = D == 128 ? 2 : 4;
+  static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr size_t kRingBytes = static_cast<size_t>(kStageBytes) * kStages;
   static constexpr size_t kEpilogueBytes = (kMmaAttnMaxRows * D + 5 * kMmaAttnMaxRows) * 4;
@@ -330,7 +330,7 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
 }
 
 template <int D>
-__global__ void __launch_bounds__(kMmaAttnThreads, 3) MmaPrefillKernel(const PagedAttentionArgs a) {
+__global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaPrefillKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
