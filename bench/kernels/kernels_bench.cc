@@ -415,6 +415,53 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   return absl::OkStatus();
 }
 
+// The operands of the sm_90a GEMM sections: W rotated through a 2 GiB arena
+// (more than L2, so each call reads HBM), A and C for the largest product of
+// the section, and the global split-K's tile counters.
+struct Sm90Operands {
+  static constexpr size_t kArena = size_t{2} << 30;
+  static constexpr int64_t kCounters = 1 << 16;
+  cuda::DeviceBuffer w, a, c, counters;
+  void* ws = nullptr;
+
+  static absl::StatusOr<Sm90Operands> Create(int64_t max_m, int64_t max_k, int64_t max_n, void* ws,
+                                             cudaStream_t s) {
+    Sm90Operands o;
+    o.ws = ws;
+    SYMTP_ASSIGN_OR_RETURN(o.w, cuda::DeviceBuffer::Create(kArena));
+    SYMTP_RETURN_IF_ERROR(FillRandom(o.w.get(), kArena / 2, 3, 0.02f, s));
+    SYMTP_ASSIGN_OR_RETURN(o.a, cuda::DeviceBuffer::Create(max_m * max_k * 2));
+    SYMTP_RETURN_IF_ERROR(FillRandom(o.a.get(), max_m * max_k, 4, 1.f, s));
+    SYMTP_ASSIGN_OR_RETURN(o.c, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+    SYMTP_ASSIGN_OR_RETURN(o.counters, cuda::DeviceBuffer::Create(kCounters * 4));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(o.counters.get(), 0, kCounters * 4, s));
+    return o;
+  }
+  // The m x n x k product's arguments (W set per call by Launch).
+  kernels::GemmArgs Args(int64_t m, int64_t n, int64_t k) const {
+    kernels::GemmArgs g;
+    g.a = a.get();
+    g.c = c.get();
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.workspace = ws;
+    g.workspace_bytes = kernels::kGemmWorkspaceBytes;
+    return g;
+  }
+  // The i-th of the arena's weight slots of n x k.
+  const void* Weights(int i, int64_t n, int64_t k) const {
+    const size_t bytes = static_cast<size_t>(n * k * 2);
+    return static_cast<const char*>(w.get()) + (i % (kArena / bytes)) * bytes;
+  }
+  // Call i of the sm_90a kernel on `g` with W slot i.
+  absl::Status Launch(kernels::GemmArgs g, const kernels::Sm90GemmPlan& plan, int i,
+                      cudaStream_t s, const kernels::Sm90GemmProbe* probe = nullptr) {
+    g.w = Weights(i, g.n, g.k);
+    return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters, probe);
+  }
+};
+
 // --sections sm90plans: every plan of the sm_90a GEMM (tile height x split
 // count) on the decode shapes where cuBLASLt falls short, with the clusters
 // the device runs at once: the data the planner's rule rests on.
@@ -426,15 +473,7 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
   } shapes[] = {{"8b tp1 wo", 4096, 4096},  {"8b tp2 qkv", 3072, 4096},
                 {"8b tp2 wo", 4096, 2048},  {"8b tp1 qkv", 6144, 4096},
                 {"8b tp1 down", 4096, 14336}, {"70b tp2 qkv", 5120, 8192}};
-  const size_t arena = size_t{2} << 30;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
-  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(512 * 14336 * 2));
-  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), 512 * 14336, 4, 1.f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(512 * 6144 * 2));
-  constexpr int64_t kCounters = 1 << 16;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counters, cuda::DeviceBuffer::Create(kCounters * 4));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters.get(), 0, kCounters * 4, s));
+  SYMTP_ASSIGN_OR_RETURN(Sm90Operands ops, Sm90Operands::Create(512, 14336, 6144, ws, s));
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf(
@@ -445,7 +484,6 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
   for (int sp = 1; sp <= 8; ++sp) std::printf("   split %d      ", sp);
   std::printf("\n");
   for (const Shape& sh : shapes) {
-    const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
     for (int64_t m : {32, 128, 256, 512}) {
       for (int m_sub : {1, 2}) {
         if (m_sub == 2 && m <= 128) continue;
@@ -454,14 +492,7 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
                       global ? "global" : "cluster");
           for (int sp = 1; sp <= 8; ++sp) {
             const kernels::Sm90GemmPlan plan{m_sub, sp, global};
-            kernels::GemmArgs g;
-            g.a = abuf.get();
-            g.c = cbuf.get();
-            g.m = m;
-            g.n = sh.n;
-            g.k = sh.k;
-            g.workspace = ws;
-            g.workspace_bytes = kernels::kGemmWorkspaceBytes;
+            const kernels::GemmArgs g = ops.Args(m, sh.n, sh.k);
             if (global && (sp == 1 || kernels::Sm90GemmTiles(m, sh.n, plan) * sp > num_sms ||
                            kernels::Sm90GemmPartialBytes(m, sh.n, plan) > g.workspace_bytes)) {
               std::printf("       -         ");
@@ -471,10 +502,7 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
             if (!global) {
               SYMTP_ASSIGN_OR_RETURN(clusters, kernels::Sm90GemmMaxActiveClusters(plan));
             }
-            auto run = [&](int i) {
-              g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-              return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters);
-            };
+            auto run = [&](int i) { return ops.Launch(g, plan, i, s); };
             SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
             const double frac = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12 / c.gemm_tflops;
             if (global) {
@@ -518,15 +546,7 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t m = 256;
-  const size_t arena = size_t{2} << 30;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
-  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(m * 4096 * 2));
-  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), m * 4096, 4, 1.f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(m * 4096 * 2));
-  constexpr int64_t kCounters = 1 << 12;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counters, cuda::DeviceBuffer::Create(kCounters * 4));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counters.get(), 0, kCounters * 4, s));
+  SYMTP_ASSIGN_OR_RETURN(Sm90Operands ops, Sm90Operands::Create(m, 4096, 4096, ws, s));
   constexpr int64_t kMaxCtas = 1024;
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer stamps,
                          cuda::DeviceBuffer::Create(kMaxCtas * Probe::kSlots * 8));
@@ -540,7 +560,7 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
   {
     // What the timing itself costs: a 16-byte memset (one tiny kernel).
     auto noop = [&](int) -> absl::Status {
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0, 16, s));
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ops.c.get(), 0, 16, s));
       return absl::OkStatus();
     };
     SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, noop));
@@ -554,12 +574,12 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
               "shape", "plan", "ctas", "us", "graph", "noA", "noW", "noAW", "skew", "MHz", "first",
               "step", "max", "send", "wait", "sum", "out", "span");
   for (const Shape& sh : shapes) {
-    const size_t wbytes = static_cast<size_t>(sh.n * sh.k * 2), slots = arena / wbytes;
+    const kernels::GemmArgs g = ops.Args(m, sh.n, sh.k);
     {
       auto run = [&](int i) {
-        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-        return kernels::Gemm(h, abuf.get(), w, cbuf.get(), m, sh.n, sh.k, DType::kBF16, ws,
-                             kernels::kGemmWorkspaceBytes, s);
+        kernels::GemmArgs gi = g;
+        gi.w = ops.Weights(i, sh.n, sh.k);
+        return kernels::Gemm(h, gi, s);
       };
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
       SYMTP_ASSIGN_OR_RETURN(double gus, GraphUsPerCall(s, 20, 5, run));
@@ -574,42 +594,22 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
           sh.name, m, sh.n, sh.k, us, gus));
     }
     for (const kernels::Sm90GemmPlan& plan : plans) {
-      kernels::GemmArgs g;
-      g.a = abuf.get();
-      g.c = cbuf.get();
-      g.m = m;
-      g.n = sh.n;
-      g.k = sh.k;
-      g.workspace = ws;
-      g.workspace_bytes = kernels::kGemmWorkspaceBytes;
       const int64_t ctas = kernels::Sm90GemmTiles(m, sh.n, plan) * plan.splits;
       if (ctas > kMaxCtas || (plan.global_reduce && ctas > num_sms)) continue;
       double us[4] = {0, 0, 0, 0};
       for (int flags = 0; flags < 4; ++flags) {
         Probe probe;
         probe.flags = flags;
-        auto run = [&](int i) {
-          g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-          return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters,
-                                         &probe);
-        };
+        auto run = [&](int i) { return ops.Launch(g, plan, i, s, &probe); };
         SYMTP_ASSIGN_OR_RETURN(us[flags], TimeUs(s, 5, 30, run));
       }
-      double gus = 0;
-      {
-        auto run = [&](int i) {
-          g.w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
-          return kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters);
-        };
-        SYMTP_ASSIGN_OR_RETURN(gus, GraphUsPerCall(s, 20, 5, run));
-      }
+      auto run = [&](int i) { return ops.Launch(g, plan, i, s); };
+      SYMTP_ASSIGN_OR_RETURN(const double gus, GraphUsPerCall(s, 20, 5, run));
       // One stamped launch of the real kernel (fresh W slot).
       Probe probe;
       probe.stamps = stamps.as<unsigned long long>();
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stamps.get(), 0, ctas * Probe::kSlots * 8, s));
-      g.w = static_cast<const char*>(wbuf.get()) + (97 % slots) * wbytes;
-      SYMTP_RETURN_IF_ERROR(
-          kernels::LaunchSm90Gemm(g, plan, s, counters.as<unsigned int>(), kCounters, &probe));
+      SYMTP_RETURN_IF_ERROR(ops.Launch(g, plan, 97, s, &probe));
       std::vector<unsigned long long> st(ctas * Probe::kSlots);
       CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));

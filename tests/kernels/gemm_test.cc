@@ -52,6 +52,20 @@ class GemmTest : public testing::GpuTest {
     CheckStrided(M, N, K, K + pad, K + pad, N + pad, in, out);
   }
 
+  // A bf16 product of contiguous operands with the fixture's workspace.
+  GemmArgs Args(const void* a, const void* w, void* c, int64_t M, int64_t N, int64_t K) const {
+    GemmArgs g;
+    g.a = a;
+    g.w = w;
+    g.c = c;
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.workspace = ws_.get();
+    g.workspace_bytes = ws_.bytes();
+    return g;
+  }
+
   // With a plan: LaunchSm90Gemm directly, else Gemm() (handle_'s choice).
   void CheckStrided(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldw, int64_t ldc,
                     DType in, DType out, const Sm90GemmPlan* plan = nullptr,
@@ -67,20 +81,12 @@ class GemmTest : public testing::GpuTest {
     DevArray da(a.size(), in), dw(w.size(), in), dc(static_cast<size_t>(M * ldc), out);
     da.Upload(a);
     dw.Upload(w);
-    GemmArgs g;
-    g.a = da.get();
+    GemmArgs g = Args(da.get(), dw.get(), dc.get(), M, N, K);
     g.lda = lda;
-    g.w = dw.get();
     g.ldw = ldw;
-    g.c = dc.get();
     g.ldc = ldc;
-    g.m = M;
-    g.n = N;
-    g.k = K;
     g.in_dtype = in;
     g.out_dtype = out;
-    g.workspace = ws_.get();
-    g.workspace_bytes = ws_.bytes();
     if (plan != nullptr) {
       ASSERT_OK(LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters, probe));
     } else {
@@ -227,15 +233,7 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
   ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
                  ws_.bytes(), stream()));
   // A global split-K plan captured with its own counters, replayed twice.
-  GemmArgs g;
-  g.a = da.get();
-  g.w = dw.get();
-  g.c = dc3.get();
-  g.m = M;
-  g.n = N;
-  g.k = K;
-  g.workspace = ws_.get();
-  g.workspace_bytes = ws_.bytes();
+  const GemmArgs g = Args(da.get(), dw.get(), dc3.get(), M, N, K);
   const Sm90GemmPlan global{2, 8, true};  // 8 tiles x 8 splits, one cooperative wave
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -312,15 +310,7 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
       DevArray da(M * K, DType::kBF16), dw(N * K, DType::kBF16), dc(M * N, DType::kBF16);
       da.Upload(testing::RandomFloats(M * K, 5));
       dw.Upload(testing::RandomFloats(N * K, 6));
-      GemmArgs g;
-      g.a = da.get();
-      g.w = dw.get();
-      g.c = dc.get();
-      g.m = M;
-      g.n = N;
-      g.k = K;
-      g.workspace = ws_.get();
-      g.workspace_bytes = ws_.bytes();
+      const GemmArgs g = Args(da.get(), dw.get(), dc.get(), M, N, K);
       Probe skip;
       skip.flags = flags;
       ASSERT_OK(LaunchSm90Gemm(g, plan, stream(), counters_.as<unsigned int>(), kCounters, &skip));

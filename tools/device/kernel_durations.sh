@@ -10,14 +10,8 @@
 # Writes $OUT/kernel_durations.txt (launches, median / min us, grid, block,
 # name), $OUT/ncu.csv.gz and kernels_bench's own output.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-tools/device/build.sh kernels_bench >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
-SYMTP_BENCH_NO_GATE=1 timeout 480 "$NCU" --clock-control none --cache-control none --kernel-name "regex:${KERNEL:-nvjet|gemm|xmma|cutlass}" \
+source "$(dirname "$0")/ncu_setup.sh"
+timeout 480 "$NCU" --clock-control none --cache-control none --kernel-name "regex:${KERNEL:-nvjet|gemm|xmma|cutlass}" \
   --metrics gpu__time_duration.sum --csv --print-units base \
   build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-sm90probe}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu: exit $?"

@@ -12,14 +12,7 @@
 # tensor-core variants chunk 256, 512, 1024, planned, each at batch 32, 64,
 # 128, 256, 512, each config 1 check + 5 warm-up + 30 timed launches (36).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-tools/device/build.sh kernels_bench >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[[ -n $NCU ]] || { echo "no ncu on this machine"; exit 2; }
+source "$(dirname "$0")/ncu_setup.sh"
 per_config=36
 KERNEL=${KERNEL:-MmaDecodeKernel}
 # name:launches to skip (the 36-launch config index x 36 + 10: a timed launch)
@@ -27,7 +20,7 @@ CASES=${CASES:-"8b_plan_b256:$(( (3 * 5 + 3) * per_config + 10 )) 70b_plan_b32:$
 for c in $CASES; do
   name=${c%%:*}
   skip=${c##*:}
-  SYMTP_BENCH_NO_GATE=1 timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
+  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "$skip" --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis \
@@ -40,7 +33,7 @@ done
 # SASS) and the kernel's SASS from the object file, for reading the key loop.
 if [[ ${SOURCE:-0} == 1 ]]; then
   first=${CASES%% *}
-  SYMTP_BENCH_NO_GATE=1 timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
+  timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "${first##*:}" --launch-count 1 --section SourceCounters --section WarpStateStats \
     --page source --print-source sass --csv \
     build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" >"$OUT/ncu_source_${first%%:*}.csv" 2>&1

@@ -99,6 +99,31 @@ __device__ __forceinline__ float Exp2Approx(float x) {
   return y;
 }
 
+// Lazy rescaling (see the header): a row's reference max moves only when
+// some score of the warp is more than 2^kLazyLog2 above it.
+constexpr float kLazyLog2 = 8.f;
+
+// Moves two rows' reference maxima m0, m1 to max(m, mx) and rescales their
+// sums l0, l1; returns the factors (x: row 0, y: row 1) the caller applies to
+// its O accumulators (1 for a row with no finite max yet).
+__device__ __forceinline__ float2 MoveReferenceMaxima(float mx0, float mx1, float& m0, float& m1,
+                                                      float& l0, float& l1) {
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  const float2 al = make_float2(mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0),
+                                mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1));
+  m0 = mn0;
+  m1 = mn1;
+  l0 *= al.x;
+  l1 *= al.y;
+  return al;
+}
+
+// A score's weight 2^(s - m) against its row's reference max (0 while the
+// row has none).
+__device__ __forceinline__ float Exp2Below(float s, float m) {
+  return m == -INFINITY ? 0.f : Exp2Approx(s - m);
+}
+
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

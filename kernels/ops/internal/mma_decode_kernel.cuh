@@ -260,7 +260,6 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
     // Lazy rescaling (mma_common.cuh): only when some score is more than
     // 2^8 above its row's reference max; then the true row maxima (over the 8
     // lanes of each tig) become the references.
-    constexpr float kLazyLog2 = 8.f;
     float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
     if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
 #pragma unroll
@@ -268,25 +267,19 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
       }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-      const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      l0 *= al0;
-      l1 *= al1;
+      const float2 al = MoveReferenceMaxima(mx0, mx1, m0, m1, l0, l1);
 #pragma unroll
       for (int mt = 0; mt < kKS; ++mt) {
-        o[mt][0] *= al0;
-        o[mt][2] *= al0;
-        o[mt][1] *= al1;
-        o[mt][3] *= al1;
+        o[mt][0] *= al.x;
+        o[mt][2] *= al.x;
+        o[mt][1] *= al.y;
+        o[mt][3] *= al.y;
       }
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float m = (e & 1) ? m1 : m0;
-      s[e] = m == -INFINITY ? 0.f : Exp2Approx(s[e] - m);
+      s[e] = Exp2Below(s[e], m);
     }
     l0 += s[0] + s[2];
     l1 += s[1] + s[3];

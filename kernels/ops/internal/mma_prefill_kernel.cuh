@@ -155,15 +155,10 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
     // 2tig + (e & 1). One 16-key sub-tile: even and odd k-steps in separate
     // accumulators (two chains per n-tile); more: one chain per n-tile.
     constexpr int kChains = kU == 1 ? 2 : 1;
-    float s[kU][2][4], so[kU][2][4];
+    float s[kU][2][4], so[2][4];  // so: the odd k-steps of a single sub-tile
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[u][nt][e] = so[u][nt][e] = 0.f;
-      }
-    }
+    for (int u = 0; u < kU; ++u) ZeroFragments(s[u]);
+    ZeroFragments(so);
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
 #pragma unroll
@@ -171,8 +166,8 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
         uint32_t kb4[4];
         LdMatrixX4<false>(kb4,
                           kt + static_cast<unsigned>(u * kMmaKeyTile * L::kPitch) + k_ld + 32 * ks);
-        float(&d0)[4] = (kChains == 2 && (ks & 1)) ? so[u][0] : s[u][0];
-        float(&d1)[4] = (kChains == 2 && (ks & 1)) ? so[u][1] : s[u][1];
+        float(&d0)[4] = (kChains == 2 && (ks & 1)) ? so[0] : s[u][0];
+        float(&d1)[4] = (kChains == 2 && (ks & 1)) ? so[1] : s[u][1];
         MmaBf16(d0, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[0], kb4[1]);
         MmaBf16(d1, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], kb4[2], kb4[3]);
       }
@@ -181,7 +176,7 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nt][e] += so[0][nt][e];
+        for (int e = 0; e < 4; ++e) s[0][nt][e] += so[nt][e];
       }
     }
     if (t0 + kU * kMmaKeyTile <= unmasked_end) {
@@ -220,21 +215,14 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    constexpr float kLazyLog2 = 8.f;
     if (__any_sync(0xffffffffu, mx0 > m0 + kLazyLog2 || mx1 > m1 + kLazyLog2)) {
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float al0 = mn0 == -INFINITY ? 1.f : Exp2Approx(m0 - mn0);
-      const float al1 = mn1 == -INFINITY ? 1.f : Exp2Approx(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      l0 *= al0;
-      l1 *= al1;
+      const float2 al = MoveReferenceMaxima(mx0, mx1, m0, m1, l0, l1);
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        o[j][0] *= al0;
-        o[j][1] *= al0;
-        o[j][2] *= al1;
-        o[j][3] *= al1;
+        o[j][0] *= al.x;
+        o[j][1] *= al.x;
+        o[j][2] *= al.y;
+        o[j][3] *= al.y;
       }
     }
 #pragma unroll
@@ -243,8 +231,7 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float m = e < 2 ? m0 : m1;
-          s[u][nt][e] = m == -INFINITY ? 0.f : Exp2Approx(s[u][nt][e] - m);
+          s[u][nt][e] = Exp2Below(s[u][nt][e], e < 2 ? m0 : m1);
         }
         l0 += s[u][nt][0] + s[u][nt][1];
         l1 += s[u][nt][2] + s[u][nt][3];
