@@ -107,6 +107,7 @@ class AttnProblem {
     EXPECT_TRUE(ws.ok());
     if (ws_bytes) {
       EXPECT_EQ(cudaMemset(ws->get(), 0xff, ws_bytes), cudaSuccess);  // poison
+      testing::FinishHostCopies();
     }
     PagedAttentionArgs a;
     a.q = d_q_.get();

@@ -46,6 +46,7 @@ class GemmTest : public testing::GpuTest {
     ASSERT_OK(counters);
     counters_ = std::move(*counters);
     ASSERT_EQ(cudaMemset(counters_.get(), 0, counters_.bytes()), cudaSuccess);
+    testing::FinishHostCopies();
   }
 
   void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad) {
@@ -281,6 +282,7 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
     const int64_t tiles = Sm90GemmTiles(M, N, plan), ctas = tiles * plan.splits;
     ASSERT_LE(ctas, 64);
     ASSERT_EQ(cudaMemset(stamps->get(), 0, stamps->bytes()), cudaSuccess);
+    testing::FinishHostCopies();
     Probe probe;
     probe.stamps = stamps->as<unsigned long long>();
     CheckStrided(M, N, K, K, K, N + 8, DType::kBF16, DType::kBF16, &plan, &probe);

@@ -69,8 +69,14 @@ inline void RoundTo(std::vector<float>* v, DType dt) {
   }
 }
 
+// Host-side fills and copies (cudaMemset, cudaMemcpy) go through the legacy
+// default stream, which a test's non-blocking stream does not wait for (and
+// a pageable cudaMemcpy may return before its DMA lands): finish them before
+// anything is enqueued that reads or writes the same memory.
+inline void FinishHostCopies() { EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
 // A device array of `n` elements of dtype `dt`, uploaded from / downloaded
-// to host floats.
+// to host floats (each transfer finished before it returns).
 class DevArray {
  public:
   DevArray() = default;
@@ -87,7 +93,10 @@ class DevArray {
   }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * DTypeSize(dt_); }
-  void Poison() { EXPECT_EQ(cudaMemset(buf_.get(), 0xff, buf_.bytes()), cudaSuccess); }
+  void Poison() {
+    EXPECT_EQ(cudaMemset(buf_.get(), 0xff, buf_.bytes()), cudaSuccess);
+    FinishHostCopies();
+  }
   void Upload(const std::vector<float>& v) {
     ASSERT_EQ(v.size(), n_);
     if (dt_ == DType::kF32) {
@@ -97,8 +106,10 @@ class DevArray {
       for (size_t i = 0; i < n_; ++i) h[i] = FloatToBf16Bits(v[i]);
       ASSERT_EQ(cudaMemcpy(buf_.get(), h.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
     }
+    FinishHostCopies();
   }
   std::vector<float> Download() const {
+    FinishHostCopies();
     std::vector<float> v(n_);
     if (dt_ == DType::kF32) {
       EXPECT_EQ(cudaMemcpy(v.data(), buf_.get(), bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -125,6 +136,7 @@ cuda::DeviceBuffer UploadRaw(const std::vector<T>& v) {
     EXPECT_EQ(cudaMemcpy(b->get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
               cudaSuccess);
   }
+  FinishHostCopies();
   return std::move(*b);
 }
 template <typename T>
