@@ -19,12 +19,12 @@
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
-// Usage: kernels_bench [--json FILE] [--layers N] [--skip-model]
+// Usage: kernels_bench [--json FILE] [--layers N] [--skip-model] [--sections LIST]
+//        [--model-batches LIST] [--model-kernels LIST] [--model-graphs on|off|both]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,9 +33,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -956,11 +958,19 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
   return absl::OkStatus();
 }
 
-absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
+// Which model_decode cases run (--model-batches, --model-kernels,
+// --model-graphs): all by default; fewer keep a profiler's run short.
+struct ModelSelection {
+  std::vector<int> batches = {32, 64, 128, 256, 512};
+  std::vector<std::string> kernels;  // decode kernel names; empty: all three
+  std::string graphs = "both";       // on, off or both
+};
+
+absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_t s, Json* js) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                          model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
   const int ctx = 1024, B = cfg.block_size, bps = ctx / B;
-  const std::vector<int> batches = {32, 64, 128, 256, 512};
+  const std::vector<int>& batches = sel.batches;
   std::printf(
       "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
       "cache zero-filled (timing does not depend on its values)\n",
@@ -978,6 +988,11 @@ absl::Status BenchModelDecode(int layers, cudaStream_t s, Json* js) {
         Mode{true, DecodeKernel::kTensorCore}, Mode{false, DecodeKernel::kTensorCore}}) {
     const bool graphs = mode.graphs;
     const char* kname = kernels::DecodeKernelName(mode.dk);
+    if (sel.graphs != "both" && (sel.graphs == "on") != graphs) continue;
+    if (!sel.kernels.empty() &&
+        std::find(sel.kernels.begin(), sel.kernels.end(), kname) == sel.kernels.end()) {
+      continue;
+    }
     model::GpuModelOptions o;
     o.attention_decode_kernel = mode.dk;
     o.dtype = DType::kBF16;
@@ -1073,6 +1088,7 @@ absl::Status Run(int argc, char** argv) {
   bool skip_model = false;
   bool gemm_exhaustive = false;
   std::string sections = "gemm,attention,prefill,model";
+  ModelSelection model_sel;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -1085,11 +1101,29 @@ absl::Status Run(int argc, char** argv) {
       gemm_exhaustive = true;
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
+    } else if (a == "--model-batches" && i + 1 < argc) {
+      model_sel.batches.clear();
+      for (absl::string_view b : absl::StrSplit(argv[++i], ',')) {
+        int v = 0;
+        if (!absl::SimpleAtoi(b, &v) || v < 1 || v > 512) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--model-batches: '", b, "' is not a batch in [1, 512]"));
+        }
+        model_sel.batches.push_back(v);
+      }
+    } else if (a == "--model-kernels" && i + 1 < argc) {
+      model_sel.kernels = absl::StrSplit(argv[++i], ',');
+    } else if (a == "--model-graphs" && i + 1 < argc) {
+      model_sel.graphs = argv[++i];
+      if (model_sel.graphs != "on" && model_sel.graphs != "off" && model_sel.graphs != "both") {
+        return absl::InvalidArgumentError("--model-graphs: on, off or both");
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", a,
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-          "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe]"));
+          "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe] "
+          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
     }
   }
   std::string why;
@@ -1125,7 +1159,7 @@ absl::Status Run(int argc, char** argv) {
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
-    section("model_decode", BenchModelDecode(layers, stream.get(), &js));
+    section("model_decode", BenchModelDecode(layers, model_sel, stream.get(), &js));
   }
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");

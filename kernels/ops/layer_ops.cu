@@ -66,6 +66,106 @@ __global__ void AddRmsNormKernel(T* __restrict__ residual, const T* __restrict__
   }
 }
 
+// A 16-byte chunk of a row as floats (8 bf16 or 4 float values).
+template <typename T>
+struct Vec {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  float v[kN];
+  __device__ __forceinline__ void Load(uint4 raw) {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = ToFloat<T>(e[i]);
+  }
+  __device__ __forceinline__ uint4 Store() const {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) e[i] = FromFloat<T>(v[i]);
+    return raw;
+  }
+};
+
+// The same as AddRmsNormKernel for rows of whole 16-byte chunks (16-byte
+// aligned): the row stays in registers, thread t holding chunks t,
+// t + blockDim.x, ... (kPer of them), and every load of the row is issued
+// before the first store (the scalar kernel's loop could not hoist a load
+// above the residual store before it: one memory round trip per element
+// group, ~7.7 us for a 4096-wide row on an H200, run ba).
+template <typename T, int kPer>
+__global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta,
+                                    const T* __restrict__ weight, T* __restrict__ out, int hidden,
+                                    float eps) {
+  __shared__ float scratch[32];
+  constexpr int kN = Vec<T>::kN;
+  const int64_t r = blockIdx.x;
+  const int nvec = hidden / kN;
+  uint4* res = reinterpret_cast<uint4*>(residual + r * hidden);
+  const uint4* del = delta ? reinterpret_cast<const uint4*>(delta + r * hidden) : nullptr;
+  const uint4* w4 = reinterpret_cast<const uint4*>(weight);
+  uint4 raw[kPer], draw[kPer], wraw[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int idx = threadIdx.x + j * blockDim.x;
+    if (idx < nvec) {
+      raw[j] = res[idx];
+      if (del) draw[j] = __ldg(del + idx);
+      wraw[j] = __ldg(w4 + idx);
+    }
+  }
+  Vec<T> x[kPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int idx = threadIdx.x + j * blockDim.x;
+    if (idx >= nvec) continue;
+    x[j].Load(raw[j]);
+    if (del) {
+      Vec<T> d;
+      d.Load(draw[j]);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) x[j].v[i] += d.v[i];
+      const uint4 sum = x[j].Store();  // rounded to T, as the residual keeps it
+      res[idx] = sum;
+      x[j].Load(sum);
+    }
+#pragma unroll
+    for (int i = 0; i < kN; ++i) ss += x[j].v[i] * x[j].v[i];
+  }
+  ss = internal::BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(hidden) + eps);
+  uint4* o = reinterpret_cast<uint4*>(out + r * hidden);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int idx = threadIdx.x + j * blockDim.x;
+    if (idx >= nvec) continue;
+    Vec<T> w;
+    w.Load(wraw[j]);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[j].v[i] = x[j].v[i] * inv * w.v[i];
+    o[idx] = x[j].Store();
+  }
+}
+
+template <typename T>
+__global__ void SiluMulVecKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
+                                 int ffn) {
+  constexpr int kN = Vec<T>::kN;
+  const int per_row = ffn / kN;
+  const int64_t total = rows * per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / per_row, c = i - r * per_row;
+    const uint4* row = reinterpret_cast<const uint4*>(gate_up + r * 2 * ffn);
+    Vec<T> g, u;
+    g.Load(__ldg(row + c));
+    u.Load(__ldg(row + per_row + c));
+#pragma unroll
+    for (int k = 0; k < kN; ++k) g.v[k] = g.v[k] / (1.0f + expf(-g.v[k])) * u.v[k];
+    reinterpret_cast<uint4*>(out)[i] = g.Store();
+  }
+}
+
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                               int ffn) {
@@ -92,6 +192,16 @@ __global__ void GatherRowsKernel(const T* __restrict__ src, int64_t src_ld,
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
 }
 
+// GatherRowsKernel for rows of whole, aligned 16-byte chunks.
+__global__ void GatherRowsVecKernel(const uint4* __restrict__ src, int64_t src_ld16,
+                                    const int32_t* __restrict__ index, uint4* __restrict__ dst,
+                                    int64_t dst_ld16, int64_t cols16) {
+  const int64_t r = blockIdx.x;
+  const uint4* s = src + static_cast<int64_t>(index[r]) * src_ld16;
+  uint4* d = dst + r * dst_ld16;
+  for (int64_t c = threadIdx.x; c < cols16; c += blockDim.x) d[c] = __ldg(s + c);
+}
+
 __global__ void AssembleVocabKernel(const float* __restrict__ gathered, float* __restrict__ out,
                                     int64_t rows, int vl, int tp) {
   const int64_t total = rows * tp * static_cast<int64_t>(vl);
@@ -114,6 +224,8 @@ __global__ void ForwardTokensKernel(int32_t* __restrict__ tokens,
     if (p >= 0) tokens[i] = prev_tokens[p];
   }
 }
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned GridFor(int64_t total, int threads) {
   return static_cast<unsigned>(
@@ -152,6 +264,25 @@ absl::Status AddRmsNorm(void* residual, const void* delta, const void* weight, v
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "AddRmsNorm", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
+    constexpr int kN = 16 / static_cast<int>(sizeof(T));
+    const int nvec = hidden / kN;
+    if (hidden % kN == 0 && Aligned16(residual) && Aligned16(delta) && Aligned16(weight) &&
+        Aligned16(out)) {
+      // One to four chunks per thread, at most 1024 threads (hidden <= 12288).
+      const int per = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+      const int threads =
+          std::max(32, static_cast<int>(internal::CeilDiv(nvec, per) + 31) / 32 * 32);
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+            static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
+            static_cast<T*>(out), hidden, eps);
+      };
+      if (per == 1) launch(AddRmsNormVecKernel<T, 1>);
+      if (per == 2) launch(AddRmsNormVecKernel<T, 2>);
+      if (per == 4) launch(AddRmsNormVecKernel<T, 4>);
+      CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      return absl::OkStatus();
+    }
     const int threads = hidden >= 4096 ? 512 : hidden >= 1024 ? 256 : 128;
     const size_t smem = (static_cast<size_t>(hidden) + 32) * sizeof(float);
     AddRmsNormKernel<T><<<static_cast<unsigned>(rows), threads, smem, stream>>>(
@@ -171,8 +302,14 @@ absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DTyp
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "SiluMul", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
-    SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(static_cast<const T*>(gate_up),
-                                                                   static_cast<T*>(out), rows, ffn);
+    constexpr int kN = 16 / static_cast<int>(sizeof(T));
+    if (ffn % kN == 0 && Aligned16(gate_up) && Aligned16(out)) {
+      SiluMulVecKernel<T><<<GridFor(rows * (ffn / kN), 256), 256, 0, stream>>>(
+          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
+    } else {
+      SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(
+          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
+    }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
@@ -188,6 +325,15 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "GatherRows", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
+    constexpr int64_t kN = 16 / static_cast<int64_t>(sizeof(T));
+    if (cols % kN == 0 && src_ld % kN == 0 && dst_ld % kN == 0 && Aligned16(src) &&
+        Aligned16(dst)) {
+      GatherRowsVecKernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(
+          static_cast<const uint4*>(src), src_ld / kN, index, static_cast<uint4*>(dst), dst_ld / kN,
+          cols / kN);
+      CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      return absl::OkStatus();
+    }
     GatherRowsKernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
         static_cast<const T*>(src), src_ld, index, static_cast<T*>(dst), dst_ld, cols);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -56,6 +56,17 @@ absl::Status WriteKvCache(const void* k, const void* v, int64_t row_stride,
                           const int32_t* slot_mapping, void* k_cache, void* v_cache, int64_t rows,
                           int num_kv_heads, int head_dim, DType dtype, cudaStream_t stream);
 
+// ApplyRope on the q and k heads of packed qkv rows, then WriteKvCache of
+// their k and v parts, in one kernel with the same results as the two calls:
+// row r holds num_q_heads q heads at qkv + r * row_stride, then num_kv_heads
+// k heads, then num_kv_heads v heads (head_dim elements each). Rotated k
+// (unrotated where the position is outside [0, max_pos)) and v go to cache
+// slot slot_mapping[r] when it is >= 0.
+absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, int num_kv_heads,
+                              int head_dim, const int32_t* positions, const int32_t* slot_mapping,
+                              int64_t rows, const double2* table, int max_pos, void* k_cache,
+                              void* v_cache, DType dtype, cudaStream_t stream);
+
 // out[r, i] = silu(in[r, i]) * in[r, ffn + i], silu(z) = z / (1 + exp(-z)),
 // for in = [gate | up] of width 2*ffn.
 absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DType dtype,

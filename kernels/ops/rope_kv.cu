@@ -27,26 +27,82 @@ __global__ void RopeTableKernel(double2* __restrict__ table, int max_pos, int he
   }
 }
 
-template <typename T>
-__global__ void RopeKernel(T* __restrict__ x, int64_t row_stride, int num_heads, int head_dim,
-                           const int32_t* __restrict__ positions, const double2* __restrict__ table,
-                           int max_pos) {
+// Copies `width` elements from src to dst (16-byte chunks when kVec).
+template <typename T, bool kVec>
+__device__ __forceinline__ void CopyRow(const T* __restrict__ src, T* __restrict__ dst, int width) {
+  if constexpr (kVec) {
+    const int n = width * static_cast<int>(sizeof(T)) / 16;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+// One row per block. Rotates heads [0, rot_heads) of the row in place; with
+// kWriteKv the row is a packed qkv row (q heads, then num_kv_heads k heads,
+// then as many v heads) whose k heads (after rotation) and v heads also go
+// to the cache slot slots[r] (skipped when negative). A position outside
+// [0, max_pos) leaves the row unrotated (k still written).
+// Each thread loads up to four (x[i], x[i + D/2], table) triples before it
+// computes and stores any: the loads of a row are in flight together.
+template <typename T, bool kWriteKv, bool kVec>
+__global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_heads, int head_dim,
+                             const int32_t* __restrict__ positions,
+                             const double2* __restrict__ table, int max_pos, int num_q_heads,
+                             int num_kv_heads, const int32_t* __restrict__ slots,
+                             T* __restrict__ k_cache, T* __restrict__ v_cache) {
+  constexpr int kU = 4;
   const int64_t r = blockIdx.x;
   const int pos = positions[r];
-  if (pos < 0 || pos >= max_pos) return;
+  const bool rotate = pos >= 0 && pos < max_pos;
+  const int32_t slot = kWriteKv ? slots[r] : -1;
   const int half = head_dim / 2;
-  const double2* tab = table + static_cast<int64_t>(pos) * half;
+  const int width = num_kv_heads * head_dim;
   T* row = x + r * row_stride;
-  for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
-    const int h = idx / half, i = idx - h * half;
-    T* xh = row + static_cast<int64_t>(h) * head_dim;
-    const double a = ToFloat<T>(xh[i]), b = ToFloat<T>(xh[i + half]);
-    const double2 cs = tab[i];
-    // No contraction into FMAs: the CPU reference rounds each product.
-    const double o0 = __dsub_rn(__dmul_rn(a, cs.x), __dmul_rn(b, cs.y));
-    const double o1 = __dadd_rn(__dmul_rn(b, cs.x), __dmul_rn(a, cs.y));
-    xh[i] = FromFloat<T>(__double2float_rn(o0));
-    xh[i + half] = FromFloat<T>(__double2float_rn(o1));
+  T* kd = kWriteKv && slot >= 0 ? k_cache + static_cast<int64_t>(slot) * width : nullptr;
+  if (rotate) {
+    const double2* tab = table + static_cast<int64_t>(pos) * half;
+    const int pairs = rot_heads * half;
+    for (int base = threadIdx.x; base < pairs; base += kU * blockDim.x) {
+      float a[kU], b[kU];
+      double2 cs[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int p = base + u * blockDim.x;
+        if (p < pairs) {
+          const int h = p / half, i = p - h * half;
+          a[u] = ToFloat<T>(row[h * head_dim + i]);
+          b[u] = ToFloat<T>(row[h * head_dim + i + half]);
+          cs[u] = tab[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int p = base + u * blockDim.x;
+        if (p >= pairs) continue;
+        const int h = p / half, i = p - h * half;
+        // No contraction into FMAs: the CPU reference rounds each product.
+        const double o0 = __dsub_rn(__dmul_rn(a[u], cs[u].x), __dmul_rn(b[u], cs[u].y));
+        const double o1 = __dadd_rn(__dmul_rn(b[u], cs[u].x), __dmul_rn(a[u], cs[u].y));
+        const T t0 = FromFloat<T>(__double2float_rn(o0));
+        const T t1 = FromFloat<T>(__double2float_rn(o1));
+        row[h * head_dim + i] = t0;
+        row[h * head_dim + i + half] = t1;
+        if (kd != nullptr && h >= num_q_heads) {
+          T* kh = kd + (h - num_q_heads) * head_dim;
+          kh[i] = t0;
+          kh[i + half] = t1;
+        }
+      }
+    }
+  }
+  if constexpr (kWriteKv) {
+    if (slot < 0) return;
+    const T* ks = row + static_cast<int64_t>(num_q_heads) * head_dim;
+    if (!rotate) CopyRow<T, kVec>(ks, kd, width);
+    CopyRow<T, kVec>(ks + width, v_cache + static_cast<int64_t>(slot) * width, width);
   }
 }
 
@@ -57,22 +113,14 @@ __global__ void KvWriteKernel(const T* __restrict__ k, const T* __restrict__ v, 
   const int64_t r = blockIdx.x;
   const int32_t slot = slots[r];
   if (slot < 0) return;
-  const T* ks = k + r * row_stride;
-  const T* vs = v + r * row_stride;
-  T* kd = k_cache + static_cast<int64_t>(slot) * width;
-  T* vd = v_cache + static_cast<int64_t>(slot) * width;
-  if constexpr (kVec) {
-    const int n = width * static_cast<int>(sizeof(T)) / 16;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      reinterpret_cast<uint4*>(kd)[i] = reinterpret_cast<const uint4*>(ks)[i];
-      reinterpret_cast<uint4*>(vd)[i] = reinterpret_cast<const uint4*>(vs)[i];
-    }
-  } else {
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-      kd[i] = ks[i];
-      vd[i] = vs[i];
-    }
-  }
+  CopyRow<T, kVec>(k + r * row_stride, k_cache + static_cast<int64_t>(slot) * width, width);
+  CopyRow<T, kVec>(v + r * row_stride, v_cache + static_cast<int64_t>(slot) * width, width);
+}
+
+// Threads for `pairs` rotations of four per thread, 64..512.
+int RopeThreads(int pairs) {
+  const int t = (pairs / 4 + 31) / 32 * 32;
+  return t < 64 ? 64 : t > 512 ? 512 : t;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -104,10 +152,10 @@ absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "ApplyRope", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
-    const int work = num_heads * head_dim / 2;
-    const int threads = work >= 512 ? 512 : work >= 256 ? 256 : 128;
-    RopeKernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-        static_cast<T*>(x), row_stride, num_heads, head_dim, positions, table, max_pos);
+    RopeKvKernel<T, false, false>
+        <<<static_cast<unsigned>(rows), RopeThreads(num_heads * head_dim / 2), 0, stream>>>(
+            static_cast<T*>(x), row_stride, num_heads, head_dim, positions, table, max_pos, 0, 0,
+            nullptr, nullptr, nullptr);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
@@ -136,6 +184,42 @@ absl::Status WriteKvCache(const void* k, const void* v, int64_t row_stride,
       KvWriteKernel<T, false><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
           static_cast<const T*>(k), static_cast<const T*>(v), row_stride, slot_mapping,
           static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<int>(width));
+    }
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, int num_kv_heads,
+                              int head_dim, const int32_t* positions, const int32_t* slot_mapping,
+                              int64_t rows, const double2* table, int max_pos, void* k_cache,
+                              void* v_cache, DType dtype, cudaStream_t stream) {
+  const int64_t width = static_cast<int64_t>(num_kv_heads) * head_dim;
+  if (rows < 0 || num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+      row_stride < static_cast<int64_t>(num_q_heads) * head_dim + 2 * width || max_pos <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ApplyRopeWriteKv: bad shape rows=%d q_heads=%d kv_heads=%d head_dim=%d row_stride=%d "
+        "max_pos=%d",
+        rows, num_q_heads, num_kv_heads, head_dim, row_stride, max_pos));
+  }
+  if (rows == 0) return absl::OkStatus();
+  return internal::DispatchDType(dtype, "ApplyRopeWriteKv", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    const size_t es = sizeof(T);
+    const bool vec = (width * es) % 16 == 0 && (row_stride * es) % 16 == 0 &&
+                     (num_q_heads * head_dim * es) % 16 == 0 && Aligned16(qkv) &&
+                     Aligned16(k_cache) && Aligned16(v_cache);
+    const int rot = num_q_heads + num_kv_heads;
+    const int threads = RopeThreads(rot * head_dim / 2);
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+          static_cast<T*>(qkv), row_stride, rot, head_dim, positions, table, max_pos, num_q_heads,
+          num_kv_heads, slot_mapping, static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+    };
+    if (vec) {
+      launch(RopeKvKernel<T, true, true>);
+    } else {
+      launch(RopeKvKernel<T, true, false>);
     }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();

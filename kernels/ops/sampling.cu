@@ -1,6 +1,14 @@
-// Device sampling (kernels/ops/sampling.h). One 1024-thread block per row.
+// Device sampling (kernels/ops/sampling.h). One 1024-thread block per row;
+// for a few rows, a cluster of 2-8 blocks per row finds the row's maximum
+// (all a greedy row needs), then the cluster's first block goes on alone.
+#include <cooperative_groups.h>
+
+#include <atomic>
+
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
+#include "common/status_macros.h"
 #include "kernels/ops/sampling.h"
 
 namespace symtp::kernels {
@@ -195,22 +203,70 @@ __device__ double KeptMass(const float* __restrict__ L, int vocab, uint64_t lo, 
   return BlockSumF64(s, sm);
 }
 
+// This thread's largest key over L[begin, end) (multiples of 4 when vec4).
+__device__ __forceinline__ uint64_t MaxKey(const float* __restrict__ L, int begin, int end,
+                                           bool vec4) {
+  uint64_t best = 0;
+  if (vec4) {
+    const float4* L4 = reinterpret_cast<const float4*>(L);
+#pragma unroll 4
+    for (int j = begin / 4 + static_cast<int>(threadIdx.x); j < end / 4; j += kThreads) {
+      const float4 v = __ldg(L4 + j);
+      const uint64_t k0 = SortKey(v.x, 4 * j), k1 = SortKey(v.y, 4 * j + 1);
+      const uint64_t k2 = SortKey(v.z, 4 * j + 2), k3 = SortKey(v.w, 4 * j + 3);
+      const uint64_t a = k0 > k1 ? k0 : k1, b = k2 > k3 ? k2 : k3;
+      const uint64_t m = a > b ? a : b;
+      best = m > best ? m : best;
+    }
+  } else {
+    for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
+      const uint64_t k = SortKey(L[i], i);
+      best = k > best ? k : best;
+    }
+  }
+  return best;
+}
+
+// kCluster: the grid is rows x cluster size; each block of a row's cluster
+// takes a slice of the row for the maximum, block 0 combines them through
+// distributed shared memory and finishes the row alone.
+template <bool kCluster>
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab,
-                 const DeviceSamplingParams* __restrict__ params, int32_t* __restrict__ tokens) {
+                 const DeviceSamplingParams* __restrict__ params, int32_t* __restrict__ tokens,
+                 bool vec4) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
-  const int64_t row = blockIdx.x;
+  int64_t row = blockIdx.x;
+  int split = 1, rank = 0;
+  if constexpr (kCluster) {
+    split = static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+    rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+    row = blockIdx.x / split;
+  }
   const float* L = logits + row * vocab;
-  const DeviceSamplingParams p = params[row];
   const int tid = threadIdx.x;
 
-  uint64_t best = 0;
-  for (int i = tid; i < vocab; i += kThreads) {
-    const uint64_t k = SortKey(L[i], i);
-    best = k > best ? k : best;
+  const int64_t units = vec4 ? vocab / 4 : vocab, unit = vec4 ? 4 : 1;
+  const int begin = static_cast<int>(units * rank / split * unit);
+  const int end = static_cast<int>(units * (rank + 1) / split * unit);
+  uint64_t best = BlockMaxU64(MaxKey(L, begin, end, vec4), sm);
+  if constexpr (kCluster) {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (tid == 0) sm.bcast_key = best;
+    cluster.sync();  // every block's maximum is in its shared memory
+    if (rank == 0 && tid == 0) {
+      for (int r = 1; r < split; ++r) {
+        const uint64_t k = *cluster.map_shared_rank(&sm.bcast_key, r);
+        best = k > best ? k : best;
+      }
+      sm.bcast_key = best;
+    }
+    cluster.sync();  // the remote reads are done before any block exits
+    if (rank != 0) return;
+    best = sm.bcast_key;
   }
-  best = BlockMaxU64(best, sm);
+  const DeviceSamplingParams p = params[row];
   const int top_id = KeyId(best);
   if (!(p.temperature > 0.f)) {
     if (tid == 0) tokens[row] = top_id;
@@ -312,6 +368,53 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) tokens[row] = KeyId(kd);
 }
 
+// Blocks per row: enough that the rows' maxima are read by about two blocks
+// per SM (2, 4 or 8 per row in a thread-block cluster) when the rows are few,
+// and clusters of that size fit on this device (checked once per device).
+absl::StatusOr<int> SampleSplit(int64_t rows, int vocab) {
+  int dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0: unknown, else 1 + SMs (0 SMs: no clusters)
+  int sms = 0;
+  const int c = dev < kMaxDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (c > 0) {
+    sms = c - 1;
+  } else {
+    int major = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (major < 9) {
+      sms = 0;
+    } else {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(8);
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = sizeof(SampleSmem);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 8;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel<true>, &cfg) != cudaSuccess ||
+          clusters < 1) {
+        (void)cudaGetLastError();
+        sms = 0;
+      }
+    }
+    if (dev < kMaxDevices) cached[dev].store(sms + 1, std::memory_order_relaxed);
+  }
+  int split = 1;
+  while (split < 8 && rows * split * 2 <= 2 * static_cast<int64_t>(sms) &&
+         vocab / (split * 2) >= kThreads) {
+    split *= 2;
+  }
+  return split;
+}
+
 }  // namespace
 
 absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
@@ -324,9 +427,28 @@ absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
   if (rows == 0) return absl::OkStatus();
   constexpr size_t kSmem = sizeof(SampleSmem);
   static_assert(kSmem <= 48 * 1024, "sampling shared memory");
-  SampleKernel<<<static_cast<unsigned>(rows), kThreads, kSmem, stream>>>(logits, vocab, params,
-                                                                         tokens);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const bool vec4 = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  SYMTP_ASSIGN_OR_RETURN(const int split, SampleSplit(rows, vocab));
+  if (split == 1) {
+    SampleKernel<false><<<static_cast<unsigned>(rows), kThreads, kSmem, stream>>>(
+        logits, vocab, params, tokens, vec4);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows * split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(split);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&cfg, SampleKernel<true>, logits, vocab, params, tokens, vec4));
   return absl::OkStatus();
 }
 

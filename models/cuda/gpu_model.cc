@@ -304,12 +304,9 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    SYMTP_RETURN_IF_ERROR(kernels::ApplyRope(qkv, QKVW, NHl + NKVl, D, d_positions, rows, rope,
-                                             cfg.max_seq_len, dt, s));
-    SYMTP_RETURN_IF_ERROR(kernels::WriteKvCache(Offset(qkv, static_cast<size_t>(QW) * esz),
-                                                Offset(qkv, static_cast<size_t>(QW + KVW) * esz),
-                                                QKVW, d_slots, w.k_cache, w.v_cache, rows, NKVl, D,
-                                                dt, s));
+    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
+                                                    rows, rope, cfg.max_seq_len, w.k_cache,
+                                                    w.v_cache, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     kernels::PagedAttentionArgs a;
     a.q = qkv;

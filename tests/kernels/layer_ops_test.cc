@@ -45,7 +45,8 @@ TEST_P(LayerOpsTest, EmbeddingLookup) {
 
 TEST_P(LayerOpsTest, AddRmsNormWithAndWithoutDelta) {
   const DType dt = GetParam();
-  for (int H : {4096, 320, 8192}) {
+  // 16-byte rows (in registers, 1-4 chunks per thread) and others (4099).
+  for (int H : {4096, 320, 8192, 12288, 4099}) {
     SCOPED_TRACE(H);
     const int T = 7;
     const float eps = 1e-5f;
@@ -162,40 +163,102 @@ TEST_P(LayerOpsTest, KvWriteToSlotsSkipsNegative) {
   }
 }
 
-TEST_P(LayerOpsTest, SiluMul) {
+// The fused kernel against ApplyRope then WriteKvCache on a copy: packed
+// qkv rows, padding rows (no position, no slot), a row with a slot but a
+// position past the table (k cached unrotated), head_dim 64 and 128, and a
+// row stride that is not a multiple of 16 bytes (the scalar copies).
+TEST_P(LayerOpsTest, RopeWriteKvMatchesTheTwoCalls) {
   const DType dt = GetParam();
-  const int T = 5, F = 1000;
-  std::vector<float> gu = RandomFloats(static_cast<size_t>(T) * 2 * F, 7, -6.f, 6.f);
-  RoundTo(&gu, dt);
-  DevArray d_gu(gu.size(), dt), d_out(static_cast<size_t>(T) * F, dt);
-  d_gu.Upload(gu);
-  ASSERT_OK(SiluMul(d_gu.get(), d_out.get(), T, F, dt, stream()));
-  Sync();
-  std::vector<double> want(static_cast<size_t>(T) * F);
-  for (int t = 0; t < T; ++t) {
-    for (int i = 0; i < F; ++i) {
-      const double g = gu[static_cast<size_t>(t) * 2 * F + i];
-      const double u = gu[static_cast<size_t>(t) * 2 * F + F + i];
-      want[static_cast<size_t>(t) * F + i] = g / (1.0 + std::exp(-g)) * u;
+  const int max_pos = 2048, nq = 4, nkv = 2, B = 16, blocks = 6, T = 7;
+  auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * 64);
+  ASSERT_OK(table);
+  for (int D : {64, 128}) {
+    for (int64_t extra : {0, 3}) {
+      SCOPED_TRACE(::testing::Message() << "D=" << D << " extra=" << extra);
+      ASSERT_OK(BuildRopeTable(table->as<double2>(), max_pos, D, 10000.f, stream()));
+      const int64_t stride = (nq + 2 * nkv) * D + extra;
+      std::vector<float> x = RandomFloats(static_cast<size_t>(T) * stride, 40 + D + extra);
+      RoundTo(&x, dt);
+      const std::vector<int32_t> pos = {5, -1, 2047, 3000, 0, 1000, 17};
+      const std::vector<int32_t> slots = {3, -1, 95, 40, 0, -1, 17};
+      const size_t cache = static_cast<size_t>(blocks) * B * nkv * D;
+      DevArray a(x.size(), dt), b(x.size(), dt), ka(cache, dt), va(cache, dt), kb(cache, dt),
+          vb(cache, dt);
+      a.Upload(x);
+      b.Upload(x);
+      cuda::DeviceBuffer d_pos = testing::UploadRaw(pos), d_slots = testing::UploadRaw(slots);
+      const size_t es = DTypeSize(dt);
+      ASSERT_OK(ApplyRope(a.get(), stride, nq + nkv, D, d_pos.as<int32_t>(), T,
+                          table->as<double2>(), max_pos, dt, stream()));
+      ASSERT_OK(WriteKvCache(static_cast<char*>(a.get()) + nq * D * es,
+                             static_cast<char*>(a.get()) + (nq + nkv) * D * es, stride,
+                             d_slots.as<int32_t>(), ka.get(), va.get(), T, nkv, D, dt, stream()));
+      ASSERT_OK(ApplyRopeWriteKv(b.get(), stride, nq, nkv, D, d_pos.as<int32_t>(),
+                                 d_slots.as<int32_t>(), T, table->as<double2>(), max_pos, kb.get(),
+                                 vb.get(), dt, stream()));
+      Sync();
+      auto same = [](const std::vector<float>& u, const std::vector<float>& v, const char* what) {
+        ASSERT_EQ(u.size(), v.size());
+        for (size_t i = 0; i < u.size(); ++i) {
+          if (std::isnan(u[i]) && std::isnan(v[i])) continue;  // unwritten (poisoned) slots
+          ASSERT_EQ(u[i], v[i]) << what << " element " << i;
+        }
+      };
+      const std::vector<float> ra = a.Download(), rb = b.Download();
+      same(ra, rb, "rows");
+      same(ka.Download(), kb.Download(), "k cache");
+      same(va.Download(), vb.Download(), "v cache");
+      // Rotation happened where it should (the two paths could agree on nothing).
+      ASSERT_NE(rb[0 * stride + 1], x[0 * stride + 1]);
+      ASSERT_EQ(rb[1 * stride + 1], x[1 * stride + 1]);
+      ASSERT_EQ(rb[3 * stride + 1], x[3 * stride + 1]);
+      const std::vector<float> kc = kb.Download();
+      ASSERT_EQ(kc[static_cast<size_t>(40) * nkv * D], x[3 * stride + nq * D]);  // unrotated k
+      ASSERT_TRUE(std::isnan(kc[static_cast<size_t>(1) * nkv * D]));             // untouched slot
     }
   }
-  CheckClose(d_out.Download(), want, Tol(dt), "silu*up");
+}
+
+TEST_P(LayerOpsTest, SiluMul) {
+  const DType dt = GetParam();
+  for (int F : {1000, 1001}) {  // 16-byte chunks, and not
+    SCOPED_TRACE(F);
+    const int T = 5;
+    std::vector<float> gu = RandomFloats(static_cast<size_t>(T) * 2 * F, 7, -6.f, 6.f);
+    RoundTo(&gu, dt);
+    DevArray d_gu(gu.size(), dt), d_out(static_cast<size_t>(T) * F, dt);
+    d_gu.Upload(gu);
+    ASSERT_OK(SiluMul(d_gu.get(), d_out.get(), T, F, dt, stream()));
+    Sync();
+    std::vector<double> want(static_cast<size_t>(T) * F);
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < F; ++i) {
+        const double g = gu[static_cast<size_t>(t) * 2 * F + i];
+        const double u = gu[static_cast<size_t>(t) * 2 * F + F + i];
+        want[static_cast<size_t>(t) * F + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+    CheckClose(d_out.Download(), want, Tol(dt), "silu*up");
+  }
 }
 
 TEST_P(LayerOpsTest, GatherRows) {
   const DType dt = GetParam();
-  const int R = 12, C = 100, ld = 104, N = 5;
-  std::vector<float> src = RandomFloats(static_cast<size_t>(R) * ld, 8);
-  RoundTo(&src, dt);
-  std::vector<int32_t> idx = {11, 0, 0, 7, 3};
-  DevArray d_src(src.size(), dt), d_dst(static_cast<size_t>(N) * C, dt);
-  d_src.Upload(src);
-  cuda::DeviceBuffer d_idx = testing::UploadRaw(idx);
-  ASSERT_OK(GatherRows(d_src.get(), ld, d_idx.as<int32_t>(), d_dst.get(), C, N, C, dt, stream()));
-  Sync();
-  std::vector<float> got = d_dst.Download();
-  for (int i = 0; i < N; ++i) {
-    for (int c = 0; c < C; ++c) ASSERT_EQ(got[i * C + c], src[idx[i] * ld + c]);
+  for (int C : {100, 96}) {  // 96: 16-byte chunks for both types
+    SCOPED_TRACE(C);
+    const int R = 12, ld = 104, N = 5;
+    std::vector<float> src = RandomFloats(static_cast<size_t>(R) * ld, 8);
+    RoundTo(&src, dt);
+    std::vector<int32_t> idx = {11, 0, 0, 7, 3};
+    DevArray d_src(src.size(), dt), d_dst(static_cast<size_t>(N) * C, dt);
+    d_src.Upload(src);
+    cuda::DeviceBuffer d_idx = testing::UploadRaw(idx);
+    ASSERT_OK(GatherRows(d_src.get(), ld, d_idx.as<int32_t>(), d_dst.get(), C, N, C, dt, stream()));
+    Sync();
+    std::vector<float> got = d_dst.Download();
+    for (int i = 0; i < N; ++i) {
+      for (int c = 0; c < C; ++c) ASSERT_EQ(got[i * C + c], src[idx[i] * ld + c]);
+    }
   }
 }
 

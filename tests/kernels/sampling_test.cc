@@ -75,6 +75,38 @@ TEST_F(SamplingTest, RandomLogitsAcrossVocabSizes) {
   }
 }
 
+// Few rows over a large vocabulary: each row's maximum is found by a
+// cluster of 2-8 blocks (SampleTokens' split), so the winner, its ties to
+// the lowest id and NaN / -inf must come out the same across slices.
+TEST_F(SamplingTest, FewRowsSplitAcrossBlocks) {
+  for (int V : {32000, 32003, 128256}) {
+    for (int rows : {1, 5, 33, 70}) {
+      SCOPED_TRACE(::testing::Message() << "V=" << V << " rows=" << rows);
+      std::mt19937_64 rng(V + rows);
+      std::uniform_int_distribution<int> q(-40, 40);
+      std::vector<float> logits(static_cast<size_t>(rows) * V);
+      for (auto& x : logits) x = 0.1f * static_cast<float>(q(rng));  // ties everywhere
+      for (int r = 0; r < rows; ++r) {
+        float* row = logits.data() + static_cast<size_t>(r) * V;
+        // The row's maximum twice, in different slices (the lower id wins),
+        // and NaN / +-0 / -inf around the slice boundaries.
+        const int a = (r * 7919) % V, b = (a + V / 2 + r) % V;
+        row[a] = row[b] = 9.5f;
+        row[V / 8] = std::numeric_limits<float>::quiet_NaN();
+        row[V / 4 - 1] = -std::numeric_limits<float>::infinity();
+        row[V / 2] = -0.0f;
+        if (r % 3 == 0) row[V - 1] = 10.f;  // the last element wins
+      }
+      std::vector<uint64_t> pos(rows);
+      for (int r = 0; r < rows; ++r) pos[r] = 100 + r;
+      std::vector<model::SamplingParams> ps = ParamGrid(rows, 11);
+      Compare(logits, V, ps, pos, "split");
+      for (auto& p : ps) p.temperature = 0.f;
+      Compare(logits, V, ps, pos, "split greedy");
+    }
+  }
+}
+
 TEST_F(SamplingTest, TiesNanAndInfinity) {
   const int V = 3000, rows = 120;
   std::mt19937_64 rng(5);

@@ -5,7 +5,9 @@
 # and graph replays include. The machine has ncu but no nsys.
 #   KERNEL: ncu kernel-name regex (default: cuBLASLt's kernels: nvjet_*, or
 #           names holding gemm / xmma / cutlass in lower case; not the sm_90a kernel);
-#   SECTIONS: kernels_bench sections (default sm90probe).
+#   SECTIONS: kernels_bench sections (default sm90probe);
+#   BENCH_ARGS: more kernels_bench arguments (e.g. "--model-batches 32,256
+#           --model-kernels tensor-core --model-graphs off" for a decode step).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/kernel_durations.sh")
 # Writes $OUT/kernel_durations.txt (launches, median / min us, grid, block,
 # name), $OUT/ncu.csv.gz and kernels_bench's own output.
@@ -13,7 +15,7 @@ set -uo pipefail
 source "$(dirname "$0")/ncu_setup.sh"
 timeout 480 "$NCU" --clock-control none --cache-control none --kernel-name "regex:${KERNEL:-nvjet|gemm|xmma|cutlass}" \
   --metrics gpu__time_duration.sum --csv --print-units base \
-  build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-sm90probe}" >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+  build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-sm90probe}" ${BENCH_ARGS:-} >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu: exit $?"
 python3 - "$OUT/ncu.csv" >"$OUT/kernel_durations.txt" <<'PY'
 import csv, statistics, sys
