@@ -44,6 +44,7 @@ absl::Status BuildRopeTable(double2* table, int max_pos, int head_dim, float the
 // with {c, s} = table[positions[r]], evaluated in double and rounded once
 // (bitwise what the CPU reference computes in fp32). Rows with a negative
 // position are left unchanged (padding); positions >= max_pos likewise.
+// head_dim <= 2048.
 absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
                        const int32_t* positions, int64_t rows, const double2* table, int max_pos,
                        DType dtype, cudaStream_t stream);

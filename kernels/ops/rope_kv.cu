@@ -1,4 +1,6 @@
 // RoPE table and rotation, paged KV-cache write (kernels/ops/layer_ops.h).
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "kernels/ops/internal/device_utils.cuh"
@@ -27,82 +29,87 @@ __global__ void RopeTableKernel(double2* __restrict__ table, int max_pos, int he
   }
 }
 
-// Copies `width` elements from src to dst (16-byte chunks when kVec).
+// Copies `width` elements from src to dst (16-byte chunks when kVec), thread
+// `tid` of `nthreads`.
 template <typename T, bool kVec>
-__device__ __forceinline__ void CopyRow(const T* __restrict__ src, T* __restrict__ dst, int width) {
+__device__ __forceinline__ void CopyRow(const T* __restrict__ src, T* __restrict__ dst, int width,
+                                        int tid, int nthreads) {
   if constexpr (kVec) {
     const int n = width * static_cast<int>(sizeof(T)) / 16;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = tid; i < n; i += nthreads) {
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
     }
   } else {
-    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+    for (int i = tid; i < width; i += nthreads) dst[i] = src[i];
   }
 }
 
-// One row per block. Rotates heads [0, rot_heads) of the row in place; with
-// kWriteKv the row is a packed qkv row (q heads, then num_kv_heads k heads,
-// then as many v heads) whose k heads (after rotation) and v heads also go
-// to the cache slot slots[r] (skipped when negative). A position outside
-// [0, max_pos) leaves the row unrotated (k still written).
-// Each thread loads up to four (x[i], x[i + D/2], table) triples before it
-// computes and stores any: the loads of a row are in flight together.
+// One row per block of head_dim/2 x H threads: thread (i, y) takes pair i
+// (x[i], x[i + D/2]) of heads y, y + H, ... Rotates heads [0, rot_heads) of
+// the row in place; with kWriteKv the row is a packed qkv row (q heads, then
+// num_kv_heads k heads, then as many v heads) whose k heads (after rotation)
+// and v heads also go to the cache slot slots[r] (skipped when negative). A
+// position outside [0, max_pos) leaves the row unrotated (k still cached).
+// The row's values are loaded up to kU heads at a time, before any is
+// stored, and the table entry once per thread.
 template <typename T, bool kWriteKv, bool kVec>
 __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_heads, int head_dim,
                              const int32_t* __restrict__ positions,
                              const double2* __restrict__ table, int max_pos, int num_q_heads,
                              int num_kv_heads, const int32_t* __restrict__ slots,
                              T* __restrict__ k_cache, T* __restrict__ v_cache) {
-  constexpr int kU = 4;
+  constexpr int kU = 8;
   const int64_t r = blockIdx.x;
+  const int i = threadIdx.x, half = blockDim.x;
   const int pos = positions[r];
-  const bool rotate = pos >= 0 && pos < max_pos;
   const int32_t slot = kWriteKv ? slots[r] : -1;
-  const int half = head_dim / 2;
   const int width = num_kv_heads * head_dim;
   T* row = x + r * row_stride;
   T* kd = kWriteKv && slot >= 0 ? k_cache + static_cast<int64_t>(slot) * width : nullptr;
-  if (rotate) {
-    const double2* tab = table + static_cast<int64_t>(pos) * half;
-    const int pairs = rot_heads * half;
-    for (int base = threadIdx.x; base < pairs; base += kU * blockDim.x) {
-      float a[kU], b[kU];
-      double2 cs[kU];
+  // Heads this block touches: every head to rotate, and the k heads when
+  // they go to the cache unrotated.
+  const bool rotate = pos >= 0 && pos < max_pos;
+  const int heads = rotate ? rot_heads : (kd != nullptr ? num_q_heads + num_kv_heads : 0);
+  const int h_begin = rotate ? 0 : num_q_heads;
+  const double2 cs = rotate ? table[static_cast<int64_t>(pos) * half + i] : double2{1.0, 0.0};
+  for (int h0 = h_begin + static_cast<int>(threadIdx.y); h0 < heads; h0 += kU * blockDim.y) {
+    T a[kU], b[kU];
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int p = base + u * blockDim.x;
-        if (p < pairs) {
-          const int h = p / half, i = p - h * half;
-          a[u] = ToFloat<T>(row[h * head_dim + i]);
-          b[u] = ToFloat<T>(row[h * head_dim + i + half]);
-          cs[u] = tab[i];
-        }
+    for (int u = 0; u < kU; ++u) {
+      const int h = h0 + u * static_cast<int>(blockDim.y);
+      if (h < heads) {
+        a[u] = row[h * head_dim + i];
+        b[u] = row[h * head_dim + i + half];
       }
+    }
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int p = base + u * blockDim.x;
-        if (p >= pairs) continue;
-        const int h = p / half, i = p - h * half;
+    for (int u = 0; u < kU; ++u) {
+      const int h = h0 + u * static_cast<int>(blockDim.y);
+      if (h >= heads) continue;
+      T t0 = a[u], t1 = b[u];
+      if (rotate) {
+        const double x0 = ToFloat<T>(a[u]), x1 = ToFloat<T>(b[u]);
         // No contraction into FMAs: the CPU reference rounds each product.
-        const double o0 = __dsub_rn(__dmul_rn(a[u], cs[u].x), __dmul_rn(b[u], cs[u].y));
-        const double o1 = __dadd_rn(__dmul_rn(b[u], cs[u].x), __dmul_rn(a[u], cs[u].y));
-        const T t0 = FromFloat<T>(__double2float_rn(o0));
-        const T t1 = FromFloat<T>(__double2float_rn(o1));
+        const double o0 = __dsub_rn(__dmul_rn(x0, cs.x), __dmul_rn(x1, cs.y));
+        const double o1 = __dadd_rn(__dmul_rn(x1, cs.x), __dmul_rn(x0, cs.y));
+        t0 = FromFloat<T>(__double2float_rn(o0));
+        t1 = FromFloat<T>(__double2float_rn(o1));
         row[h * head_dim + i] = t0;
         row[h * head_dim + i + half] = t1;
-        if (kd != nullptr && h >= num_q_heads) {
-          T* kh = kd + (h - num_q_heads) * head_dim;
-          kh[i] = t0;
-          kh[i + half] = t1;
-        }
+      }
+      if (kd != nullptr && h >= num_q_heads) {
+        T* kh = kd + (h - num_q_heads) * head_dim;
+        kh[i] = t0;
+        kh[i + half] = t1;
       }
     }
   }
   if constexpr (kWriteKv) {
     if (slot < 0) return;
-    const T* ks = row + static_cast<int64_t>(num_q_heads) * head_dim;
-    if (!rotate) CopyRow<T, kVec>(ks, kd, width);
-    CopyRow<T, kVec>(ks + width, v_cache + static_cast<int64_t>(slot) * width, width);
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    CopyRow<T, kVec>(row + static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim,
+                     v_cache + static_cast<int64_t>(slot) * width, width, tid,
+                     blockDim.x * blockDim.y);
   }
 }
 
@@ -113,14 +120,17 @@ __global__ void KvWriteKernel(const T* __restrict__ k, const T* __restrict__ v, 
   const int64_t r = blockIdx.x;
   const int32_t slot = slots[r];
   if (slot < 0) return;
-  CopyRow<T, kVec>(k + r * row_stride, k_cache + static_cast<int64_t>(slot) * width, width);
-  CopyRow<T, kVec>(v + r * row_stride, v_cache + static_cast<int64_t>(slot) * width, width);
+  CopyRow<T, kVec>(k + r * row_stride, k_cache + static_cast<int64_t>(slot) * width, width,
+                   threadIdx.x, blockDim.x);
+  CopyRow<T, kVec>(v + r * row_stride, v_cache + static_cast<int64_t>(slot) * width, width,
+                   threadIdx.x, blockDim.x);
 }
 
-// Threads for `pairs` rotations of four per thread, 64..512.
-int RopeThreads(int pairs) {
-  const int t = (pairs / 4 + 31) / 32 * 32;
-  return t < 64 ? 64 : t > 512 ? 512 : t;
+// Block of RopeKvKernel: head_dim/2 x (up to 512 threads' worth of) heads.
+dim3 RopeBlock(int heads, int head_dim) {
+  const int half = head_dim / 2;
+  const int y = std::max(1, std::min(heads, 512 / std::max(half, 1)));
+  return dim3(static_cast<unsigned>(half), static_cast<unsigned>(y));
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -143,7 +153,7 @@ absl::Status BuildRopeTable(double2* table, int max_pos, int head_dim, float the
 absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
                        const int32_t* positions, int64_t rows, const double2* table, int max_pos,
                        DType dtype, cudaStream_t stream) {
-  if (rows < 0 || num_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+  if (rows < 0 || num_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > 2048 ||
       row_stride < static_cast<int64_t>(num_heads) * head_dim || max_pos <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "ApplyRope: bad shape rows=%d heads=%d head_dim=%d row_stride=%d max_pos=%d", rows,
@@ -153,7 +163,7 @@ absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
   return internal::DispatchDType(dtype, "ApplyRope", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     RopeKvKernel<T, false, false>
-        <<<static_cast<unsigned>(rows), RopeThreads(num_heads * head_dim / 2), 0, stream>>>(
+        <<<static_cast<unsigned>(rows), RopeBlock(num_heads, head_dim), 0, stream>>>(
             static_cast<T*>(x), row_stride, num_heads, head_dim, positions, table, max_pos, 0, 0,
             nullptr, nullptr, nullptr);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -196,7 +206,8 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
                               void* v_cache, DType dtype, cudaStream_t stream) {
   const int64_t width = static_cast<int64_t>(num_kv_heads) * head_dim;
   if (rows < 0 || num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-      row_stride < static_cast<int64_t>(num_q_heads) * head_dim + 2 * width || max_pos <= 0) {
+      head_dim > 2048 || row_stride < static_cast<int64_t>(num_q_heads) * head_dim + 2 * width ||
+      max_pos <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "ApplyRopeWriteKv: bad shape rows=%d q_heads=%d kv_heads=%d head_dim=%d row_stride=%d "
         "max_pos=%d",
@@ -210,7 +221,7 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
                      (num_q_heads * head_dim * es) % 16 == 0 && Aligned16(qkv) &&
                      Aligned16(k_cache) && Aligned16(v_cache);
     const int rot = num_q_heads + num_kv_heads;
-    const int threads = RopeThreads(rot * head_dim / 2);
+    const dim3 threads = RopeBlock(rot, head_dim);
     auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
           static_cast<T*>(qkv), row_stride, rot, head_dim, positions, table, max_pos, num_q_heads,

@@ -209,7 +209,7 @@ __device__ __forceinline__ uint64_t MaxKey(const float* __restrict__ L, int begi
   uint64_t best = 0;
   if (vec4) {
     const float4* L4 = reinterpret_cast<const float4*>(L);
-#pragma unroll 4
+#pragma unroll 8
     for (int j = begin / 4 + static_cast<int>(threadIdx.x); j < end / 4; j += kThreads) {
       const float4 v = __ldg(L4 + j);
       const uint64_t k0 = SortKey(v.x, 4 * j), k1 = SortKey(v.y, 4 * j + 1);
@@ -368,25 +368,25 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) tokens[row] = KeyId(kd);
 }
 
-// Blocks per row: enough that the rows' maxima are read by about two blocks
-// per SM (2, 4 or 8 per row in a thread-block cluster) when the rows are few,
-// and clusters of that size fit on this device (checked once per device).
+// Blocks per row: 2, 4 or 8 (a thread-block cluster) while the rows' blocks
+// still fit in one wave (1024-thread blocks: one per SM on an H200), when
+// clusters of that size fit on this device (checked once per device).
 absl::StatusOr<int> SampleSplit(int64_t rows, int vocab) {
   int dev = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // 0: unknown, else 1 + SMs (0 SMs: no clusters)
-  int sms = 0;
+  static std::atomic<int> cached[kMaxDevices];  // 0: unknown, else 1 + blocks in one wave
+  int wave = 0;
   const int c = dev < kMaxDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
   if (c > 0) {
-    sms = c - 1;
+    wave = c - 1;
   } else {
-    int major = 0;
+    int major = 0, sms = 0, per_sm = 0;
     CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (major < 9) {
-      sms = 0;
-    } else {
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, SampleKernel<true>, kThreads, sizeof(SampleSmem)));
+    if (major >= 9) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(8);
       cfg.blockDim = dim3(kThreads);
@@ -399,19 +399,16 @@ absl::StatusOr<int> SampleSplit(int64_t rows, int vocab) {
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel<true>, &cfg) != cudaSuccess ||
-          clusters < 1) {
-        (void)cudaGetLastError();
-        sms = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel<true>, &cfg) == cudaSuccess &&
+          clusters >= 1) {
+        wave = sms * per_sm;
       }
+      (void)cudaGetLastError();
     }
-    if (dev < kMaxDevices) cached[dev].store(sms + 1, std::memory_order_relaxed);
+    if (dev < kMaxDevices) cached[dev].store(wave + 1, std::memory_order_relaxed);
   }
   int split = 1;
-  while (split < 8 && rows * split * 2 <= 2 * static_cast<int64_t>(sms) &&
-         vocab / (split * 2) >= kThreads) {
-    split *= 2;
-  }
+  while (split < 8 && rows * split * 2 <= wave && vocab / (split * 2) >= kThreads) split *= 2;
   return split;
 }
 

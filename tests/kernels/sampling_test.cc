@@ -80,7 +80,7 @@ TEST_F(SamplingTest, RandomLogitsAcrossVocabSizes) {
 // the lowest id and NaN / -inf must come out the same across slices.
 TEST_F(SamplingTest, FewRowsSplitAcrossBlocks) {
   for (int V : {32000, 32003, 128256}) {
-    for (int rows : {1, 5, 33, 70}) {
+    for (int rows : {1, 5, 33, 40, 70}) {
       SCOPED_TRACE(::testing::Message() << "V=" << V << " rows=" << rows);
       std::mt19937_64 rng(V + rows);
       std::uniform_int_distribution<int> q(-40, 40);

@@ -6,7 +6,9 @@
 # that kernel only; every tensor-core launch of the section runs it, groups
 # being <= 8). Writes $OUT/ncu_*.txt. SECTIONS=... profiles another
 # kernels_bench section, e.g. KERNEL=Sm90GemmKernel SECTIONS=sm90plans (35
-# launches per plan: 5 warm-up + 30 timed).
+# launches per plan: 5 warm-up + 30 timed). BENCH_ARGS adds kernels_bench
+# arguments, e.g. KERNEL=SampleKernel SECTIONS=model BENCH_ARGS="--model-batches 32
+# --model-kernels tensor-core --model-graphs off" CASES="sample_b32:8".
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")
 # Launch order in the section: per shape (llama-8b tp1, llama-70b tp2), the
 # tensor-core variants chunk 256, 512, 1024, planned, each at batch 32, 64,
@@ -25,7 +27,7 @@ for c in $CASES; do
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_launched.sum" \
-    build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" >"$OUT/ncu_$name.txt" 2>&1
+    build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" ${BENCH_ARGS:-} >"$OUT/ncu_$name.txt" 2>&1
   echo "== $name (skip $skip): exit $?"
   grep -E "$KERNEL"'|issue_stalled|inst_executed|warps_launched|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|One or More' "$OUT/ncu_$name.txt" | head -70
 done
@@ -36,7 +38,7 @@ if [[ ${SOURCE:-0} == 1 ]]; then
   timeout 240 "$NCU" --clock-control none --kernel-name "regex:$KERNEL" \
     --launch-skip "${first##*:}" --launch-count 1 --section SourceCounters --section WarpStateStats \
     --page source --print-source sass --csv \
-    build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" >"$OUT/ncu_source_${first%%:*}.csv" 2>&1
+    build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-attention}" ${BENCH_ARGS:-} >"$OUT/ncu_source_${first%%:*}.csv" 2>&1
   echo "== source page of ${first%%:*}: exit $? ($(wc -l <"$OUT/ncu_source_${first%%:*}.csv") lines)"
   CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
   obj=$(find build-gpu -name 'mma_decode_bf16.cu.o' | head -1)
