@@ -44,6 +44,15 @@ using Protocol = CustomAllReduce::Protocol;
   } while (0)
 
 constexpr int64_t kSetupMs = 60'000;
+
+// cudaMemset and pageable cudaMemcpy to the device run on the legacy default
+// stream (the memset, and the copy's DMA, may still be in flight when they
+// return), which the tests' non-blocking streams do not wait for: finish them
+// before a kernel on such a stream reads the memory.
+absl::Status FinishHostSideWork() {
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
 constexpr DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
 std::vector<int> TpDegrees(int gpus) {
@@ -81,6 +90,7 @@ class GuardedBuffer {
     const size_t es = DTypeSize(t);
     SYMTP_ASSIGN_OR_RETURN(g.buf_, cuda::DeviceBuffer::Create((front + count + kBack) * es));
     CUDA_RETURN_IF_ERROR(cudaMemset(g.buf_.get(), kCanary, g.buf_.bytes()));
+    SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
     return g;
   }
   void* data() const { return static_cast<char*>(buf_.get()) + front_ * DTypeSize(dtype_); }
@@ -302,6 +312,7 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
       data.push_back(std::move(d));
       hashes.push_back(std::move(h));
     }
+    SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
     auto* ctr = counter.as<unsigned long long>();
     cudaGraph_t graph = nullptr;
     CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
@@ -409,6 +420,7 @@ TEST_F(AllReduceGpuTest, BackToBackCallsAndInstancesOnConcurrentStreams) {
         calls.push_back(std::move(call));
       }
     }
+    SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
     SYMTP_RETURN_IF_ERROR(ex.Barrier(Deadline::AfterMs(kSetupMs)));
     for (Call& c : calls) {  // issue order A0 B0 A1 B1 ...; no host sync in between
       SYMTP_RETURN_IF_ERROR(ars[c.instance]->AllReduceSum(c.buf.get(), c.shape.count, c.shape.t,
@@ -466,6 +478,7 @@ TEST_F(AllReduceGpuTest, DispatcherUsesCustomBelowAndFallbackAboveTheCrossover) 
     // AllGather and Broadcast go to the fallback.
     SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer x, cuda::DeviceBuffer::Create(1024 * (size + 1) * 4));
     CUDA_RETURN_IF_ERROR(cudaMemset(x.get(), 1, x.bytes()));
+    SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
     SYMTP_RETURN_IF_ERROR(comm->AllGather(x.get(), x.as<float>() + 1024, 1024, DType::kF32, stream.get()));
     SYMTP_RETURN_IF_ERROR(comm->Broadcast(x.get(), 1024, DType::kF32, 0, stream.get()));
     SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(30'000)));
@@ -511,6 +524,7 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
         SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(count * 2));
         const kt::HostArray in = kt::RandomInput(DType::kBF16, count, 9, rank);
         CUDA_RETURN_IF_ERROR(cudaMemcpy(buf.get(), in.data(), in.bytes(), cudaMemcpyHostToDevice));
+        SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
         const int64_t t0 = MonotonicNs();
         SYMTP_RETURN_IF_ERROR(
             ars[k]->AllReduceSumWith(protocols[k], buf.get(), count, DType::kBF16, stream.get()));
@@ -547,6 +561,7 @@ TEST_F(AllReduceGpuTest, AbortReleasesASpinningKernel) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(4096 * 4));
       CUDA_RETURN_IF_ERROR(cudaMemset(buf.get(), 0x3c, buf.bytes()));
+      SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
       SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(buf.get(), 4096, DType::kF32, stream.get()));
       std::thread aborter([&] {
         usleep(100'000);

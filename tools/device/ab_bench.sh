@@ -7,7 +7,7 @@
 #   device: run(carry=[".deps", ".ab"], command="tools/device/ab_bench.sh")
 # AB_ARGS: kernels_bench arguments both builds understand (default
 # "--sections model"); ROUNDS: runs of each (default 3). Writes $OUT/ab/
-# (each run's output and JSON) and $OUT/ab_summary.md.
+# (each run's output and JSON, as ab.tar.gz) and $OUT/ab_summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ ${1:-} == --prepare ]]; then
@@ -69,3 +69,5 @@ if b or n:
                                                          100.0 * (nm - bm) / bm))
 PY
 cat "$OUT/ab_summary.md"
+# One archive (the device returns a limited number of files).
+(cd "$OUT" && tar czf ab.tar.gz ab && rm -rf ab)
