@@ -95,6 +95,7 @@ template <typename T, int kPer>
 __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta,
                                     const T* __restrict__ weight, T* __restrict__ out, int hidden,
                                     float eps) {
+  internal::GridDependencyWait();
   __shared__ float scratch[32];
   constexpr int kN = Vec<T>::kN;
   const int64_t r = blockIdx.x;
@@ -149,6 +150,7 @@ __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restric
 template <typename T>
 __global__ void SiluMulVecKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                                  int ffn) {
+  internal::GridDependencyWait();
   constexpr int kN = Vec<T>::kN;
   const int per_row = ffn / kN;
   const int64_t total = rows * per_row;
@@ -272,15 +274,13 @@ absl::Status AddRmsNorm(void* residual, const void* delta, const void* weight, v
       const int per = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
       const int threads =
           std::max(32, static_cast<int>(internal::CeilDiv(nvec, per) + 31) / 32 * 32);
-      auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-            static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
-            static_cast<T*>(out), hidden, eps);
-      };
-      if (per == 1) launch(AddRmsNormVecKernel<T, 1>);
-      if (per == 2) launch(AddRmsNormVecKernel<T, 2>);
-      if (per == 4) launch(AddRmsNormVecKernel<T, 4>);
-      CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      auto* kernel = per == 1   ? AddRmsNormVecKernel<T, 1>
+                     : per == 2 ? AddRmsNormVecKernel<T, 2>
+                                : AddRmsNormVecKernel<T, 4>;
+      CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+          kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream,
+          static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
+          static_cast<T*>(out), hidden, eps));
       return absl::OkStatus();
     }
     const int threads = hidden >= 4096 ? 512 : hidden >= 1024 ? 256 : 128;
@@ -304,8 +304,9 @@ absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DTyp
     using T = decltype(tag);
     constexpr int kN = 16 / static_cast<int>(sizeof(T));
     if (ffn % kN == 0 && Aligned16(gate_up) && Aligned16(out)) {
-      SiluMulVecKernel<T><<<GridFor(rows * (ffn / kN), 256), 256, 0, stream>>>(
-          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
+      CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+          SiluMulVecKernel<T>, dim3(GridFor(rows * (ffn / kN), 256)), dim3(256), 0, stream,
+          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn));
     } else {
       SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(
           static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);

@@ -58,6 +58,7 @@ __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_head
                              const double2* __restrict__ table, int max_pos, int num_q_heads,
                              int num_kv_heads, const int32_t* __restrict__ slots,
                              T* __restrict__ k_cache, T* __restrict__ v_cache) {
+  internal::GridDependencyWait();
   constexpr int kU = 8;
   const int64_t r = blockIdx.x;
   const int i = threadIdx.x, half = blockDim.x;
@@ -222,17 +223,11 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
                      Aligned16(k_cache) && Aligned16(v_cache);
     const int rot = num_q_heads + num_kv_heads;
     const dim3 threads = RopeBlock(rot, head_dim);
-    auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-          static_cast<T*>(qkv), row_stride, rot, head_dim, positions, table, max_pos, num_q_heads,
-          num_kv_heads, slot_mapping, static_cast<T*>(k_cache), static_cast<T*>(v_cache));
-    };
-    if (vec) {
-      launch(RopeKvKernel<T, true, true>);
-    } else {
-      launch(RopeKvKernel<T, true, false>);
-    }
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+        vec ? RopeKvKernel<T, true, true> : RopeKvKernel<T, true, false>,
+        dim3(static_cast<unsigned>(rows)), threads, 0, stream, static_cast<T*>(qkv), row_stride,
+        rot, head_dim, positions, table, max_pos, num_q_heads, num_kv_heads, slot_mapping,
+        static_cast<T*>(k_cache), static_cast<T*>(v_cache)));
     return absl::OkStatus();
   });
 }

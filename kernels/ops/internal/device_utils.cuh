@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,34 @@ absl::Status DispatchDType(DType dtype, const char* what, F&& f) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": unsupported dtype ", DTypeName(dtype), " (float or bfloat16)"));
   }
+}
+
+// Programmatic dependent launch (PDL, sm_90): LaunchDependent starts
+// `kernel` with programmatic stream serialization, so its blocks may be
+// scheduled while the kernel before it on the stream is finishing; such a
+// kernel must call GridDependencyWait() before it touches memory (it returns
+// once the previous kernel has completed and its writes are visible). On a
+// kernel launched normally the wait is a no-op.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...);
 }
 
 inline unsigned CeilDiv(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }

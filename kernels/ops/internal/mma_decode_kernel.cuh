@@ -338,6 +338,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
 template <int D>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+  GridDependencyWait();
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
@@ -358,8 +359,8 @@ absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) 
   static const cudaError_t attr = cudaFuncSetAttribute(
       MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
-  MmaDecodeKernel<D><<<grid, kMmaAttnThreads, kSmem, stream>>>(a);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(
+      LaunchDependent(MmaDecodeKernel<D>, grid, dim3(kMmaAttnThreads), kSmem, stream, a));
   return absl::OkStatus();
 }
 
