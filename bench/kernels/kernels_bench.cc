@@ -16,6 +16,8 @@
 //   sm90plans       every plan of the sm_90a GEMM on the short decode shapes
 //   sm90probe       where that kernel's time goes at M = 256: operand loads
 //                   switched off in turn, per-CTA timelines (Sm90GemmProbe)
+//   skinny          the weight-streaming GEMM (M <= 32) vs cuBLASLt, per call
+//                   in a CUDA graph (not in the default sections)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -47,6 +49,7 @@
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/gemm.h"
+#include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
 #include "kernels/ops/weight_init.h"
 #include "models/batch.h"
@@ -193,7 +196,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe;
+  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny;
   std::string ceilings, device;
 };
 
@@ -412,6 +415,113 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                       128 * plan.m_sub, plan.splits,
                                       plan.global_reduce ? "true" : "false")
                     : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The weight-streaming kernel (gemm_skinny.h) against cuBLASLt at M = 8, 16
+// and 32, both per call in a CUDA graph of 20 (as decode runs), weights
+// rotated through 4 GiB; the first and last rows of one call checked against
+// a CPU product of the same bf16 operands first (both kernels; the GPU tests
+// check every element). Not the LM head (the model computes it in fp32).
+absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                              const Ceilings& c, Json* js) {
+  const auto shapes = DecodeGemmShapes();
+  size_t max_w = 0;
+  for (const auto& g : shapes) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
+  const size_t arena = std::max<size_t>(size_t{4} << 30, 3 * max_w);
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
+  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 5, 0.02f, s));
+  const int64_t max_m = 32, max_k = 28672, max_n = 128256;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(max_m * max_k * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 6, 1.f, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sk, kernels::CublasLtHandle::Create());
+  sk.set_skinny_max_m(kernels::kSkinnyMaxM);
+  std::printf(
+      "\nweight-streaming GEMM (bf16, M <= 32) vs cuBLASLt, per call in a CUDA graph of 20; "
+      "GB/s of weights read, %% of the measured copy bandwidth (%.0f GB/s)\n",
+      c.copy_gbps);
+  std::printf("%-16s %2s %-8s %6s %6s %3s %9s %7s %6s %9s %7s %6s %8s\n", "model", "tp", "layer",
+              "N", "K", "M", "cublas us", "GB/s", "%copy", "skinny us", "GB/s", "%copy", "speedup");
+  std::vector<uint16_t> ah(max_m * max_k), wh, ch;
+  for (const auto& g : shapes) {
+    if (std::string(g.layer) == "lm_head") continue;
+    const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
+    const size_t slots = arena / wbytes;
+    for (int64_t m : {8, 16, 32}) {
+      kernels::GemmArgs probe;
+      probe.a = abuf.get();
+      probe.w = wbuf.get();
+      probe.c = cbuf.get();
+      probe.m = m;
+      probe.n = g.n;
+      probe.k = g.k;
+      probe.workspace = ws;
+      probe.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      if (!kernels::SkinnyGemmSupported(probe)) continue;
+      auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
+        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+        return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
+                             kernels::kGemmWorkspaceBytes, s);
+      };
+      // Check: every output of slot 0 against a double product of the bf16 operands.
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
+      wh.resize(g.n * g.k);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(wh.data(), wbuf.get(), wbytes, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      std::vector<double> ref(m * g.n), mag(m * g.n);
+      const int64_t rows[2] = {0, m - 1};
+      for (int64_t i : rows) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          double r = 0, a = 0;
+          for (int64_t k = 0; k < g.k; ++k) {
+            const double p =
+                static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
+            r += p;
+            a += std::fabs(p);
+          }
+          ref[i * g.n + j] = r;
+          mag[i * g.n + j] = a;
+        }
+      }
+      for (kernels::CublasLtHandle* hh : {&h, &sk}) {
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
+        SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
+        ch.resize(m * g.n);
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        for (int64_t e = 0; e < m * g.n; ++e) {
+          if (e / g.n != 0 && e / g.n != m - 1) continue;
+          const double got = Bf16ToFloat(ch[e]);
+          if (!(std::fabs(got - ref[e]) <= 1e-2 * mag[e] + 1e-6)) {
+            return absl::InternalError(
+                absl::StrFormat("skinny section: %s %s M=%d (%s) element %d: %g vs %g", g.model,
+                                g.layer, m, hh == &sk ? "skinny" : "cuBLASLt", e, got, ref[e]));
+          }
+        }
+      }
+      SYMTP_ASSIGN_OR_RETURN(double us_cublas,
+                             GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(h, i); }));
+      SYMTP_ASSIGN_OR_RETURN(double us_skinny,
+                             GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(sk, i); }));
+      const double gb_cublas = wbytes / (us_cublas * 1e-6) / 1e9;
+      const double gb_skinny = wbytes / (us_skinny * 1e-6) / 1e9;
+      std::printf(
+          "%-16s %2d %-8s %6lld %6lld %3lld %9.1f %7.0f %5.1f%% %9.1f %7.0f %5.1f%% %7.2fx\n",
+          g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+          static_cast<long long>(m), us_cublas, gb_cublas, 100.0 * gb_cublas / c.copy_gbps,
+          us_skinny, gb_skinny, 100.0 * gb_skinny / c.copy_gbps, us_cublas / us_skinny);
+      js->skinny.push_back(absl::StrFormat(
+          "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
+          "\"cublas_graph_us\": %.2f, \"cublas_weight_gbps\": %.1f, \"skinny_graph_us\": %.2f, "
+          "\"skinny_weight_gbps\": %.1f, \"copy_gbps\": %.1f}",
+          g.model, g.tp, g.layer, m, g.n, g.k, us_cublas, gb_cublas, us_skinny, gb_skinny,
+          c.copy_gbps));
     }
   }
   return absl::OkStatus();
@@ -1122,7 +1232,8 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", a,
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-          "[--gemm-exhaustive] [--sections gemm,attention,prefill,model,sm90plans,sm90probe] "
+          "[--gemm-exhaustive] [--sections "
+          "gemm,attention,prefill,model,sm90plans,sm90probe,skinny] "
           "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
     }
   }
@@ -1156,6 +1267,7 @@ absl::Status Run(int argc, char** argv) {
   if (on("sm90probe")) {
     section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));
   }
+  if (on("skinny")) section("skinny_gemm", BenchSkinnyGemms(h, ws.get(), stream.get(), c, &js));
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -1167,11 +1279,12 @@ absl::Status Run(int argc, char** argv) {
     std::fprintf(f,
                  "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
                  "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s\n}\n",
+                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
+                 "  \"skinny_gemm\": %s\n}\n",
                  js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
                  JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
                  JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
-                 JoinArr(js.sm90_probe).c_str());
+                 JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

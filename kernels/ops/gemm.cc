@@ -12,6 +12,7 @@
 #include "common/cuda_raii.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
 
 namespace symtp::kernels {
@@ -59,6 +60,8 @@ struct CublasLtHandle::State {
   bool exhaustive = false;
   GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
   cuda::DeviceBuffer sm90_counters;  // GemmKernelChoice::kSm90's global split-K
+  int64_t skinny_max_m = 0;
+  cuda::DeviceBuffer skinny_counters;  // tile counters of the weight-streaming kernel
   ~State() {
     for (auto& [key, plan] : plans) DestroyPlan(plan);
     if (handle) cublasLtDestroy(handle);
@@ -89,6 +92,11 @@ void CublasLtHandle::set_autotune_exhaustive(bool on) {
 void CublasLtHandle::set_kernel_choice(GemmKernelChoice c) {
   if (state_) state_->choice = c;
 }
+void CublasLtHandle::set_skinny_max_m(int64_t m) {
+  if (state_) state_->skinny_max_m = std::max<int64_t>(0, std::min<int64_t>(m, kSkinnyMaxM));
+}
+int64_t CublasLtHandle::skinny_max_m() const { return state_ ? state_->skinny_max_m : 0; }
+
 GemmKernelChoice CublasLtHandle::kernel_choice() const {
   return state_ ? state_->choice : GemmKernelChoice::kCublasLt;
 }
@@ -387,6 +395,19 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
         "Gemm: unsupported dtypes %s -> %s", DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
   if (g.m == 0) return absl::OkStatus();
+  if (g.m <= st->skinny_max_m && SkinnyGemmSupported(g)) {
+    const int64_t need = SkinnyGemmCounters(g.n);
+    if (st->skinny_counters.bytes() < static_cast<size_t>(need) * sizeof(unsigned int)) {
+      // Zeroed once; every launch leaves them zero (the handle serves one stream at a time).
+      SYMTP_ASSIGN_OR_RETURN(st->skinny_counters,
+                             cuda::DeviceBuffer::Create(std::max<int64_t>(need, 4096) * 4));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(st->skinny_counters.get(), 0, st->skinny_counters.bytes(), stream));
+    }
+    return LaunchSkinnyGemm(
+        g, st->skinny_counters.as<unsigned int>(),
+        static_cast<int64_t>(st->skinny_counters.bytes() / sizeof(unsigned int)), stream);
+  }
   if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
       Sm90GemmDeviceSupported()) {
     // The global split-K keeps its fp32 partials in the workspace (16-byte aligned).

@@ -69,6 +69,10 @@ class CublasLtHandle {
   // cannot run fall back to cuBLASLt.
   void set_kernel_choice(GemmKernelChoice c);
   GemmKernelChoice kernel_choice() const;
+  // bf16 -> bf16 products with m <= this (at most 32) run the weight-streaming
+  // kernel of gemm_skinny.h where it supports the call (0: never).
+  void set_skinny_max_m(int64_t m);
+  int64_t skinny_max_m() const;
 
   struct State;  // implementation detail (gemm.cc)
   State* state() const { return state_.get(); }

@@ -4,10 +4,10 @@
 
 #include <cstring>
 #include <string>
-
 #include <tuple>
 #include <vector>
 
+#include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -88,6 +88,9 @@ class GemmTest : public testing::GpuTest {
     g.ldc = ldc;
     g.in_dtype = in;
     g.out_dtype = out;
+    if (expect_skinny_) {
+      ASSERT_TRUE(SkinnyGemmSupported(g)) << "the weight-streaming kernel";
+    }
     if (plan != nullptr) {
       ASSERT_OK(LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters, probe));
     } else {
@@ -116,6 +119,7 @@ class GemmTest : public testing::GpuTest {
   }
 
   static constexpr int64_t kCounters = 4096;
+  bool expect_skinny_ = false;  // CheckStrided asserts that the skinny kernel takes the call
   CublasLtHandle handle_;
   cuda::DeviceBuffer ws_;
   cuda::DeviceBuffer counters_;
@@ -261,6 +265,68 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
   EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(c3.data(), c3_first.data(), c3.size() * sizeof(float)), 0);
   ExpectCountersZero();
+}
+
+// The weight-streaming kernel (M <= 32): every token-group count, N with a
+// partial 64-row tile, K of one slice (direct stores) and of several (partials
+// summed by the tile's last item, 512-2048 per slice), strided operands with
+// untouched padding columns.
+TEST_F(GemmTest, SkinnyMatchesReference) {
+  handle_.set_skinny_max_m(32);
+  expect_skinny_ = true;
+  struct Shape {
+    int64_t m, n, k, pad;
+  };
+  for (const Shape& s :
+       {Shape{1, 64, 512, 0}, Shape{5, 200, 1024, 8}, Shape{8, 130, 4096, 0},
+        Shape{13, 1000, 2048, 16}, Shape{16, 64, 14336, 0}, Shape{32, 768, 4096, 0},
+        Shape{32, 333, 7168, 8}, Shape{27, 4096, 512, 0}}) {
+    CheckStrided(s.m, s.n, s.k, s.k + s.pad, s.k + s.pad, s.n + s.pad, DType::kBF16, DType::kBF16);
+  }
+  // Past its limits the call goes to cuBLASLt (and is still right).
+  expect_skinny_ = false;
+  GemmArgs g = Args(ws_.get(), ws_.get(), ws_.get(), 33, 64, 512);
+  EXPECT_FALSE(SkinnyGemmSupported(g));
+  g.m = 8;
+  g.k = 520;
+  EXPECT_FALSE(SkinnyGemmSupported(g));
+  Check(33, 256, 1024, DType::kBF16, DType::kBF16, 0);
+  Check(8, 256, 520, DType::kBF16, DType::kBF16, 8);
+}
+
+// Launch after launch (eager and replayed in a graph) the tile counters come
+// back to zero and the partials are summed in the same order: same bits.
+TEST_F(GemmTest, SkinnyIsDeterministicAndCapturable) {
+  handle_.set_skinny_max_m(32);
+  const int64_t M = 32, N = 4096, K = 4096;
+  std::vector<float> a = testing::RandomFloats(M * K, 21), w = testing::RandomFloats(N * K, 22);
+  testing::RoundTo(&a, DType::kBF16);
+  testing::RoundTo(&w, DType::kBF16);
+  DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16),
+      dc2(M * N, DType::kBF16);
+  da.Upload(a);
+  dw.Upload(w);
+  ASSERT_TRUE(SkinnyGemmSupported(Args(da.get(), dw.get(), dc.get(), M, N, K)));
+  const std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
+                   ws_.bytes(), stream()));
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
+                               ws_.get(), ws_.bytes(), stream());
+  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+  ASSERT_OK(st);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  Sync();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  const std::vector<float> c = dc.Download(), c2 = dc2.Download();
+  testing::CheckClose(c, want, 1e-2, "skinny gemm, eager");
+  EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);
 }
 
 // The diagnostics kernels_bench's sm90probe section reads: every CTA leaves a

@@ -1,0 +1,295 @@
+// The weight-streaming decode GEMM (kernels/ops/gemm_skinny.h).
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "kernels/ops/gemm_skinny.h"
+#include "kernels/ops/internal/mma_common.cuh"
+
+namespace symtp::kernels {
+namespace {
+
+using internal::bf16;
+using internal::CpAsync16Shared;
+using internal::CpAsyncCommit;
+using internal::CpAsyncWait;
+using internal::MmaBf16;
+
+constexpr int kThreads = 128;  // 4 warps x 16 rows of W
+constexpr int kTileRows = 64;
+constexpr int kStageK = 64;  // K per ring stage: two 32-wide chunks
+constexpr int kStages = 6;   // ring depth (per thread: 4 x 16 bytes per stage)
+constexpr int kMaxTok = 32;  // partials are laid out for 32 tokens
+constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * 4 * kThreads * 16;
+
+struct Params {
+  const bf16* a;
+  int64_t lda;
+  const bf16* w;
+  int64_t ldw;
+  bf16* c;
+  int64_t ldc;
+  int m, n;
+  int tiles, splits;  // items = tiles x splits
+  int item_stages;    // ring stages per item (slice K / 64)
+  float* partial;     // [tiles][splits][kMaxTok][kTileRows] when splits > 1
+  unsigned int* counters;
+};
+
+// Output fragment element e of token group j: W row (within the warp's 16)
+// and token, for thread (g, t) of the mma.m16n8k16 layout.
+__device__ __forceinline__ int FragRow(int g, int e) { return g + (e >= 2 ? 8 : 0); }
+__device__ __forceinline__ int FragTok(int j, int t, int e) { return 8 * j + 2 * t + (e & 1); }
+
+template <int kGroups>  // tokens in groups of 8: m <= 8 * kGroups
+__global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
+  internal::GridDependencyWait();
+  extern __shared__ __align__(16) uint4 ring[];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int items = p.tiles * p.splits;
+  const int G = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+  const int my_items = b < items ? (items - 1 - b) / G + 1 : 0;
+  const int nq = my_items * p.item_stages;
+  const int64_t slice_k = static_cast<int64_t>(p.item_stages) * kStageK;
+  const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+
+  // Stage q of this block: item b + (q / item_stages) * G, its stage q % item_stages.
+  auto item_of = [&](int q) { return b + (q / p.item_stages) * G; };
+  auto k_of = [&](int q) {
+    const int item = item_of(q);
+    return static_cast<int64_t>(item % p.splits) * slice_k +
+           static_cast<int64_t>(q % p.item_stages) * kStageK + 8 * t;
+  };
+  auto issue = [&](int q) {
+    const int tile = item_of(q) / p.splits;
+    const int64_t k0 = k_of(q);
+    const int ra = tile * kTileRows + warp * 16 + g, rb = ra + 8;
+    const bool oka = ra < p.n, okb = rb < p.n;
+    const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + k0;
+    const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + k0;
+    const unsigned slot =
+        ring_base + static_cast<unsigned>(((q % kStages) * 4 * kThreads + tid) * 16);
+    CpAsync16Shared(slot, wa, oka);
+    CpAsync16Shared(slot + kThreads * 16, wb, okb);
+    CpAsync16Shared(slot + 2 * kThreads * 16, wa + 32, oka);
+    CpAsync16Shared(slot + 3 * kThreads * 16, wb + 32, okb);
+  };
+  auto load_a = [&](int q, uint4(&dst)[kGroups][2]) {
+    const int64_t k0 = k_of(q);
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const int tok = 8 * j + g;
+      if (tok < p.m) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + k0);
+        dst[j][0] = __ldg(src);
+        dst[j][1] = __ldg(src + 4);  // + 32 elements
+      } else {
+        dst[j][0] = dst[j][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  float acc[kGroups][4];
+  internal::ZeroFragments(acc);
+  uint4 a_cur[kGroups][2], a_nxt[kGroups][2];
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) {
+    if (q < nq) issue(q);
+    CpAsyncCommit();
+  }
+  if (nq > 0) load_a(0, a_nxt);
+  for (int q = 0; q < nq; ++q) {
+    if (q + kStages - 1 < nq) issue(q + kStages - 1);
+    CpAsyncCommit();
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      a_cur[j][0] = a_nxt[j][0];
+      a_cur[j][1] = a_nxt[j][1];
+    }
+    if (q + 1 < nq) load_a(q + 1, a_nxt);
+    CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
+    const uint4* s = ring + (q % kStages) * 4 * kThreads + tid;
+    const uint4 w0 = s[0], w1 = s[kThreads], w2 = s[2 * kThreads], w3 = s[3 * kThreads];
+    // Rows g (w0, w2) and g + 8 (w1, w3); K order within a 32-wide chunk:
+    // this thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9}
+    // of two products, the same for A.
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a_cur[j][0].x, a_cur[j][0].y);
+      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a_cur[j][0].z, a_cur[j][0].w);
+      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a_cur[j][1].x, a_cur[j][1].y);
+      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a_cur[j][1].z, a_cur[j][1].w);
+    }
+    if ((q + 1) % p.item_stages != 0) continue;
+
+    // ---- the item is done: its 64 x m block of C, or its partial
+    const int item = item_of(q);
+    const int tile = item / p.splits, split = item % p.splits;
+    const int row0 = tile * kTileRows + warp * 16;
+    if (p.splits == 1) {
+#pragma unroll
+      for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + FragRow(g, e), tok = FragTok(j, t, e);
+          if (row < p.n && tok < p.m) p.c[tok * p.ldc + row] = __float2bfloat16_rn(acc[j][e]);
+        }
+      }
+      internal::ZeroFragments(acc);
+      continue;
+    }
+    float* part = p.partial + (static_cast<int64_t>(tile) * p.splits + split) * kMaxTok * kTileRows;
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        part[FragTok(j, t, e) * kTileRows + warp * 16 + FragRow(g, e)] = acc[j][e];
+      }
+    }
+    internal::ZeroFragments(acc);
+    __threadfence();  // the partial is visible before the count says so
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&p.counters[tile], 1u) == static_cast<unsigned>(p.splits - 1);
+    __syncthreads();
+    if (!s_last) continue;
+    __threadfence();
+    // Last of the tile: sum the splits in order, 4 rows per thread-step
+    // (L2 reads: other SMs wrote the partials).
+    const float* tp = p.partial + static_cast<int64_t>(tile) * p.splits * kMaxTok * kTileRows;
+    for (int idx = tid; idx < p.m * (kTileRows / 4); idx += kThreads) {
+      const int tok = idx / (kTileRows / 4), r4 = idx % (kTileRows / 4);
+      float4 sum = __ldcg(reinterpret_cast<const float4*>(tp + tok * kTileRows) + r4);
+      for (int sp = 1; sp < p.splits; ++sp) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(
+                                    tp + (static_cast<int64_t>(sp) * kMaxTok + tok) * kTileRows) +
+                                r4);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const int row = tile * kTileRows + 4 * r4;
+      bf16* out = p.c + tok * p.ldc + row;
+      const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (row + e < p.n) out[e] = __float2bfloat16_rn(vals[e]);
+      }
+    }
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch
+  }
+  CpAsyncWait<0>();
+}
+
+int Tiles(int64_t n) { return static_cast<int>((n + kTileRows - 1) / kTileRows); }
+
+// Resident blocks of the kernel on this device (cached per device).
+int GridFor(int items) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return std::max(1, std::min(items, 132));
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  int slots = dev < kMaxDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (slots == 0) {
+    int sms = 0, per_sm = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(SkinnyGemmKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kSmemBytes));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<4>, kThreads,
+                                                  kSmemBytes);
+    (void)cudaGetLastError();
+    slots = std::max(1, sms * std::max(1, per_sm));
+    if (dev < kMaxDevices) cached[dev].store(slots, std::memory_order_relaxed);
+  }
+  return std::max(1, std::min(items, slots));
+}
+
+bool DeviceSupported() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major >= 8;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+int64_t SkinnyGemmSliceK(int64_t k) {
+  // Up to 8 slices: fewer partials for the last block of a tile to sum.
+  int64_t slice = 512;
+  while (k / slice > 8 && k % (2 * slice) == 0 && slice < 2048) slice *= 2;
+  return slice;
+}
+
+size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k) {
+  const int64_t splits = k / SkinnyGemmSliceK(k);
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(Tiles(n)) * splits * kMaxTok * kTileRows * sizeof(float);
+}
+
+int64_t SkinnyGemmCounters(int64_t n) { return Tiles(n); }
+
+bool SkinnyGemmSupported(const GemmArgs& g) {
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
+  const int64_t ldc = g.ldc ? g.ldc : g.n;
+  return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.m >= 1 &&
+         g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % 512 == 0 &&
+         lda % 8 == 0 && ldw % 8 == 0 && ldc >= g.n && Aligned16(g.a) && Aligned16(g.w) &&
+         g.sm_count_target == 0 &&
+         (SkinnyGemmWorkspaceBytes(g.n, g.k) == 0 ||
+          (Aligned16(g.workspace) && g.workspace != nullptr &&
+           g.workspace_bytes >= SkinnyGemmWorkspaceBytes(g.n, g.k))) &&
+         DeviceSupported();
+}
+
+absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t num_counters,
+                              cudaStream_t stream) {
+  if (!SkinnyGemmSupported(g)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("LaunchSkinnyGemm: unsupported call m=%d n=%d k=%d", g.m, g.n, g.k));
+  }
+  Params p{};
+  p.a = static_cast<const bf16*>(g.a);
+  p.lda = g.lda ? g.lda : g.k;
+  p.w = static_cast<const bf16*>(g.w);
+  p.ldw = g.ldw ? g.ldw : g.k;
+  p.c = static_cast<bf16*>(g.c);
+  p.ldc = g.ldc ? g.ldc : g.n;
+  p.m = static_cast<int>(g.m);
+  p.n = static_cast<int>(g.n);
+  p.tiles = Tiles(g.n);
+  const int64_t slice = SkinnyGemmSliceK(g.k);
+  p.splits = static_cast<int>(g.k / slice);
+  p.item_stages = static_cast<int>(slice / kStageK);
+  p.partial = static_cast<float*>(g.workspace);
+  p.counters = counters;
+  if (p.splits > 1 && (counters == nullptr || num_counters < p.tiles)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchSkinnyGemm: %d tile counters needed, %d given", p.tiles, num_counters));
+  }
+  const int items = p.tiles * p.splits;
+  const dim3 grid(static_cast<unsigned>(GridFor(items)));
+  static const cudaError_t attr = [] {
+    for (auto* kernel : {SkinnyGemmKernel<1>, SkinnyGemmKernel<2>, SkinnyGemmKernel<4>}) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }();
+  CUDA_RETURN_IF_ERROR(attr);
+  auto* kernel = g.m <= 8    ? SkinnyGemmKernel<1>
+                 : g.m <= 16 ? SkinnyGemmKernel<2>
+                             : SkinnyGemmKernel<4>;
+  CUDA_RETURN_IF_ERROR(
+      internal::LaunchDependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, p));
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels
