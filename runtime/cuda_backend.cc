@@ -113,6 +113,7 @@ class CudaBackend : public Backend {
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.gemm_autotune_candidates = opts.gemm_autotune;
+    if (opts.gemm_skinny_max_m >= 0) mo.gemm_skinny_max_m = opts.gemm_skinny_max_m;
     mo.comm_stream_high_priority = opts.comm_priority == "high";
     if (opts.attention == "tiled") {
       mo.attention_decode_kernel = kernels::DecodeKernel::kTiled;

@@ -857,6 +857,7 @@ absl::Status GpuModel::State::Init() {
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
   gemm.set_autotune_candidates(opt.gemm_autotune_candidates);
+  gemm.set_skinny_max_m(opt.gemm_skinny_max_m);
   int side_priority = 0;
   if (opt.comm_stream_high_priority) {
     // The greatest priority is the numerically lowest: the block scheduler

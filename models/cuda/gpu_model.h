@@ -103,6 +103,9 @@ struct GpuModelOptions {
   // 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N, timed once per
   // shape when first planned (eagerly: the first step of each batch size).
   int gemm_autotune_candidates = 1;
+  // bf16 GEMMs of at most this many rows (<= 32) run the weight-streaming
+  // kernel (kernels/ops/gemm_skinny.h) where it supports them; 0: cuBLASLt.
+  int gemm_skinny_max_m = 0;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.
   bool bench_skip_allreduce = false;
