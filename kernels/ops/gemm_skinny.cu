@@ -55,20 +55,32 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   const int64_t slice_k = static_cast<int64_t>(p.item_stages) * kStageK;
   const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
-  // Stage q of this block: item b + (q / item_stages) * G, its stage q % item_stages.
-  auto item_of = [&](int q) { return b + (q / p.item_stages) * G; };
-  auto k_of = [&](int q) {
-    const int item = item_of(q);
-    return static_cast<int64_t>(item % p.splits) * slice_k +
-           static_cast<int64_t>(q % p.item_stages) * kStageK + 8 * t;
+  // Stage q of this block is stage q % item_stages of item b + (q / item_stages) * G.
+  // Two cursors walk that sequence without divisions: one for the W copies
+  // (kStages - 1 ahead), one for the A loads (one ahead).
+  struct Cursor {
+    int item, st;
+    int row;    // this thread's first W row (the tile's, plus the warp's and g)
+    int64_t k;  // K of this thread's first element in the stage
   };
-  auto issue = [&](int q) {
-    const int tile = item_of(q) / p.splits;
-    const int64_t k0 = k_of(q);
-    const int ra = tile * kTileRows + warp * 16 + g, rb = ra + 8;
+  const int row_base = warp * 16 + g;
+  auto start = [&](int item) {
+    const int tile = item / p.splits, split = item - tile * p.splits;
+    return Cursor{item, 0, tile * kTileRows + row_base,
+                  static_cast<int64_t>(split) * slice_k + 8 * t};
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.st == p.item_stages) {
+      c = start(c.item + G);
+    } else {
+      c.k += kStageK;
+    }
+  };
+  auto issue = [&](const Cursor& c, int q) {
+    const int ra = c.row, rb = ra + 8;
     const bool oka = ra < p.n, okb = rb < p.n;
-    const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + k0;
-    const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + k0;
+    const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + c.k;
+    const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
     const unsigned slot =
         ring_base + static_cast<unsigned>(((q % kStages) * 4 * kThreads + tid) * 16);
     CpAsync16Shared(slot, wa, oka);
@@ -76,13 +88,12 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     CpAsync16Shared(slot + 2 * kThreads * 16, wa + 32, oka);
     CpAsync16Shared(slot + 3 * kThreads * 16, wb + 32, okb);
   };
-  auto load_a = [&](int q, uint4(&dst)[kGroups][2]) {
-    const int64_t k0 = k_of(q);
+  auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][2]) {
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       const int tok = 8 * j + g;
       if (tok < p.m) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + k0);
+        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + c.k);
         dst[j][0] = __ldg(src);
         dst[j][1] = __ldg(src + 4);  // + 32 elements
       } else {
@@ -94,21 +105,31 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   float acc[kGroups][4];
   internal::ZeroFragments(acc);
   uint4 a_cur[kGroups][2], a_nxt[kGroups][2];
+  Cursor wc = start(b), ac = start(b);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nq) issue(q);
+    if (q < nq) {
+      issue(wc, q);
+      advance(wc);
+    }
     CpAsyncCommit();
   }
-  if (nq > 0) load_a(0, a_nxt);
+  if (nq > 0) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
-    if (q + kStages - 1 < nq) issue(q + kStages - 1);
+    if (q + kStages - 1 < nq) {
+      issue(wc, q + kStages - 1);
+      advance(wc);
+    }
     CpAsyncCommit();
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       a_cur[j][0] = a_nxt[j][0];
       a_cur[j][1] = a_nxt[j][1];
     }
-    if (q + 1 < nq) load_a(q + 1, a_nxt);
+    const int item = ac.item;  // the item of stage q
+    const bool item_done = ac.st == p.item_stages - 1;
+    advance(ac);
+    if (q + 1 < nq) load_a(ac, a_nxt);
     CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
     const uint4* s = ring + (q % kStages) * 4 * kThreads + tid;
     const uint4 w0 = s[0], w1 = s[kThreads], w2 = s[2 * kThreads], w3 = s[3 * kThreads];
@@ -122,10 +143,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a_cur[j][1].x, a_cur[j][1].y);
       MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a_cur[j][1].z, a_cur[j][1].w);
     }
-    if ((q + 1) % p.item_stages != 0) continue;
+    if (!item_done) continue;
 
     // ---- the item is done: its 64 x m block of C, or its partial
-    const int item = item_of(q);
     const int tile = item / p.splits, split = item % p.splits;
     const int row0 = tile * kTileRows + warp * 16;
     if (p.splits == 1) {
