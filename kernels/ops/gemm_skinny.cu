@@ -19,15 +19,9 @@ using internal::MmaBf16;
 constexpr int kThreads = 128;  // 4 warps x 16 rows of W
 constexpr int kTileRows = 64;
 constexpr int kStageK = 64;  // K per ring stage: two 32-wide chunks
-constexpr int kStages = 4;   // ring depth
+constexpr int kStages = 6;   // ring depth (per thread: 4 x 16 bytes per stage)
 constexpr int kMaxTok = 32;  // partials are laid out for 32 tokens
-// A stage of the ring: each thread's 4 x 16 bytes of W, then the block's A
-// slice [kMaxTok tokens][64 K] with rows 192 bytes apart (a warp's 16-byte
-// fragment reads hit distinct banks in each 8-thread phase).
-constexpr int kWStageBytes = 4 * kThreads * 16;
-constexpr int kARowBytes = 192;
-constexpr int kStageBytes = kWStageBytes + kMaxTok * kARowBytes;
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes;
+constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * 4 * kThreads * 16;
 
 struct Params {
   const bf16* a;
@@ -87,24 +81,30 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bool oka = ra < p.n, okb = rb < p.n;
     const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + c.k;
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
-    const unsigned stage = ring_base + static_cast<unsigned>((q % kStages) * kStageBytes);
-    const unsigned slot = stage + static_cast<unsigned>(tid * 16);
+    const unsigned slot =
+        ring_base + static_cast<unsigned>(((q % kStages) * 4 * kThreads + tid) * 16);
     CpAsync16Shared(slot, wa, oka);
     CpAsync16Shared(slot + kThreads * 16, wb, okb);
     CpAsync16Shared(slot + 2 * kThreads * 16, wa + 32, oka);
     CpAsync16Shared(slot + 3 * kThreads * 16, wb + 32, okb);
-    // The block's A slice of the stage: 8 x 16 bytes per token.
-    const int64_t k_stage = c.k - 8 * t;
-    for (int piece = tid; piece < 8 * kGroups * 8; piece += kThreads) {
-      const int tok = piece >> 3, part = piece & 7;
-      const bool ok = tok < p.m;
-      CpAsync16Shared(stage + kWStageBytes + tok * kARowBytes + part * 16,
-                      p.a + static_cast<int64_t>(ok ? tok : 0) * p.lda + k_stage + part * 8, ok);
+  };
+  auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][2]) {
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const int tok = 8 * j + g;
+      if (tok < p.m) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + c.k);
+        dst[j][0] = __ldg(src);
+        dst[j][1] = __ldg(src + 4);  // + 32 elements
+      } else {
+        dst[j][0] = dst[j][1] = make_uint4(0, 0, 0, 0);
+      }
     }
   };
 
   float acc[kGroups][4];
   internal::ZeroFragments(acc);
+  uint4 a_cur[kGroups][2], a_nxt[kGroups][2];
   Cursor wc = start(b), ac = start(b);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
@@ -114,33 +114,34 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     }
     CpAsyncCommit();
   }
+  if (nq > 0) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
-    CpAsyncWait<kStages - 2>();  // this thread's copies of stage q have landed
-    __syncthreads();             // everyone's have (A is shared), and stage q - 1 is read
     if (q + kStages - 1 < nq) {
-      issue(wc, q + kStages - 1);  // into stage q - 1's slot
+      issue(wc, q + kStages - 1);
       advance(wc);
     }
     CpAsyncCommit();
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      a_cur[j][0] = a_nxt[j][0];
+      a_cur[j][1] = a_nxt[j][1];
+    }
     const int item = ac.item;  // the item of stage q
     const bool item_done = ac.st == p.item_stages - 1;
     advance(ac);
-    const unsigned char* stage =
-        reinterpret_cast<const unsigned char*>(ring) + (q % kStages) * kStageBytes;
-    const uint4* s = reinterpret_cast<const uint4*>(stage) + tid;
+    if (q + 1 < nq) load_a(ac, a_nxt);
+    CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
+    const uint4* s = ring + (q % kStages) * 4 * kThreads + tid;
     const uint4 w0 = s[0], w1 = s[kThreads], w2 = s[2 * kThreads], w3 = s[3 * kThreads];
     // Rows g (w0, w2) and g + 8 (w1, w3); K order within a 32-wide chunk:
     // this thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9}
     // of two products, the same for A.
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
-      const uint4* arow =
-          reinterpret_cast<const uint4*>(stage + kWStageBytes + (8 * j + g) * kARowBytes) + t;
-      const uint4 a0 = arow[0], a1 = arow[4];  // k 8t.. and 32 + 8t..
-      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a0.x, a0.y);
-      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a0.z, a0.w);
-      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a1.x, a1.y);
-      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a1.z, a1.w);
+      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a_cur[j][0].x, a_cur[j][0].y);
+      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a_cur[j][0].z, a_cur[j][0].w);
+      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a_cur[j][1].x, a_cur[j][1].y);
+      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a_cur[j][1].z, a_cur[j][1].w);
     }
     if (!item_done) continue;
 

@@ -8,9 +8,9 @@
 // 16-row operand and the tokens as the 8-column one; every thread loads 16
 // contiguous bytes of a W row and of an A row, and both operands use the
 // same order of K inside each 32-wide chunk, so the loads need no shuffle.
-// W and the block's slice of A go through a cp.async ring in shared memory;
-// the block's four warps share each A slice (read once from L2 per block:
-// with each warp loading its own, A's L2 traffic was twice W's at M = 32).
+// W goes through a per-thread cp.async ring in shared memory (each thread
+// reads back only what it copied: no block barrier in the K loop), A (a few
+// KB per K slice, shared by the block's warps) through L1.
 //
 // Work items are 64 rows of W by a K slice of 512-2048; resident blocks take
 // items in turn. When K has more than one slice, each item writes its fp32
