@@ -18,6 +18,13 @@
 // the tile's partials in slice order (deterministic) and writes C; a counter
 // per tile (zero between launches; the summing block re-zeroes it) says who
 // is last.
+//
+// Opt-in (CublasLtHandle::set_skinny_max_m, --gemm-skinny-max-m): on an H200
+// it is slower than cuBLASLt on every decode shape measured, 0.4-0.8x at
+// M = 8-32 (bench/results/h200-2026-11-23, runs bg-bi: 32-60% of copy
+// bandwidth against cuBLASLt's 52-100%; slower the more tokens, which the
+// weight traffic does not explain). Kept as the base of that work, with its
+// tests and `kernels_bench --sections skinny`.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -104,7 +104,8 @@ struct GpuModelOptions {
   // shape when first planned (eagerly: the first step of each batch size).
   int gemm_autotune_candidates = 1;
   // bf16 GEMMs of at most this many rows (<= 32) run the weight-streaming
-  // kernel (kernels/ops/gemm_skinny.h) where it supports them; 0: cuBLASLt.
+  // kernel (kernels/ops/gemm_skinny.h) where it supports them; 0: cuBLASLt
+  // (the default: that kernel measured slower on an H200).
   int gemm_skinny_max_m = 0;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides.
