@@ -175,24 +175,38 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     __syncthreads();
     if (!s_last) continue;
     __threadfence();
-    // Last of the tile: sum the splits in order, 4 rows per thread-step
+    // Last of the tile: sum the splits in order. Each thread owns up to
+    // kOut groups of 4 rows x 1 token and loads all of them per split at once
     // (L2 reads: other SMs wrote the partials).
+    constexpr int kOut = kGroups * 8 * (kTileRows / 4) / kThreads;
     const float* tp = p.partial + static_cast<int64_t>(tile) * p.splits * kMaxTok * kTileRows;
-    for (int idx = tid; idx < p.m * (kTileRows / 4); idx += kThreads) {
-      const int tok = idx / (kTileRows / 4), r4 = idx % (kTileRows / 4);
-      float4 sum = __ldcg(reinterpret_cast<const float4*>(tp + tok * kTileRows) + r4);
-      for (int sp = 1; sp < p.splits; ++sp) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(
-                                    tp + (static_cast<int64_t>(sp) * kMaxTok + tok) * kTileRows) +
-                                r4);
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+    float4 sum[kOut];
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) sum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const float4* src =
+          reinterpret_cast<const float4*>(tp + static_cast<int64_t>(sp) * kMaxTok * kTileRows);
+      float4 v[kOut];
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) {
+        const int idx = tid + i * kThreads;  // token idx / 16, rows 4 * (idx % 16)
+        v[i] = idx < p.m * (kTileRows / 4) ? __ldcg(src + idx) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
-      const int row = tile * kTileRows + 4 * r4;
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) {
+        sum[i].x += v[i].x;
+        sum[i].y += v[i].y;
+        sum[i].z += v[i].z;
+        sum[i].w += v[i].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) {
+      const int idx = tid + i * kThreads;
+      if (idx >= p.m * (kTileRows / 4)) continue;
+      const int tok = idx / (kTileRows / 4), row = tile * kTileRows + 4 * (idx % (kTileRows / 4));
       bf16* out = p.c + tok * p.ldc + row;
-      const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+      const float vals[4] = {sum[i].x, sum[i].y, sum[i].z, sum[i].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (row + e < p.n) out[e] = __float2bfloat16_rn(vals[e]);
@@ -240,15 +254,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-int64_t SkinnyGemmSliceK(int64_t k) {
-  // Up to 8 slices: fewer partials for the last block of a tile to sum.
-  int64_t slice = 512;
-  while (k / slice > 8 && k % (2 * slice) == 0 && slice < 2048) slice *= 2;
-  return slice;
+int64_t SkinnyGemmSliceK(int64_t n, int64_t k) {
+  // About two items per three resident blocks: one round of items that keeps
+  // every SM streaming, with as few K slices (partials to sum) as that allows.
+  // Slices are whole 64-wide stages dividing K.
+  const int64_t stages = k / kStageK, tiles = Tiles(n);
+  const int64_t slots = GridFor(1 << 30);
+  const int64_t target = std::max<int64_t>(1, (2 * slots + 3 * tiles / 2) / (3 * tiles));
+  int64_t splits = std::min(target, stages);
+  while (stages % splits != 0) ++splits;
+  return k / splits;
 }
 
 size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k) {
-  const int64_t splits = k / SkinnyGemmSliceK(k);
+  const int64_t splits = k / SkinnyGemmSliceK(n, k);
   if (splits <= 1) return 0;
   return static_cast<size_t>(Tiles(n)) * splits * kMaxTok * kTileRows * sizeof(float);
 }
@@ -259,7 +278,7 @@ bool SkinnyGemmSupported(const GemmArgs& g) {
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
   const int64_t ldc = g.ldc ? g.ldc : g.n;
   return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.m >= 1 &&
-         g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % 512 == 0 &&
+         g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % kStageK == 0 &&
          lda % 8 == 0 && ldw % 8 == 0 && ldc >= g.n && Aligned16(g.a) && Aligned16(g.w) &&
          g.sm_count_target == 0 &&
          (SkinnyGemmWorkspaceBytes(g.n, g.k) == 0 ||
@@ -284,7 +303,7 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
   p.m = static_cast<int>(g.m);
   p.n = static_cast<int>(g.n);
   p.tiles = Tiles(g.n);
-  const int64_t slice = SkinnyGemmSliceK(g.k);
+  const int64_t slice = SkinnyGemmSliceK(g.n, g.k);
   p.splits = static_cast<int>(g.k / slice);
   p.item_stages = static_cast<int>(slice / kStageK);
   p.partial = static_cast<float*>(g.workspace);

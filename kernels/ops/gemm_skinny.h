@@ -12,12 +12,11 @@
 // reads back only what it copied: no block barrier in the K loop), A (a few
 // KB per K slice, shared by the block's warps) through L1.
 //
-// Work items are 64 rows of W by a K slice of 512-2048; resident blocks take
-// items in turn. When K has more than one slice, each item writes its fp32
-// partial to the workspace and the block finishing a tile's last item sums
-// the tile's partials in slice order (deterministic) and writes C; a counter
-// per tile (zero between launches; the summing block re-zeroes it) says who
-// is last.
+// Work items are 64 rows of W by a K slice (about two items per three
+// resident blocks); resident blocks take items in turn. When K has more than one slice, each item
+// writes its fp32 partial to the workspace and the block finishing a tile's last item sums the
+// tile's partials in slice order (deterministic) and writes C; a counter per tile (zero between
+// launches; the summing block re-zeroes it) says who is last.
 //
 // Opt-in (CublasLtHandle::set_skinny_max_m, --gemm-skinny-max-m): on an H200
 // it is slower than cuBLASLt on every decode shape measured, 0.4-0.8x at
@@ -40,7 +39,7 @@ namespace symtp::kernels {
 inline constexpr int64_t kSkinnyMaxM = 32;
 
 // Whether the kernel runs `g`: bf16 -> bf16, 1 <= m <= kSkinnyMaxM, K a
-// multiple of 512, A and W 16-byte aligned with strides in multiples of 8
+// multiple of 64, A and W 16-byte aligned with strides in multiples of 8
 // elements, no sm_count_target, a compute capability >= 8.0 device, and a
 // workspace of at least SkinnyGemmWorkspaceBytes.
 bool SkinnyGemmSupported(const GemmArgs& g);
@@ -48,8 +47,9 @@ bool SkinnyGemmSupported(const GemmArgs& g);
 size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k);
 // Tile counters the launch needs (zeroed before the first launch).
 int64_t SkinnyGemmCounters(int64_t n);
-// The K slice of one work item (a multiple of 512 dividing K).
-int64_t SkinnyGemmSliceK(int64_t k);
+// The K slice of one work item (a multiple of 64 dividing K), chosen for
+// this device's resident blocks.
+int64_t SkinnyGemmSliceK(int64_t n, int64_t k);
 
 absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t num_counters,
                               cudaStream_t stream);

@@ -268,9 +268,9 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
 }
 
 // The weight-streaming kernel (M <= 32): every token-group count, N with a
-// partial 64-row tile, K of one slice (direct stores) and of several (partials
-// summed by the tile's last item, 512-2048 per slice), strided operands with
-// untouched padding columns.
+// partial 64-row tile, K in one slice (direct stores: many tiles, the last
+// shape on an H200) and in 2-64 slices (partials summed by the tile's last
+// item), strided operands with untouched padding columns.
 TEST_F(GemmTest, SkinnyMatchesReference) {
   handle_.set_skinny_max_m(32);
   expect_skinny_ = true;
