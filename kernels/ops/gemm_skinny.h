@@ -19,11 +19,11 @@
 // launches; the summing block re-zeroes it) says who is last.
 //
 // Opt-in (CublasLtHandle::set_skinny_max_m, --gemm-skinny-max-m): on an H200
-// it is slower than cuBLASLt on every decode shape measured, 0.4-0.8x at
-// M = 8-32 (bench/results/h200-2026-11-23, runs bg-bi: 32-60% of copy
-// bandwidth against cuBLASLt's 52-100%; slower the more tokens, which the
-// weight traffic does not explain). Kept as the base of that work, with its
-// tests and `kernels_bench --sections skinny`.
+// it is slower than cuBLASLt on every decode shape measured, 0.48-0.83x at
+// M = 8-32 (bench/results/h200-2026-11-23, runs bg-bk: 28-70% of copy
+// bandwidth against cuBLASLt's 52-100%; even unsplit it streams W at 60-66%).
+// Kept as the base of that work, with its tests and
+// `kernels_bench --sections skinny`.
 #pragma once
 
 #include <cuda_runtime.h>
