@@ -19,22 +19,9 @@ using internal::MmaBf16;
 constexpr int kThreads = 128;  // 4 warps x 16 rows of W
 constexpr int kTileRows = 64;
 constexpr int kStageK = 64;  // K per ring stage: two 32-wide chunks
-constexpr int kStages = 4;   // ring depth
+constexpr int kStages = 6;   // ring depth (per thread: 4 x 16 bytes per stage)
 constexpr int kMaxTok = 32;  // partials are laid out for 32 tokens
-// A ring stage holds, per thread, its own 16-byte pieces (no block barrier):
-// 4 of W (rows g and g + 8, two 32-wide chunks) and 2 per token group of A
-// (copied through L1: the block's four warps copy the same A).
-template <int kGroups>
-constexpr int kSlots = 4 + 2 * kGroups;
-template <int kGroups>
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kSlots<kGroups>* kThreads * 16;
-
-// cp.async of 16 bytes allocating in L1 (A: read by every warp of the block).
-__device__ __forceinline__ void CpAsync16SharedL1(unsigned dst, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
+constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * 4 * kThreads * 16;
 
 struct Params {
   const bf16* a;
@@ -69,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
   // Stage q of this block is stage q % item_stages of item b + (q / item_stages) * G.
-  // Two cursors walk that sequence without divisions: one for the copies
-  // (kStages - 1 ahead), one for the stage being multiplied.
+  // Two cursors walk that sequence without divisions: one for the W copies
+  // (kStages - 1 ahead), one for the A loads (one ahead).
   struct Cursor {
     int item, st;
     int row;    // this thread's first W row (the tile's, plus the warp's and g)
@@ -95,23 +82,29 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + c.k;
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
     const unsigned slot =
-        ring_base + static_cast<unsigned>(((q % kStages) * kSlots<kGroups> * kThreads + tid) * 16);
+        ring_base + static_cast<unsigned>(((q % kStages) * 4 * kThreads + tid) * 16);
     CpAsync16Shared(slot, wa, oka);
     CpAsync16Shared(slot + kThreads * 16, wb, okb);
     CpAsync16Shared(slot + 2 * kThreads * 16, wa + 32, oka);
     CpAsync16Shared(slot + 3 * kThreads * 16, wb + 32, okb);
+  };
+  auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][2]) {
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       const int tok = 8 * j + g;
-      const bool ok = tok < p.m;
-      const bf16* src = p.a + static_cast<int64_t>(ok ? tok : 0) * p.lda + c.k;
-      CpAsync16SharedL1(slot + (4 + 2 * j) * kThreads * 16, src, ok);
-      CpAsync16SharedL1(slot + (5 + 2 * j) * kThreads * 16, src + 32, ok);
+      if (tok < p.m) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + c.k);
+        dst[j][0] = __ldg(src);
+        dst[j][1] = __ldg(src + 4);  // + 32 elements
+      } else {
+        dst[j][0] = dst[j][1] = make_uint4(0, 0, 0, 0);
+      }
     }
   };
 
   float acc[kGroups][4];
   internal::ZeroFragments(acc);
+  uint4 a_cur[kGroups][2], a_nxt[kGroups][2];
   Cursor wc = start(b), ac = start(b);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
@@ -121,28 +114,34 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     }
     CpAsyncCommit();
   }
+  if (nq > 0) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
     if (q + kStages - 1 < nq) {
       issue(wc, q + kStages - 1);
       advance(wc);
     }
     CpAsyncCommit();
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      a_cur[j][0] = a_nxt[j][0];
+      a_cur[j][1] = a_nxt[j][1];
+    }
     const int item = ac.item;  // the item of stage q
     const bool item_done = ac.st == p.item_stages - 1;
     advance(ac);
+    if (q + 1 < nq) load_a(ac, a_nxt);
     CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
-    const uint4* s = ring + (q % kStages) * kSlots<kGroups> * kThreads + tid;
+    const uint4* s = ring + (q % kStages) * 4 * kThreads + tid;
     const uint4 w0 = s[0], w1 = s[kThreads], w2 = s[2 * kThreads], w3 = s[3 * kThreads];
     // Rows g (w0, w2) and g + 8 (w1, w3); K order within a 32-wide chunk:
     // this thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9}
     // of two products, the same for A.
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
-      const uint4 a0 = s[(4 + 2 * j) * kThreads], a1 = s[(5 + 2 * j) * kThreads];
-      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a0.x, a0.y);
-      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a0.z, a0.w);
-      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a1.x, a1.y);
-      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a1.z, a1.w);
+      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a_cur[j][0].x, a_cur[j][0].y);
+      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a_cur[j][0].z, a_cur[j][0].w);
+      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a_cur[j][1].x, a_cur[j][1].y);
+      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a_cur[j][1].z, a_cur[j][1].w);
     }
     if (!item_done) continue;
 
@@ -220,43 +219,23 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
 
 int Tiles(int64_t n) { return static_cast<int>((n + kTileRows - 1) / kTileRows); }
 
-int GroupsFor(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
-
-template <int kGroups>
-cudaError_t SetSmemAttribute() {
-  return cudaFuncSetAttribute(SkinnyGemmKernel<kGroups>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kSmemBytes<kGroups>));
-}
-
-// Resident blocks of the kernel for m tokens on this device (cached per
-// device and token-group count), at most `items`.
-int GridFor(int64_t m, int items) {
+// Resident blocks of the kernel on this device (cached per device).
+int GridFor(int items) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return std::max(1, std::min(items, 132));
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices][3];
-  const int groups = GroupsFor(m), v = groups == 1 ? 0 : groups == 2 ? 1 : 2;
-  int slots = dev < kMaxDevices ? cached[dev][v].load(std::memory_order_relaxed) : 0;
+  static std::atomic<int> cached[kMaxDevices];
+  int slots = dev < kMaxDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
     int sms = 0, per_sm = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (groups == 1) {
-      SetSmemAttribute<1>();
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<1>, kThreads,
-                                                    kSmemBytes<1>);
-    } else if (groups == 2) {
-      SetSmemAttribute<2>();
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<2>, kThreads,
-                                                    kSmemBytes<2>);
-    } else {
-      SetSmemAttribute<4>();
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<4>, kThreads,
-                                                    kSmemBytes<4>);
-    }
+    cudaFuncSetAttribute(SkinnyGemmKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kSmemBytes));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<4>, kThreads,
+                                                  kSmemBytes);
     (void)cudaGetLastError();
     slots = std::max(1, sms * std::max(1, per_sm));
-    if (dev < kMaxDevices) cached[dev][v].store(slots, std::memory_order_relaxed);
+    if (dev < kMaxDevices) cached[dev].store(slots, std::memory_order_relaxed);
   }
   return std::max(1, std::min(items, slots));
 }
@@ -275,20 +254,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-int64_t SkinnyGemmSliceK(int64_t m, int64_t n, int64_t k) {
+int64_t SkinnyGemmSliceK(int64_t n, int64_t k) {
   // About two items per three resident blocks: one round of items that keeps
   // every SM streaming, with as few K slices (partials to sum) as that allows.
   // Slices are whole 64-wide stages dividing K.
   const int64_t stages = k / kStageK, tiles = Tiles(n);
-  const int64_t slots = GridFor(m, 1 << 30);
+  const int64_t slots = GridFor(1 << 30);
   const int64_t target = std::max<int64_t>(1, (2 * slots + 3 * tiles / 2) / (3 * tiles));
   int64_t splits = std::min(target, stages);
   while (stages % splits != 0) ++splits;
   return k / splits;
 }
 
-size_t SkinnyGemmWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
-  const int64_t splits = k / SkinnyGemmSliceK(m, n, k);
+size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k) {
+  const int64_t splits = k / SkinnyGemmSliceK(n, k);
   if (splits <= 1) return 0;
   return static_cast<size_t>(Tiles(n)) * splits * kMaxTok * kTileRows * sizeof(float);
 }
@@ -301,10 +280,11 @@ bool SkinnyGemmSupported(const GemmArgs& g) {
   return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.m >= 1 &&
          g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % kStageK == 0 &&
          lda % 8 == 0 && ldw % 8 == 0 && ldc >= g.n && Aligned16(g.a) && Aligned16(g.w) &&
-         g.sm_count_target == 0 && DeviceSupported() &&
-         (SkinnyGemmWorkspaceBytes(g.m, g.n, g.k) == 0 ||
+         g.sm_count_target == 0 &&
+         (SkinnyGemmWorkspaceBytes(g.n, g.k) == 0 ||
           (Aligned16(g.workspace) && g.workspace != nullptr &&
-           g.workspace_bytes >= SkinnyGemmWorkspaceBytes(g.m, g.n, g.k)));
+           g.workspace_bytes >= SkinnyGemmWorkspaceBytes(g.n, g.k))) &&
+         DeviceSupported();
 }
 
 absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t num_counters,
@@ -323,7 +303,7 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
   p.m = static_cast<int>(g.m);
   p.n = static_cast<int>(g.n);
   p.tiles = Tiles(g.n);
-  const int64_t slice = SkinnyGemmSliceK(g.m, g.n, g.k);
+  const int64_t slice = SkinnyGemmSliceK(g.n, g.k);
   p.splits = static_cast<int>(g.k / slice);
   p.item_stages = static_cast<int>(slice / kStageK);
   p.partial = static_cast<float*>(g.workspace);
@@ -333,25 +313,21 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
         "LaunchSkinnyGemm: %d tile counters needed, %d given", p.tiles, num_counters));
   }
   const int items = p.tiles * p.splits;
-  const dim3 grid(static_cast<unsigned>(GridFor(g.m, items)));
+  const dim3 grid(static_cast<unsigned>(GridFor(items)));
   static const cudaError_t attr = [] {
-    cudaError_t e = SetSmemAttribute<1>();
-    if (e == cudaSuccess) e = SetSmemAttribute<2>();
-    if (e == cudaSuccess) e = SetSmemAttribute<4>();
-    return e;
+    for (auto* kernel : {SkinnyGemmKernel<1>, SkinnyGemmKernel<2>, SkinnyGemmKernel<4>}) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
   }();
   CUDA_RETURN_IF_ERROR(attr);
-  const int groups = GroupsFor(g.m);
-  if (groups == 1) {
-    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(SkinnyGemmKernel<1>, grid, dim3(kThreads),
-                                                   kSmemBytes<1>, stream, p));
-  } else if (groups == 2) {
-    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(SkinnyGemmKernel<2>, grid, dim3(kThreads),
-                                                   kSmemBytes<2>, stream, p));
-  } else {
-    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(SkinnyGemmKernel<4>, grid, dim3(kThreads),
-                                                   kSmemBytes<4>, stream, p));
-  }
+  auto* kernel = g.m <= 8    ? SkinnyGemmKernel<1>
+                 : g.m <= 16 ? SkinnyGemmKernel<2>
+                             : SkinnyGemmKernel<4>;
+  CUDA_RETURN_IF_ERROR(
+      internal::LaunchDependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, p));
   return absl::OkStatus();
 }
 

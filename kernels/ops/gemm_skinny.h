@@ -8,17 +8,15 @@
 // 16-row operand and the tokens as the 8-column one; every thread loads 16
 // contiguous bytes of a W row and of an A row, and both operands use the
 // same order of K inside each 32-wide chunk, so the loads need no shuffle.
-// W and A go through a cp.async ring in shared memory (4 stages of 64 K),
-// each thread copying and reading back only its own pieces (no block barrier
-// in the K loop); A's copies allocate in L1, where the block's warps share
-// them.
+// W goes through a per-thread cp.async ring in shared memory (each thread
+// reads back only what it copied: no block barrier in the K loop), A (a few
+// KB per K slice, shared by the block's warps) through L1.
 //
 // Work items are 64 rows of W by a K slice (about two items per three
-// resident blocks); resident blocks take items in turn. When K has more than
-// one slice, each item writes its fp32 partial to the workspace and the block
-// finishing a tile's last item sums the tile's partials in slice order
-// (deterministic) and writes C; a counter per tile (zero between launches;
-// the summing block re-zeroes it) says who is last.
+// resident blocks); resident blocks take items in turn. When K has more than one slice, each item
+// writes its fp32 partial to the workspace and the block finishing a tile's last item sums the
+// tile's partials in slice order (deterministic) and writes C; a counter per tile (zero between
+// launches; the summing block re-zeroes it) says who is last.
 //
 // Opt-in (CublasLtHandle::set_skinny_max_m, --gemm-skinny-max-m): on an H200
 // it is slower than cuBLASLt on every decode shape measured, 0.48-0.83x at
@@ -46,12 +44,12 @@ inline constexpr int64_t kSkinnyMaxM = 32;
 // workspace of at least SkinnyGemmWorkspaceBytes.
 bool SkinnyGemmSupported(const GemmArgs& g);
 // fp32 partials of every (64-row tile, K slice) item; 0 when K is one slice.
-size_t SkinnyGemmWorkspaceBytes(int64_t m, int64_t n, int64_t k);
+size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k);
 // Tile counters the launch needs (zeroed before the first launch).
 int64_t SkinnyGemmCounters(int64_t n);
 // The K slice of one work item (a multiple of 64 dividing K), chosen for
 // this device's resident blocks.
-int64_t SkinnyGemmSliceK(int64_t m, int64_t n, int64_t k);
+int64_t SkinnyGemmSliceK(int64_t n, int64_t k);
 
 absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t num_counters,
                               cudaStream_t stream);
