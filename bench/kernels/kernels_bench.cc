@@ -273,19 +273,39 @@ std::vector<GemmShape> DecodeGemmShapes() {
   return v;
 }
 
+// Operands of the decode GEMM sections: weights rotated through an arena of
+// at least 4 GiB (L2 is ~50 MB, so each timed GEMM reads HBM), activations
+// for up to max_m rows, an output for the widest layer.
+struct DecodeGemmOperands {
+  cuda::DeviceBuffer w, a, c;
+  size_t arena = 0;
+  // The weights of call i for a [n, k] layer (slot i of the arena).
+  const char* Weights(int64_t n, int64_t k, int i) const {
+    const size_t bytes = static_cast<size_t>(n * k * 2);
+    return static_cast<const char*>(w.get()) + (i % (arena / bytes)) * bytes;
+  }
+};
+
+absl::StatusOr<DecodeGemmOperands> MakeDecodeGemmOperands(int64_t max_m, uint64_t seed,
+                                                          cudaStream_t s) {
+  size_t max_w = 0;
+  for (const auto& g : DecodeGemmShapes()) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
+  const int64_t max_k = 28672, max_n = 128256;
+  DecodeGemmOperands o;
+  o.arena = std::max<size_t>(size_t{4} << 30, 3 * max_w);
+  SYMTP_ASSIGN_OR_RETURN(o.w, cuda::DeviceBuffer::Create(o.arena));
+  SYMTP_RETURN_IF_ERROR(FillRandom(o.w.get(), o.arena / 2, seed, 0.02f, s));
+  SYMTP_ASSIGN_OR_RETURN(o.a, cuda::DeviceBuffer::Create(max_m * max_k * 2));
+  SYMTP_RETURN_IF_ERROR(FillRandom(o.a.get(), max_m * max_k, seed + 1, 1.f, s));
+  SYMTP_ASSIGN_OR_RETURN(o.c, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+  return o;
+}
+
 absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
                               const Ceilings& c, Json* js, bool exhaustive) {
   const auto shapes = DecodeGemmShapes();
-  size_t max_w = 0;
-  for (const auto& g : shapes) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
-  // Rotate weights through 4 GiB (L2 is ~50 MB) so each timed GEMM reads HBM.
-  const size_t arena = std::max<size_t>(size_t{4} << 30, 3 * max_w);
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
-  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 3, 0.02f, s));
-  const int64_t max_m = 512, max_k = 28672, max_n = 128256;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(max_m * max_k * 2));
-  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 4, 1.f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+  SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(512, 3, s));
+  const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
   // The same GEMMs with the algorithm chosen by timing 16 candidates once per
   // shape (CublasLtHandle::set_autotune_candidates; off by default).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
@@ -310,10 +330,9 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
               have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
-    const size_t slots = arena / wbytes;
     for (int64_t m : {32, 128, 256, 512}) {
       auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
-        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+        const char* w = ops.Weights(g.n, g.k, i);
         return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
                              kernels::kGemmWorkspaceBytes, s);
       };
@@ -428,15 +447,9 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
 absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
                               const Ceilings& c, Json* js) {
   const auto shapes = DecodeGemmShapes();
-  size_t max_w = 0;
-  for (const auto& g : shapes) max_w = std::max<size_t>(max_w, g.n * g.k * 2);
-  const size_t arena = std::max<size_t>(size_t{4} << 30, 3 * max_w);
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer wbuf, cuda::DeviceBuffer::Create(arena));
-  SYMTP_RETURN_IF_ERROR(FillRandom(wbuf.get(), arena / 2, 5, 0.02f, s));
-  const int64_t max_m = 32, max_k = 28672, max_n = 128256;
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer abuf, cuda::DeviceBuffer::Create(max_m * max_k * 2));
-  SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), max_m * max_k, 6, 1.f, s));
-  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer cbuf, cuda::DeviceBuffer::Create(max_m * max_n * 2));
+  const int64_t max_m = 32, max_k = 28672;
+  SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(max_m, 5, s));
+  const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sk, kernels::CublasLtHandle::Create());
   sk.set_skinny_max_m(kernels::kSkinnyMaxM);
   std::printf(
@@ -449,7 +462,6 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   for (const auto& g : shapes) {
     if (std::string(g.layer) == "lm_head") continue;
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
-    const size_t slots = arena / wbytes;
     for (int64_t m : {8, 16, 32}) {
       kernels::GemmArgs probe;
       probe.a = abuf.get();
@@ -462,7 +474,7 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       probe.workspace_bytes = kernels::kGemmWorkspaceBytes;
       if (!kernels::SkinnyGemmSupported(probe)) continue;
       auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
-        const char* w = static_cast<const char*>(wbuf.get()) + (i % slots) * wbytes;
+        const char* w = ops.Weights(g.n, g.k, i);
         return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
                              kernels::kGemmWorkspaceBytes, s);
       };

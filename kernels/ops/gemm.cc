@@ -51,6 +51,20 @@ int AlignmentOf(const void* p) {
   return a;
 }
 
+// Grows `buf` to at least `need` unsigned counters (4096 at the least),
+// zeroed on `stream` when (re)allocated; the kernels that use them leave them
+// zero after every launch (a handle serves one stream at a time). Returns how
+// many counters `buf` holds.
+absl::StatusOr<int64_t> EnsureZeroedCounters(cuda::DeviceBuffer& buf, int64_t need,
+                                             cudaStream_t stream) {
+  if (buf.bytes() < static_cast<size_t>(need) * sizeof(unsigned int)) {
+    SYMTP_ASSIGN_OR_RETURN(
+        buf, cuda::DeviceBuffer::Create(std::max<int64_t>(need, 4096) * sizeof(unsigned int)));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf.get(), 0, buf.bytes(), stream));
+  }
+  return static_cast<int64_t>(buf.bytes() / sizeof(unsigned int));
+}
+
 }  // namespace
 
 struct CublasLtHandle::State {
@@ -396,17 +410,9 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
   }
   if (g.m == 0) return absl::OkStatus();
   if (g.m <= st->skinny_max_m && SkinnyGemmSupported(g)) {
-    const int64_t need = SkinnyGemmCounters(g.n);
-    if (st->skinny_counters.bytes() < static_cast<size_t>(need) * sizeof(unsigned int)) {
-      // Zeroed once; every launch leaves them zero (the handle serves one stream at a time).
-      SYMTP_ASSIGN_OR_RETURN(st->skinny_counters,
-                             cuda::DeviceBuffer::Create(std::max<int64_t>(need, 4096) * 4));
-      CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(st->skinny_counters.get(), 0, st->skinny_counters.bytes(), stream));
-    }
-    return LaunchSkinnyGemm(
-        g, st->skinny_counters.as<unsigned int>(),
-        static_cast<int64_t>(st->skinny_counters.bytes() / sizeof(unsigned int)), stream);
+    SYMTP_ASSIGN_OR_RETURN(const int64_t n, EnsureZeroedCounters(st->skinny_counters,
+                                                                 SkinnyGemmCounters(g.n), stream));
+    return LaunchSkinnyGemm(g, st->skinny_counters.as<unsigned int>(), n, stream);
   }
   if (st->choice == GemmKernelChoice::kSm90 && Sm90GemmArgsSupported(g) &&
       Sm90GemmDeviceSupported()) {
@@ -418,15 +424,10 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
     if (plan.global_reduce) {
       // Tile counters for the global split-K, zeroed once and kept zeroed by
       // every launch (the handle serves one stream at a time).
-      const int64_t need = 2 * Sm90GemmTiles(g.m, g.n, plan);
-      if (st->sm90_counters.bytes() < static_cast<size_t>(need) * sizeof(unsigned int)) {
-        SYMTP_ASSIGN_OR_RETURN(st->sm90_counters,
-                               cuda::DeviceBuffer::Create(std::max<int64_t>(need, 4096) * 4));
-        CUDA_RETURN_IF_ERROR(
-            cudaMemsetAsync(st->sm90_counters.get(), 0, st->sm90_counters.bytes(), stream));
-      }
-      return LaunchSm90Gemm(g, plan, stream, st->sm90_counters.as<unsigned int>(),
-                            static_cast<int64_t>(st->sm90_counters.bytes() / sizeof(unsigned int)));
+      SYMTP_ASSIGN_OR_RETURN(
+          const int64_t n,
+          EnsureZeroedCounters(st->sm90_counters, 2 * Sm90GemmTiles(g.m, g.n, plan), stream));
+      return LaunchSm90Gemm(g, plan, stream, st->sm90_counters.as<unsigned int>(), n);
     }
     return LaunchSm90Gemm(g, plan, stream);
   }

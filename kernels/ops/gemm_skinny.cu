@@ -10,6 +10,8 @@
 namespace symtp::kernels {
 namespace {
 
+using internal::Aligned16;
+
 using internal::bf16;
 using internal::CpAsync16Shared;
 using internal::CpAsyncCommit;
@@ -249,8 +251,6 @@ bool DeviceSupported() {
   }
   return major >= 8;
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -10,6 +10,8 @@
 namespace symtp::kernels {
 namespace {
 
+using internal::Aligned16;
+
 using internal::bf16;
 using internal::FromFloat;
 using internal::ToFloat;
@@ -194,16 +196,6 @@ __global__ void GatherRowsKernel(const T* __restrict__ src, int64_t src_ld,
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
 }
 
-// GatherRowsKernel for rows of whole, aligned 16-byte chunks.
-__global__ void GatherRowsVecKernel(const uint4* __restrict__ src, int64_t src_ld16,
-                                    const int32_t* __restrict__ index, uint4* __restrict__ dst,
-                                    int64_t dst_ld16, int64_t cols16) {
-  const int64_t r = blockIdx.x;
-  const uint4* s = src + static_cast<int64_t>(index[r]) * src_ld16;
-  uint4* d = dst + r * dst_ld16;
-  for (int64_t c = threadIdx.x; c < cols16; c += blockDim.x) d[c] = __ldg(s + c);
-}
-
 __global__ void AssembleVocabKernel(const float* __restrict__ gathered, float* __restrict__ out,
                                     int64_t rows, int vl, int tp) {
   const int64_t total = rows * tp * static_cast<int64_t>(vl);
@@ -226,8 +218,6 @@ __global__ void ForwardTokensKernel(int32_t* __restrict__ tokens,
     if (p >= 0) tokens[i] = prev_tokens[p];
   }
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned GridFor(int64_t total, int threads) {
   return static_cast<unsigned>(
@@ -329,7 +319,8 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
     constexpr int64_t kN = 16 / static_cast<int64_t>(sizeof(T));
     if (cols % kN == 0 && src_ld % kN == 0 && dst_ld % kN == 0 && Aligned16(src) &&
         Aligned16(dst)) {
-      GatherRowsVecKernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(
+      // The same gather over 16-byte chunks.
+      GatherRowsKernel<uint4><<<static_cast<unsigned>(rows), 128, 0, stream>>>(
           static_cast<const uint4*>(src), src_ld / kN, index, static_cast<uint4*>(dst), dst_ld / kN,
           cols / kN);
       CUDA_RETURN_IF_ERROR(cudaGetLastError());

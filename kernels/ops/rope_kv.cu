@@ -9,6 +9,8 @@
 namespace symtp::kernels {
 namespace {
 
+using internal::Aligned16;
+
 using internal::FromFloat;
 using internal::ToFloat;
 
@@ -133,8 +135,6 @@ dim3 RopeBlock(int heads, int head_dim) {
   const int y = std::max(1, std::min(heads, 512 / std::max(half, 1)));
   return dim3(static_cast<unsigned>(half), static_cast<unsigned>(y));
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
