@@ -20,10 +20,32 @@ using internal::MmaBf16;
 
 constexpr int kThreads = 128;  // 4 warps x 16 rows of W
 constexpr int kTileRows = 64;
-constexpr int kStageK = 64;  // K per ring stage: two 32-wide chunks
-constexpr int kStages = 6;   // ring depth (per thread: 4 x 16 bytes per stage)
 constexpr int kMaxTok = 32;  // partials are laid out for 32 tokens
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * 4 * kThreads * 16;
+
+// Experiment variants (kernels_bench --skinny-variants): K per ring stage
+// (32 x kChunks), an L2 256-byte prefetch on the W copies, the products
+// switched off (W streamed and folded only; wrong output, diagnostics), and
+// the W ring's first fill issued before the grid dependency wait.
+struct Variant {
+  int chunks, stages;
+  bool prefetch, mma, early;
+};
+constexpr Variant kVariants[] = {
+    {2, 6, false, true, false},  // 0: session 9's kernel
+    {2, 6, true, true, false},   // 1: + L2::256B prefetch
+    {2, 6, true, false, false},  // 2: 1 without products or A (streaming only)
+    {4, 3, true, true, false},   // 3: 128-wide stages
+    {2, 6, true, true, true},    // 4: 1 + ring's first fill before the dependency wait
+    {4, 3, true, false, false},  // 5: 3 without products or A
+    {2, 3, true, true, false},   // 6: 1 with a 3-stage ring (more blocks per SM)
+    {2, 3, true, false, false},  // 7: 6 without products or A
+};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+std::atomic<int> g_variant{0};
+
+constexpr size_t SmemBytesFor(const Variant& v) {
+  return static_cast<size_t>(v.stages) * 2 * v.chunks * kThreads * 16;
+}
 
 struct Params {
   const bf16* a;
@@ -34,7 +56,7 @@ struct Params {
   int64_t ldc;
   int m, n;
   int tiles, splits;  // items = tiles x splits
-  int item_stages;    // ring stages per item (slice K / 64)
+  int item_stages;    // ring stages per item (slice K / stage K)
   float* partial;     // [tiles][splits][kMaxTok][kTileRows] when splits > 1
   unsigned int* counters;
 };
@@ -44,9 +66,27 @@ struct Params {
 __device__ __forceinline__ int FragRow(int g, int e) { return g + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int FragTok(int j, int t, int e) { return 8 * j + 2 * t + (e & 1); }
 
-template <int kGroups>  // tokens in groups of 8: m <= 8 * kGroups
+template <bool kPrefetch>
+__device__ __forceinline__ void CpAsyncW(unsigned dst, const void* gmem, bool valid) {
+  if constexpr (kPrefetch) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    internal::CpAsync16Shared(dst, gmem, valid);
+  }
+}
+
+// kGroups: tokens in groups of 8 (m <= 8 * kGroups); kV: the variant.
+template <int kGroups, int kV>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
-  internal::GridDependencyWait();
+  constexpr int kChunks = kVariants[kV].chunks;
+  constexpr int kStages = kVariants[kV].stages;
+  constexpr int kStageK = 32 * kChunks;
+  constexpr int kPer = 2 * kChunks;  // 16-byte copies per thread per stage
+  constexpr bool kPf = kVariants[kV].prefetch, kMma = kVariants[kV].mma;
+  constexpr bool kEarly = kVariants[kV].early;
+  if constexpr (!kEarly) internal::GridDependencyWait();
   extern __shared__ __align__(16) uint4 ring[];
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -78,35 +118,40 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       c.k += kStageK;
     }
   };
+  // Copy i of a stage: row g (even i) or g + 8 (odd i) of chunk i / 2.
   auto issue = [&](const Cursor& c, int q) {
     const int ra = c.row, rb = ra + 8;
     const bool oka = ra < p.n, okb = rb < p.n;
     const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + c.k;
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
     const unsigned slot =
-        ring_base + static_cast<unsigned>(((q % kStages) * 4 * kThreads + tid) * 16);
-    CpAsync16Shared(slot, wa, oka);
-    CpAsync16Shared(slot + kThreads * 16, wb, okb);
-    CpAsync16Shared(slot + 2 * kThreads * 16, wa + 32, oka);
-    CpAsync16Shared(slot + 3 * kThreads * 16, wb + 32, okb);
+        ring_base + static_cast<unsigned>(((q % kStages) * kPer * kThreads + tid) * 16);
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      CpAsyncW<kPf>(slot + (2 * ch) * kThreads * 16, wa + 32 * ch, oka);
+      CpAsyncW<kPf>(slot + (2 * ch + 1) * kThreads * 16, wb + 32 * ch, okb);
+    }
   };
-  auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][2]) {
+  auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][kChunks]) {
+    if constexpr (!kMma) return;
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       const int tok = 8 * j + g;
-      if (tok < p.m) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + c.k);
-        dst[j][0] = __ldg(src);
-        dst[j][1] = __ldg(src + 4);  // + 32 elements
-      } else {
-        dst[j][0] = dst[j][1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) {
+        if (tok < p.m) {
+          const uint4* src = reinterpret_cast<const uint4*>(p.a + tok * p.lda + c.k);
+          dst[j][ch] = __ldg(src + 4 * ch);  // + 32 elements per chunk
+        } else {
+          dst[j][ch] = make_uint4(0, 0, 0, 0);
+        }
       }
     }
   };
 
   float acc[kGroups][4];
   internal::ZeroFragments(acc);
-  uint4 a_cur[kGroups][2], a_nxt[kGroups][2];
+  uint4 a_cur[kGroups][kChunks], a_nxt[kGroups][kChunks];
   Cursor wc = start(b), ac = start(b);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
@@ -116,6 +161,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     }
     CpAsyncCommit();
   }
+  if constexpr (kEarly) internal::GridDependencyWait();
   if (nq > 0) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
     if (q + kStages - 1 < nq) {
@@ -123,27 +169,34 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       advance(wc);
     }
     CpAsyncCommit();
+    if constexpr (kMma) {
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      a_cur[j][0] = a_nxt[j][0];
-      a_cur[j][1] = a_nxt[j][1];
+      for (int j = 0; j < kGroups; ++j) {
+#pragma unroll
+        for (int ch = 0; ch < kChunks; ++ch) a_cur[j][ch] = a_nxt[j][ch];
+      }
     }
     const int item = ac.item;  // the item of stage q
     const bool item_done = ac.st == p.item_stages - 1;
     advance(ac);
     if (q + 1 < nq) load_a(ac, a_nxt);
     CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
-    const uint4* s = ring + (q % kStages) * 4 * kThreads + tid;
-    const uint4 w0 = s[0], w1 = s[kThreads], w2 = s[2 * kThreads], w3 = s[3 * kThreads];
-    // Rows g (w0, w2) and g + 8 (w1, w3); K order within a 32-wide chunk:
-    // this thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9}
-    // of two products, the same for A.
+    const uint4* s = ring + (q % kStages) * kPer * kThreads + tid;
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      MmaBf16(acc[j], w0.x, w1.x, w0.y, w1.y, a_cur[j][0].x, a_cur[j][0].y);
-      MmaBf16(acc[j], w0.z, w1.z, w0.w, w1.w, a_cur[j][0].z, a_cur[j][0].w);
-      MmaBf16(acc[j], w2.x, w3.x, w2.y, w3.y, a_cur[j][1].x, a_cur[j][1].y);
-      MmaBf16(acc[j], w2.z, w3.z, w2.w, w3.w, a_cur[j][1].z, a_cur[j][1].w);
+    for (int ch = 0; ch < kChunks; ++ch) {
+      // Rows g (wa) and g + 8 (wb); K order within a 32-wide chunk: this
+      // thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9} of
+      // two products, the same for A.
+      const uint4 wa = s[(2 * ch) * kThreads], wb = s[(2 * ch + 1) * kThreads];
+      if constexpr (kMma) {
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j) {
+          MmaBf16(acc[j], wa.x, wb.x, wa.y, wb.y, a_cur[j][ch].x, a_cur[j][ch].y);
+          MmaBf16(acc[j], wa.z, wb.z, wa.w, wb.w, a_cur[j][ch].z, a_cur[j][ch].w);
+        }
+      } else {
+        acc[0][0] += __uint_as_float((wa.x ^ wb.y ^ wa.z ^ wb.w) & 0x3f7fffffu);
+      }
     }
     if (!item_done) continue;
 
@@ -221,23 +274,36 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
 
 int Tiles(int64_t n) { return static_cast<int>((n + kTileRows - 1) / kTileRows); }
 
-// Resident blocks of the kernel on this device (cached per device).
-int GridFor(int items) {
+using KernelFn = void (*)(Params);
+template <int kV>
+constexpr KernelFn kKernels[3] = {SkinnyGemmKernel<1, kV>, SkinnyGemmKernel<2, kV>,
+                                  SkinnyGemmKernel<4, kV>};
+// [variant][token groups 1 / 2 / 4]
+const KernelFn* KernelsOf(int v) {
+  static const KernelFn* table[kNumVariants] = {kKernels<0>, kKernels<1>, kKernels<2>, kKernels<3>,
+                                                kKernels<4>, kKernels<5>, kKernels<6>, kKernels<7>};
+  return table[v];
+}
+int StageK(int v) { return 32 * kVariants[v].chunks; }
+size_t SmemBytes(int v) { return SmemBytesFor(kVariants[v]); }
+
+// Resident blocks of the variant's kernel on this device (cached per device).
+int GridFor(int items, int v) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return std::max(1, std::min(items, 132));
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
-  int slots = dev < kMaxDevices ? cached[dev].load(std::memory_order_relaxed) : 0;
+  static std::atomic<int> cached[kMaxDevices][kNumVariants];
+  int slots = dev < kMaxDevices ? cached[dev][v].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
     int sms = 0, per_sm = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(SkinnyGemmKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kSmemBytes));
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyGemmKernel<4>, kThreads,
-                                                  kSmemBytes);
+    const KernelFn k = KernelsOf(v)[2];
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(SmemBytes(v)));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, SmemBytes(v));
     (void)cudaGetLastError();
     slots = std::max(1, sms * std::max(1, per_sm));
-    if (dev < kMaxDevices) cached[dev].store(slots, std::memory_order_relaxed);
+    if (dev < kMaxDevices) cached[dev][v].store(slots, std::memory_order_relaxed);
   }
   return std::max(1, std::min(items, slots));
 }
@@ -252,38 +318,50 @@ bool DeviceSupported() {
   return major >= 8;
 }
 
-}  // namespace
-
-int64_t SkinnyGemmSliceK(int64_t n, int64_t k) {
+int64_t SliceK(int64_t n, int64_t k, int v) {
   // About two items per three resident blocks: one round of items that keeps
   // every SM streaming, with as few K slices (partials to sum) as that allows.
-  // Slices are whole 64-wide stages dividing K.
-  const int64_t stages = k / kStageK, tiles = Tiles(n);
-  const int64_t slots = GridFor(1 << 30);
+  // Slices are whole stages dividing K.
+  const int64_t stages = k / StageK(v), tiles = Tiles(n);
+  const int64_t slots = GridFor(1 << 30, v);
   const int64_t target = std::max<int64_t>(1, (2 * slots + 3 * tiles / 2) / (3 * tiles));
   int64_t splits = std::min(target, stages);
   while (stages % splits != 0) ++splits;
   return k / splits;
 }
 
-size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k) {
-  const int64_t splits = k / SkinnyGemmSliceK(n, k);
+size_t WorkspaceBytes(int64_t n, int64_t k, int v) {
+  const int64_t splits = k / SliceK(n, k, v);
   if (splits <= 1) return 0;
   return static_cast<size_t>(Tiles(n)) * splits * kMaxTok * kTileRows * sizeof(float);
+}
+
+}  // namespace
+
+namespace internal {
+int SkinnyGemmVariants() { return kNumVariants; }
+void SetSkinnyGemmVariant(int v) { g_variant.store(std::clamp(v, 0, kNumVariants - 1)); }
+bool SkinnyGemmVariantComputes(int v) { return kVariants[std::clamp(v, 0, kNumVariants - 1)].mma; }
+}  // namespace internal
+
+int64_t SkinnyGemmSliceK(int64_t n, int64_t k) { return SliceK(n, k, g_variant.load()); }
+
+size_t SkinnyGemmWorkspaceBytes(int64_t n, int64_t k) {
+  return WorkspaceBytes(n, k, g_variant.load());
 }
 
 int64_t SkinnyGemmCounters(int64_t n) { return Tiles(n); }
 
 bool SkinnyGemmSupported(const GemmArgs& g) {
+  const int v = g_variant.load();
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
   const int64_t ldc = g.ldc ? g.ldc : g.n;
   return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.m >= 1 &&
-         g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % kStageK == 0 &&
+         g.m <= kSkinnyMaxM && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k % StageK(v) == 0 &&
          lda % 8 == 0 && ldw % 8 == 0 && ldc >= g.n && Aligned16(g.a) && Aligned16(g.w) &&
          g.sm_count_target == 0 &&
-         (SkinnyGemmWorkspaceBytes(g.n, g.k) == 0 ||
-          (Aligned16(g.workspace) && g.workspace != nullptr &&
-           g.workspace_bytes >= SkinnyGemmWorkspaceBytes(g.n, g.k))) &&
+         (WorkspaceBytes(g.n, g.k, v) == 0 || (Aligned16(g.workspace) && g.workspace != nullptr &&
+                                               g.workspace_bytes >= WorkspaceBytes(g.n, g.k, v))) &&
          DeviceSupported();
 }
 
@@ -293,6 +371,7 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
     return absl::InvalidArgumentError(
         absl::StrFormat("LaunchSkinnyGemm: unsupported call m=%d n=%d k=%d", g.m, g.n, g.k));
   }
+  const int v = g_variant.load();
   Params p{};
   p.a = static_cast<const bf16*>(g.a);
   p.lda = g.lda ? g.lda : g.k;
@@ -303,9 +382,9 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
   p.m = static_cast<int>(g.m);
   p.n = static_cast<int>(g.n);
   p.tiles = Tiles(g.n);
-  const int64_t slice = SkinnyGemmSliceK(g.n, g.k);
+  const int64_t slice = SliceK(g.n, g.k, v);
   p.splits = static_cast<int>(g.k / slice);
-  p.item_stages = static_cast<int>(slice / kStageK);
+  p.item_stages = static_cast<int>(slice / StageK(v));
   p.partial = static_cast<float*>(g.workspace);
   p.counters = counters;
   if (p.splits > 1 && (counters == nullptr || num_counters < p.tiles)) {
@@ -313,21 +392,22 @@ absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t
         "LaunchSkinnyGemm: %d tile counters needed, %d given", p.tiles, num_counters));
   }
   const int items = p.tiles * p.splits;
-  const dim3 grid(static_cast<unsigned>(GridFor(items)));
+  const dim3 grid(static_cast<unsigned>(GridFor(items, v)));
   static const cudaError_t attr = [] {
-    for (auto* kernel : {SkinnyGemmKernel<1>, SkinnyGemmKernel<2>, SkinnyGemmKernel<4>}) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-      if (e != cudaSuccess) return e;
+    for (int vv = 0; vv < kNumVariants; ++vv) {
+      for (int i = 0; i < 3; ++i) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(KernelsOf(vv)[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(SmemBytes(vv)));
+        if (e != cudaSuccess) return e;
+      }
     }
     return cudaSuccess;
   }();
   CUDA_RETURN_IF_ERROR(attr);
-  auto* kernel = g.m <= 8    ? SkinnyGemmKernel<1>
-                 : g.m <= 16 ? SkinnyGemmKernel<2>
-                             : SkinnyGemmKernel<4>;
+  const KernelFn kernel = KernelsOf(v)[g.m <= 8 ? 0 : g.m <= 16 ? 1 : 2];
   CUDA_RETURN_IF_ERROR(
-      internal::LaunchDependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, p));
+      internal::LaunchDependent(kernel, grid, dim3(kThreads), SmemBytes(v), stream, p));
   return absl::OkStatus();
 }
 

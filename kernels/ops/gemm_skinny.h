@@ -54,4 +54,12 @@ int64_t SkinnyGemmSliceK(int64_t n, int64_t k);
 absl::Status LaunchSkinnyGemm(const GemmArgs& g, unsigned int* counters, int64_t num_counters,
                               cudaStream_t stream);
 
+namespace internal {
+// Experiment variants of the kernel for kernels_bench (process-wide; 0 is
+// the default). Variants that do not compute leave C wrong by design.
+int SkinnyGemmVariants();
+void SetSkinnyGemmVariant(int v);
+bool SkinnyGemmVariantComputes(int v);
+}  // namespace internal
+
 }  // namespace symtp::kernels
