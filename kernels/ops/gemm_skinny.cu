@@ -29,16 +29,20 @@ constexpr int kMaxTok = 32;  // partials are laid out for 32 tokens
 struct Variant {
   int chunks, stages;
   bool prefetch, mma, early;
+  bool contiguous = false;  // each copy instruction covers whole 128-512-byte row pieces
 };
 constexpr Variant kVariants[] = {
-    {2, 6, false, true, false},  // 0: session 9's kernel
-    {2, 6, true, true, false},   // 1: + L2::256B prefetch
-    {2, 6, true, false, false},  // 2: 1 without products or A (streaming only)
-    {4, 3, true, true, false},   // 3: 128-wide stages
-    {2, 6, true, true, true},    // 4: 1 + ring's first fill before the dependency wait
-    {4, 3, true, false, false},  // 5: 3 without products or A
-    {2, 3, true, true, false},   // 6: 1 with a 3-stage ring (more blocks per SM)
-    {2, 3, true, false, false},  // 7: 6 without products or A
+    {2, 6, false, true, false},         // 0: session 9's kernel
+    {2, 6, true, true, false},          // 1: + L2::256B prefetch
+    {2, 6, true, false, false},         // 2: 1 without products or A (streaming only)
+    {4, 3, true, true, false},          // 3: 128-wide stages
+    {2, 6, true, true, true},           // 4: 1 + ring's first fill before the dependency wait
+    {4, 3, true, false, false},         // 5: 3 without products or A
+    {2, 3, true, true, false},          // 6: 1 with a 3-stage ring (more blocks per SM)
+    {2, 3, true, false, false},         // 7: 6 without products or A
+    {2, 6, false, false, false, true},  // 8: streaming only, 4 rows x 128 B per instruction
+    {8, 3, false, false, false, true},  // 9: streaming only, 1 row x 512 B per instruction
+    {4, 3, false, false, false, true},  // 10: streaming only, 2 rows x 256 B per instruction
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 std::atomic<int> g_variant{0};
@@ -126,10 +130,28 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
     const unsigned slot =
         ring_base + static_cast<unsigned>(((q % kStages) * kPer * kThreads + tid) * 16);
+    if constexpr (kVariants[kV].contiguous) {
+      // Piece i: rows_per * i + lane / lanes_per of the warp's 16, 16 bytes at
+      // (lane % lanes_per) * 8 (diagnostic: the products would need another
+      // read-back order).
+      constexpr int kLanesPer = kChunks * 4 < 32 ? kChunks * 4 : 32;
+      constexpr int kRowsPer = 32 / kLanesPer;
+      const int row0 = c.row - g;  // the tile's and the warp's
+      const int64_t kb = c.k - 8 * t;
 #pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      CpAsyncW<kPf>(slot + (2 * ch) * kThreads * 16, wa + 32 * ch, oka);
-      CpAsyncW<kPf>(slot + (2 * ch + 1) * kThreads * 16, wb + 32 * ch, okb);
+      for (int i = 0; i < kPer; ++i) {
+        const int r = row0 + kRowsPer * i + lane / kLanesPer;
+        const bool ok = r < p.n;
+        const bf16* src =
+            p.w + static_cast<int64_t>(ok ? r : 0) * p.ldw + kb + (lane % kLanesPer) * 8;
+        CpAsyncW<kPf>(slot + i * kThreads * 16, src, ok);
+      }
+    } else {
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) {
+        CpAsyncW<kPf>(slot + (2 * ch) * kThreads * 16, wa + 32 * ch, oka);
+        CpAsyncW<kPf>(slot + (2 * ch + 1) * kThreads * 16, wb + 32 * ch, okb);
+      }
     }
   };
   auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][kChunks]) {
