@@ -1,6 +1,8 @@
 // The weight-streaming decode GEMM (kernels/ops/gemm_skinny.h).
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -301,9 +303,12 @@ template <int kV>
 constexpr KernelFn kKernels[3] = {SkinnyGemmKernel<1, kV>, SkinnyGemmKernel<2, kV>,
                                   SkinnyGemmKernel<4, kV>};
 // [variant][token groups 1 / 2 / 4]
+template <size_t... kV>
+constexpr auto KernelTable(std::index_sequence<kV...>) {
+  return std::array<const KernelFn*, sizeof...(kV)>{kKernels<kV>...};
+}
 const KernelFn* KernelsOf(int v) {
-  static const KernelFn* table[kNumVariants] = {kKernels<0>, kKernels<1>, kKernels<2>, kKernels<3>,
-                                                kKernels<4>, kKernels<5>, kKernels<6>, kKernels<7>};
+  static constexpr auto table = KernelTable(std::make_index_sequence<kNumVariants>());
   return table[v];
 }
 int StageK(int v) { return 32 * kVariants[v].chunks; }
