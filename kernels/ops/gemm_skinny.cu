@@ -32,19 +32,24 @@ struct Variant {
   int chunks, stages;
   bool prefetch, mma, early;
   bool contiguous = false;  // each copy instruction covers whole 128-512-byte row pieces
+  bool a_per_chunk = false;  // A loaded per chunk at use (next stage prefetched to L1)
 };
 constexpr Variant kVariants[] = {
-    {2, 6, false, true, false},         // 0: session 9's kernel
-    {2, 6, true, true, false},          // 1: + L2::256B prefetch
-    {2, 6, true, false, false},         // 2: 1 without products or A (streaming only)
-    {4, 3, true, true, false},          // 3: 128-wide stages
-    {2, 6, true, true, true},           // 4: 1 + ring's first fill before the dependency wait
-    {4, 3, true, false, false},         // 5: 3 without products or A
-    {2, 3, true, true, false},          // 6: 1 with a 3-stage ring (more blocks per SM)
-    {2, 3, true, false, false},         // 7: 6 without products or A
-    {2, 6, false, false, false, true},  // 8: streaming only, 4 rows x 128 B per instruction
-    {8, 3, false, false, false, true},  // 9: streaming only, 1 row x 512 B per instruction
-    {4, 3, false, false, false, true},  // 10: streaming only, 2 rows x 256 B per instruction
+    {2, 6, false, true, false},              // 0: session 9's kernel
+    {2, 6, true, true, false},               // 1: + L2::256B prefetch
+    {2, 6, true, false, false},              // 2: 1 without products or A (streaming only)
+    {4, 3, true, true, false},               // 3: 128-wide stages
+    {2, 6, true, true, true},                // 4: 1 + ring's first fill before the dependency wait
+    {4, 3, true, false, false},              // 5: 3 without products or A
+    {2, 3, true, true, false},               // 6: 1 with a 3-stage ring (more blocks per SM)
+    {2, 3, true, false, false},              // 7: 6 without products or A
+    {2, 6, false, false, false, true},       // 8: streaming only, 4 rows x 128 B per instruction
+    {8, 3, false, false, false, true},       // 9: streaming only, 1 row x 512 B per instruction
+    {4, 3, false, false, false, true},       // 10: streaming only, 2 rows x 256 B per instruction
+    {2, 6, false, true, false, true},        // 11: 8 with products, A by stage in registers
+    {8, 3, false, true, false, true, true},  // 12: 9 with products, A per chunk
+    {4, 3, false, true, false, true, true},  // 13: 10 with products, A per chunk
+    {2, 6, false, true, false, true, true},  // 14: 8 with products, A per chunk
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 std::atomic<int> g_variant{0};
@@ -83,6 +88,14 @@ __device__ __forceinline__ void CpAsyncW(unsigned dst, const void* gmem, bool va
   }
 }
 
+// Piece index (16-byte units) of row rw's piece `piece` in a warp's stage
+// region of 16 rows x kP pieces: odd rows swap their 64-byte halves so a
+// quarter warp reading rows g, g + 1 at pieces 4 ch + t hits 8 bank groups.
+template <int kP>
+__device__ __forceinline__ int SwizzledPieceT(int rw, int piece) {
+  return rw * kP + (piece ^ ((rw & 1) << 2));
+}
+
 // kGroups: tokens in groups of 8 (m <= 8 * kGroups); kV: the variant.
 template <int kGroups, int kV>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
@@ -92,6 +105,10 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   constexpr int kPer = 2 * kChunks;  // 16-byte copies per thread per stage
   constexpr bool kPf = kVariants[kV].prefetch, kMma = kVariants[kV].mma;
   constexpr bool kEarly = kVariants[kV].early;
+  constexpr bool kContig = kVariants[kV].contiguous, kAChunk = kVariants[kV].a_per_chunk;
+  constexpr int kP = kChunks * 4;  // 16-byte pieces per W row per stage (= lanes per row)
+  constexpr int kRowsPer = 32 / kP;
+  static_assert(kP <= 32, "a copy instruction covers at least one row");
   if constexpr (!kEarly) internal::GridDependencyWait();
   extern __shared__ __align__(16) uint4 ring[];
   __shared__ int s_last;
@@ -132,21 +149,22 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
     const unsigned slot =
         ring_base + static_cast<unsigned>(((q % kStages) * kPer * kThreads + tid) * 16);
-    if constexpr (kVariants[kV].contiguous) {
-      // Piece i: rows_per * i + lane / lanes_per of the warp's 16, 16 bytes at
-      // (lane % lanes_per) * 8 (diagnostic: the products would need another
-      // read-back order).
-      constexpr int kLanesPer = kChunks * 4 < 32 ? kChunks * 4 : 32;
-      constexpr int kRowsPer = 32 / kLanesPer;
+    (void)slot;
+    if constexpr (kContig) {
+      // The warp's 16 rows x kP 16-byte pieces per stage; copy i covers rows
+      // kRowsPer * i .. + kRowsPer - 1 whole (lane / kP, piece lane % kP).
       const int row0 = c.row - g;  // the tile's and the warp's
       const int64_t kb = c.k - 8 * t;
+      const unsigned wslot =
+          ring_base +
+          static_cast<unsigned>(((q % kStages) * kPer * kThreads + warp * 16 * kP) * 16);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        const int r = row0 + kRowsPer * i + lane / kLanesPer;
+        const int rw = kRowsPer * i + lane / kP, piece = lane % kP;
+        const int r = row0 + rw;
         const bool ok = r < p.n;
-        const bf16* src =
-            p.w + static_cast<int64_t>(ok ? r : 0) * p.ldw + kb + (lane % kLanesPer) * 8;
-        CpAsyncW<kPf>(slot + i * kThreads * 16, src, ok);
+        const bf16* src = p.w + static_cast<int64_t>(ok ? r : 0) * p.ldw + kb + piece * 8;
+        CpAsyncW<kPf>(wslot + static_cast<unsigned>(SwizzledPieceT<kP>(rw, piece) * 16), src, ok);
       }
     } else {
 #pragma unroll
@@ -157,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     }
   };
   auto load_a = [&](const Cursor& c, uint4(&dst)[kGroups][kChunks]) {
-    if constexpr (!kMma) return;
+    if constexpr (!kMma || kAChunk) return;
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
       const int tok = 8 * j + g;
@@ -188,12 +206,19 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   if constexpr (kEarly) internal::GridDependencyWait();
   if (nq > 0) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
+    if constexpr (kContig) {
+      // Stage q landed for the whole warp (each thread waits for its own
+      // copies, the warp barrier shares them); every lane has also read
+      // stage q - 1, whose slot the next copies overwrite.
+      CpAsyncWait<kStages - 2>();
+      __syncwarp();
+    }
     if (q + kStages - 1 < nq) {
       issue(wc, q + kStages - 1);
       advance(wc);
     }
     CpAsyncCommit();
-    if constexpr (kMma) {
+    if constexpr (kMma && !kAChunk) {
 #pragma unroll
       for (int j = 0; j < kGroups; ++j) {
 #pragma unroll
@@ -202,21 +227,47 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     }
     const int item = ac.item;  // the item of stage q
     const bool item_done = ac.st == p.item_stages - 1;
+    const int64_t kq = ac.k;  // this thread's K in stage q
     advance(ac);
     if (q + 1 < nq) load_a(ac, a_nxt);
-    CpAsyncWait<kStages - 1>();  // this thread's copies of stage q have landed
+    if constexpr (kMma && kAChunk) {
+      // The next stage's A rows into L1: one 128-byte line per thread.
+      constexpr int kLines = kStageK * 2 / 128;
+      const int tok = tid / kLines, line = tid % kLines;
+      if (q + 1 < nq && tok < p.m) {
+        asm volatile(
+            "prefetch.global.L1 [%0];" ::"l"(p.a + tok * p.lda + (ac.k - 8 * t) + line * 64));
+      }
+    }
+    if constexpr (!kContig) CpAsyncWait<kStages - 1>();  // this thread's copies of stage q
     const uint4* s = ring + (q % kStages) * kPer * kThreads + tid;
+    const uint4* sw = ring + (q % kStages) * kPer * kThreads + warp * 16 * kP;
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) {
       // Rows g (wa) and g + 8 (wb); K order within a 32-wide chunk: this
       // thread's 8 elements 8t..8t+7 feed k slots {2t, 2t+1, 2t+8, 2t+9} of
       // two products, the same for A.
-      const uint4 wa = s[(2 * ch) * kThreads], wb = s[(2 * ch + 1) * kThreads];
+      uint4 wa, wb;
+      if constexpr (kContig) {
+        wa = sw[SwizzledPieceT<kP>(g, 4 * ch + t)];
+        wb = sw[SwizzledPieceT<kP>(g + 8, 4 * ch + t)];
+      } else {
+        wa = s[(2 * ch) * kThreads];
+        wb = s[(2 * ch + 1) * kThreads];
+      }
       if constexpr (kMma) {
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) {
-          MmaBf16(acc[j], wa.x, wb.x, wa.y, wb.y, a_cur[j][ch].x, a_cur[j][ch].y);
-          MmaBf16(acc[j], wa.z, wb.z, wa.w, wb.w, a_cur[j][ch].z, a_cur[j][ch].w);
+          uint4 av;
+          if constexpr (kAChunk) {
+            const int tok = 8 * j + g;
+            av = tok < p.m ? __ldg(reinterpret_cast<const uint4*>(p.a + tok * p.lda + kq) + 4 * ch)
+                           : make_uint4(0, 0, 0, 0);
+          } else {
+            av = a_cur[j][ch];
+          }
+          MmaBf16(acc[j], wa.x, wb.x, wa.y, wb.y, av.x, av.y);
+          MmaBf16(acc[j], wa.z, wb.z, wa.w, wb.w, av.z, av.w);
         }
       } else {
         acc[0][0] += __uint_as_float((wa.x ^ wb.y ^ wa.z ^ wb.w) & 0x3f7fffffu);
