@@ -33,6 +33,7 @@ struct Variant {
   bool prefetch, mma, early;
   bool contiguous = false;  // each copy instruction covers whole 128-512-byte row pieces
   bool a_per_chunk = false;  // A loaded per chunk at use (next stage prefetched to L1)
+  bool a_before_wait = false;  // A of stage q loaded just before waiting for its W
 };
 constexpr Variant kVariants[] = {
     {2, 6, false, true, false},              // 0: session 9's kernel
@@ -50,6 +51,9 @@ constexpr Variant kVariants[] = {
     {8, 3, false, true, false, true, true},  // 12: 9 with products, A per chunk
     {4, 3, false, true, false, true, true},  // 13: 10 with products, A per chunk
     {2, 6, false, true, false, true, true},  // 14: 8 with products, A per chunk
+    {8, 3, false, true, false, true, false, true},  // 15: 9 with products, A before the wait
+    {4, 3, false, true, false, true, false, true},  // 16: 10 with products, A before the wait
+    {2, 6, false, true, false, true, false, true},  // 17: 8 with products, A before the wait
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 std::atomic<int> g_variant{0};
@@ -106,6 +110,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   constexpr bool kPf = kVariants[kV].prefetch, kMma = kVariants[kV].mma;
   constexpr bool kEarly = kVariants[kV].early;
   constexpr bool kContig = kVariants[kV].contiguous, kAChunk = kVariants[kV].a_per_chunk;
+  constexpr bool kABefore = kVariants[kV].a_before_wait;
+  static_assert(!kABefore || kContig, "A before the wait is a contiguous-layout variant");
   constexpr int kP = kChunks * 4;  // 16-byte pieces per W row per stage (= lanes per row)
   constexpr int kRowsPer = 32 / kP;
   static_assert(kP <= 32, "a copy instruction covers at least one row");
@@ -204,8 +210,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     CpAsyncCommit();
   }
   if constexpr (kEarly) internal::GridDependencyWait();
-  if (nq > 0) load_a(ac, a_nxt);
+  if (nq > 0 && !kABefore) load_a(ac, a_nxt);
   for (int q = 0; q < nq; ++q) {
+    if constexpr (kABefore) load_a(ac, a_cur);  // in flight while the warp waits for W
     if constexpr (kContig) {
       // Stage q landed for the whole warp (each thread waits for its own
       // copies, the warp barrier shares them); every lane has also read
@@ -218,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       advance(wc);
     }
     CpAsyncCommit();
-    if constexpr (kMma && !kAChunk) {
+    if constexpr (kMma && !kAChunk && !kABefore) {
 #pragma unroll
       for (int j = 0; j < kGroups; ++j) {
 #pragma unroll
@@ -229,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bool item_done = ac.st == p.item_stages - 1;
     const int64_t kq = ac.k;  // this thread's K in stage q
     advance(ac);
-    if (q + 1 < nq) load_a(ac, a_nxt);
+    if (q + 1 < nq && !kABefore) load_a(ac, a_nxt);
     if constexpr (kMma && kAChunk) {
       // The next stage's A rows into L1: one 128-byte line per thread.
       constexpr int kLines = kStageK * 2 / 128;
