@@ -34,6 +34,7 @@ struct Variant {
   bool contiguous = false;  // each copy instruction covers whole 128-512-byte row pieces
   bool a_per_chunk = false;  // A loaded per chunk at use (next stage prefetched to L1)
   bool a_before_wait = false;  // A of stage q loaded just before waiting for its W
+  bool a_smem = false;         // A copied with W into the stage (block barrier per stage)
 };
 constexpr Variant kVariants[] = {
     {2, 6, false, true, false},              // 0: session 9's kernel
@@ -54,12 +55,16 @@ constexpr Variant kVariants[] = {
     {8, 3, false, true, false, true, false, true},  // 15: 9 with products, A before the wait
     {4, 3, false, true, false, true, false, true},  // 16: 10 with products, A before the wait
     {2, 6, false, true, false, true, false, true},  // 17: 8 with products, A before the wait
+    {4, 3, false, true, false, true, false, false, true},  // 18: 16, A in the stage
+    {2, 6, false, true, false, true, false, false, true},  // 19: 17, A in the stage
+    {8, 2, false, true, false, true, false, false, true},  // 20: 15, A in the stage, 2 stages
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 std::atomic<int> g_variant{0};
 
 constexpr size_t SmemBytesFor(const Variant& v) {
-  return static_cast<size_t>(v.stages) * 2 * v.chunks * kThreads * 16;
+  return static_cast<size_t>(v.stages) *
+         (2 * v.chunks * kThreads + (v.a_smem ? kMaxTok * 4 * v.chunks : 0)) * 16;
 }
 
 struct Params {
@@ -112,8 +117,12 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   constexpr bool kContig = kVariants[kV].contiguous, kAChunk = kVariants[kV].a_per_chunk;
   constexpr bool kABefore = kVariants[kV].a_before_wait;
   static_assert(!kABefore || kContig, "A before the wait is a contiguous-layout variant");
+  constexpr bool kASmem = kVariants[kV].a_smem;
+  static_assert(!kASmem || (kContig && !kABefore && !kAChunk), "A in the stage: contiguous W");
   constexpr int kP = kChunks * 4;  // 16-byte pieces per W row per stage (= lanes per row)
   constexpr int kRowsPer = 32 / kP;
+  // uint4 units per ring stage: W (4 warps x 16 rows x kP), then A (32 tokens x kP)
+  constexpr int kStageU = kPer * kThreads + (kASmem ? kMaxTok * kP : 0);
   static_assert(kP <= 32, "a copy instruction covers at least one row");
   if constexpr (!kEarly) internal::GridDependencyWait();
   extern __shared__ __align__(16) uint4 ring[];
@@ -153,8 +162,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
     const bool oka = ra < p.n, okb = rb < p.n;
     const bf16* wa = p.w + static_cast<int64_t>(oka ? ra : 0) * p.ldw + c.k;
     const bf16* wb = p.w + static_cast<int64_t>(okb ? rb : 0) * p.ldw + c.k;
-    const unsigned slot =
-        ring_base + static_cast<unsigned>(((q % kStages) * kPer * kThreads + tid) * 16);
+    const unsigned slot = ring_base + static_cast<unsigned>(((q % kStages) * kStageU + tid) * 16);
     (void)slot;
     if constexpr (kContig) {
       // The warp's 16 rows x kP 16-byte pieces per stage; copy i covers rows
@@ -162,8 +170,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       const int row0 = c.row - g;  // the tile's and the warp's
       const int64_t kb = c.k - 8 * t;
       const unsigned wslot =
-          ring_base +
-          static_cast<unsigned>(((q % kStages) * kPer * kThreads + warp * 16 * kP) * 16);
+          ring_base + static_cast<unsigned>(((q % kStages) * kStageU + warp * 16 * kP) * 16);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int rw = kRowsPer * i + lane / kP, piece = lane % kP;
@@ -171,6 +178,19 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
         const bool ok = r < p.n;
         const bf16* src = p.w + static_cast<int64_t>(ok ? r : 0) * p.ldw + kb + piece * 8;
         CpAsyncW<kPf>(wslot + static_cast<unsigned>(SwizzledPieceT<kP>(rw, piece) * 16), src, ok);
+      }
+      if constexpr (kASmem) {
+        // The stage's A: m rows x kP pieces, shared by the block's warps.
+        const unsigned aslot =
+            ring_base + static_cast<unsigned>(((q % kStages) * kStageU + kPer * kThreads) * 16);
+#pragma unroll
+        for (int i = 0; i < kMaxTok * kP / kThreads; ++i) {
+          const int idx = tid + i * kThreads, tok = idx / kP, piece = idx % kP;
+          if (tok < p.m) {
+            CpAsyncW<false>(aslot + static_cast<unsigned>(SwizzledPieceT<kP>(tok, piece) * 16),
+                            p.a + tok * p.lda + kb + piece * 8, true);
+          }
+        }
       }
     } else {
 #pragma unroll
@@ -218,7 +238,11 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       // copies, the warp barrier shares them); every lane has also read
       // stage q - 1, whose slot the next copies overwrite.
       CpAsyncWait<kStages - 2>();
-      __syncwarp();
+      if constexpr (kASmem) {
+        __syncthreads();
+      } else {
+        __syncwarp();
+      }
     }
     if (q + kStages - 1 < nq) {
       issue(wc, q + kStages - 1);
@@ -247,8 +271,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
       }
     }
     if constexpr (!kContig) CpAsyncWait<kStages - 1>();  // this thread's copies of stage q
-    const uint4* s = ring + (q % kStages) * kPer * kThreads + tid;
-    const uint4* sw = ring + (q % kStages) * kPer * kThreads + warp * 16 * kP;
+    const uint4* s = ring + (q % kStages) * kStageU + tid;
+    const uint4* sa = ring + (q % kStages) * kStageU + kPer * kThreads;  // the stage's A
+    const uint4* sw = ring + (q % kStages) * kStageU + warp * 16 * kP;
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) {
       // Rows g (wa) and g + 8 (wb); K order within a 32-wide chunk: this
@@ -266,7 +291,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) {
           uint4 av;
-          if constexpr (kAChunk) {
+          if constexpr (kASmem) {
+            av = sa[SwizzledPieceT<kP>(8 * j + g, 4 * ch + t)];  // tokens >= m: unused columns
+          } else if constexpr (kAChunk) {
             const int tok = 8 * j + g;
             av = tok < p.m ? __ldg(reinterpret_cast<const uint4*>(p.a + tok * p.lda + kq) + 4 * ch)
                            : make_uint4(0, 0, 0, 0);
