@@ -445,7 +445,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
 // a CPU product of the same bf16 operands first (both kernels; the GPU tests
 // check every element). Not the LM head (the model computes it in fp32).
 absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
-                              const Ceilings& c, const std::vector<int>& variants, Json* js) {
+                              const Ceilings& c, Json* js) {
   const auto shapes = DecodeGemmShapes();
   const int64_t max_m = 32, max_k = 28672;
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(max_m, 5, s));
@@ -456,93 +456,86 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       "\nweight-streaming GEMM (bf16, M <= 32) vs cuBLASLt, per call in a CUDA graph of 20; "
       "GB/s of weights read, %% of the measured copy bandwidth (%.0f GB/s)\n",
       c.copy_gbps);
-  std::printf("%-16s %2s %-8s %6s %6s %3s %2s %9s %7s %6s %9s %7s %6s %8s\n", "model", "tp",
-              "layer", "N", "K", "M", "v", "cublas us", "GB/s", "%copy", "skinny us", "GB/s",
-              "%copy", "speedup");
+  std::printf("%-16s %2s %-8s %6s %6s %3s %9s %7s %6s %9s %7s %6s %8s\n", "model", "tp", "layer",
+              "N", "K", "M", "cublas us", "GB/s", "%copy", "skinny us", "GB/s", "%copy", "speedup");
   std::vector<uint16_t> ah(max_m * max_k), wh, ch;
   for (const auto& g : shapes) {
     if (std::string(g.layer) == "lm_head") continue;
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     for (int64_t m : {8, 16, 32}) {
-      for (int v : variants) {
-        kernels::internal::SetSkinnyGemmVariant(v);
-        const bool computes = kernels::internal::SkinnyGemmVariantComputes(v);
-        kernels::GemmArgs probe;
-        probe.a = abuf.get();
-        probe.w = wbuf.get();
-        probe.c = cbuf.get();
-        probe.m = m;
-        probe.n = g.n;
-        probe.k = g.k;
-        probe.workspace = ws;
-        probe.workspace_bytes = kernels::kGemmWorkspaceBytes;
-        if (!kernels::SkinnyGemmSupported(probe)) continue;
-        auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
-          const char* w = ops.Weights(g.n, g.k, i);
-          return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
-                               kernels::kGemmWorkspaceBytes, s);
-        };
-        // Check: every output of slot 0 against a double product of the bf16 operands.
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
-        wh.resize(g.n * g.k);
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(wh.data(), wbuf.get(), wbytes, cudaMemcpyDeviceToHost, s));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-        std::vector<double> ref(m * g.n), mag(m * g.n);
-        const int64_t rows[2] = {0, m - 1};
-        for (int64_t i : rows) {
-          for (int64_t j = 0; j < g.n; ++j) {
-            double r = 0, a = 0;
-            for (int64_t k = 0; k < g.k; ++k) {
-              const double p =
-                  static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
-              r += p;
-              a += std::fabs(p);
-            }
-            ref[i * g.n + j] = r;
-            mag[i * g.n + j] = a;
+      kernels::GemmArgs probe;
+      probe.a = abuf.get();
+      probe.w = wbuf.get();
+      probe.c = cbuf.get();
+      probe.m = m;
+      probe.n = g.n;
+      probe.k = g.k;
+      probe.workspace = ws;
+      probe.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      if (!kernels::SkinnyGemmSupported(probe)) continue;
+      auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
+        const char* w = ops.Weights(g.n, g.k, i);
+        return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
+                             kernels::kGemmWorkspaceBytes, s);
+      };
+      // Check: every output of slot 0 against a double product of the bf16 operands.
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
+      wh.resize(g.n * g.k);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(wh.data(), wbuf.get(), wbytes, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      std::vector<double> ref(m * g.n), mag(m * g.n);
+      const int64_t rows[2] = {0, m - 1};
+      for (int64_t i : rows) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          double r = 0, a = 0;
+          for (int64_t k = 0; k < g.k; ++k) {
+            const double p =
+                static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
+            r += p;
+            a += std::fabs(p);
           }
+          ref[i * g.n + j] = r;
+          mag[i * g.n + j] = a;
         }
-        for (kernels::CublasLtHandle* hh : {&h, &sk}) {
-          CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
-          SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));  // also allocates what the graph will use
-          if (hh == &sk && !computes) continue;   // streaming-only diagnostic: C not checked
-          ch.resize(m * g.n);
-          CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
-          CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-          for (int64_t e = 0; e < m * g.n; ++e) {
-            if (e / g.n != 0 && e / g.n != m - 1) continue;
-            const double got = Bf16ToFloat(ch[e]);
-            if (!(std::fabs(got - ref[e]) <= 1e-2 * mag[e] + 1e-6)) {
-              return absl::InternalError(
-                  absl::StrFormat("skinny section: %s %s M=%d (%s) element %d: %g vs %g", g.model,
-                                  g.layer, m, hh == &sk ? "skinny" : "cuBLASLt", e, got, ref[e]));
-            }
-          }
-        }
-        SYMTP_ASSIGN_OR_RETURN(double us_cublas,
-                               GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(h, i); }));
-        SYMTP_ASSIGN_OR_RETURN(double us_skinny,
-                               GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(sk, i); }));
-        const double gb_cublas = wbytes / (us_cublas * 1e-6) / 1e9;
-        const double gb_skinny = wbytes / (us_skinny * 1e-6) / 1e9;
-        std::printf(
-            "%-16s %2d %-8s %6lld %6lld %3lld %2d %9.1f %7.0f %5.1f%% %9.1f %7.0f %5.1f%% %7.2fx\n",
-            g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-            static_cast<long long>(m), v, us_cublas, gb_cublas, 100.0 * gb_cublas / c.copy_gbps,
-            us_skinny, gb_skinny, 100.0 * gb_skinny / c.copy_gbps, us_cublas / us_skinny);
-        js->skinny.push_back(absl::StrFormat(
-            "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
-            "\"variant\": %d, \"cublas_graph_us\": %.2f, \"cublas_weight_gbps\": %.1f, "
-            "\"skinny_graph_us\": %.2f, \"skinny_weight_gbps\": %.1f, \"copy_gbps\": %.1f}",
-            g.model, g.tp, g.layer, m, g.n, g.k, v, us_cublas, gb_cublas, us_skinny, gb_skinny,
-            c.copy_gbps));
       }
+      for (kernels::CublasLtHandle* hh : {&h, &sk}) {
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
+        SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
+        ch.resize(m * g.n);
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        for (int64_t e = 0; e < m * g.n; ++e) {
+          if (e / g.n != 0 && e / g.n != m - 1) continue;
+          const double got = Bf16ToFloat(ch[e]);
+          if (!(std::fabs(got - ref[e]) <= 1e-2 * mag[e] + 1e-6)) {
+            return absl::InternalError(
+                absl::StrFormat("skinny section: %s %s M=%d (%s) element %d: %g vs %g", g.model,
+                                g.layer, m, hh == &sk ? "skinny" : "cuBLASLt", e, got, ref[e]));
+          }
+        }
+      }
+      SYMTP_ASSIGN_OR_RETURN(double us_cublas,
+                             GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(h, i); }));
+      SYMTP_ASSIGN_OR_RETURN(double us_skinny,
+                             GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(sk, i); }));
+      const double gb_cublas = wbytes / (us_cublas * 1e-6) / 1e9;
+      const double gb_skinny = wbytes / (us_skinny * 1e-6) / 1e9;
+      std::printf(
+          "%-16s %2d %-8s %6lld %6lld %3lld %9.1f %7.0f %5.1f%% %9.1f %7.0f %5.1f%% %7.2fx\n",
+          g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+          static_cast<long long>(m), us_cublas, gb_cublas, 100.0 * gb_cublas / c.copy_gbps,
+          us_skinny, gb_skinny, 100.0 * gb_skinny / c.copy_gbps, us_cublas / us_skinny);
+      js->skinny.push_back(absl::StrFormat(
+          "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
+          "\"cublas_graph_us\": %.2f, \"cublas_weight_gbps\": %.1f, \"skinny_graph_us\": %.2f, "
+          "\"skinny_weight_gbps\": %.1f, \"copy_gbps\": %.1f}",
+          g.model, g.tp, g.layer, m, g.n, g.k, us_cublas, gb_cublas, us_skinny, gb_skinny,
+          c.copy_gbps));
     }
   }
-  kernels::internal::SetSkinnyGemmVariant(0);
   return absl::OkStatus();
 }
 
@@ -1216,7 +1209,6 @@ absl::Status Run(int argc, char** argv) {
   int layers = 4;
   bool skip_model = false;
   bool gemm_exhaustive = false;
-  std::vector<int> skinny_variants = {0};
   std::string sections = "gemm,attention,prefill,model";
   ModelSelection model_sel;
   for (int i = 1; i < argc; ++i) {
@@ -1243,16 +1235,6 @@ absl::Status Run(int argc, char** argv) {
       }
     } else if (a == "--model-kernels" && i + 1 < argc) {
       model_sel.kernels = absl::StrSplit(argv[++i], ',');
-    } else if (a == "--skinny-variants" && i + 1 < argc) {
-      skinny_variants.clear();
-      for (absl::string_view v : absl::StrSplit(argv[++i], ',')) {
-        int x = 0;
-        if (!absl::SimpleAtoi(v, &x) || x < 0 || x >= kernels::internal::SkinnyGemmVariants()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--skinny-variants: bad variant '", v, "'"));
-        }
-        skinny_variants.push_back(x);
-      }
     } else if (a == "--model-graphs" && i + 1 < argc) {
       model_sel.graphs = argv[++i];
       if (model_sel.graphs != "on" && model_sel.graphs != "off" && model_sel.graphs != "both") {
@@ -1264,8 +1246,7 @@ absl::Status Run(int argc, char** argv) {
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
           "[--gemm-exhaustive] [--sections "
           "gemm,attention,prefill,model,sm90plans,sm90probe,skinny] "
-          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
-          "[--skinny-variants 0,1]"));
+          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
     }
   }
   std::string why;
@@ -1298,8 +1279,7 @@ absl::Status Run(int argc, char** argv) {
   if (on("sm90probe")) {
     section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));
   }
-  if (on("skinny"))
-    section("skinny_gemm", BenchSkinnyGemms(h, ws.get(), stream.get(), c, skinny_variants, &js));
+  if (on("skinny")) section("skinny_gemm", BenchSkinnyGemms(h, ws.get(), stream.get(), c, &js));
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {

@@ -290,8 +290,11 @@ TEST_F(GemmTest, SkinnyMatchesReference) {
   g.m = 8;
   g.k = 520;
   EXPECT_FALSE(SkinnyGemmSupported(g));
+  g.k = 576;  // a multiple of 64 but not of the 128-wide ring stage
+  EXPECT_FALSE(SkinnyGemmSupported(g));
   Check(33, 256, 1024, DType::kBF16, DType::kBF16, 0);
   Check(8, 256, 520, DType::kBF16, DType::kBF16, 8);
+  Check(8, 256, 576, DType::kBF16, DType::kBF16, 0);
 }
 
 // Launch after launch (eager and replayed in a graph) the tile counters come
