@@ -52,9 +52,9 @@ __device__ __forceinline__ int FragTok(int j, int t, int e) { return 8 * j + 2 *
 
 // Piece index (16-byte units) of row rw's piece `piece` in a warp's stage
 // region of 16 rows x kP pieces: odd rows swap the 64-byte halves of each
-// 128 bytes, so the
-// quarter warp reading rows g, g + 1 at pieces 4 ch + t hits all 8 bank groups
-// (and a copy's 8 lanes writing one row's 8 aligned pieces do too).
+// 128 bytes, so the quarter warp reading rows g, g + 1 at pieces 4 ch + t
+// hits all 8 bank groups (and a copy's 8 lanes writing one row's 8 aligned
+// pieces do too).
 __device__ __forceinline__ int Swizzled(int rw, int piece) {
   return rw * kP + (piece ^ ((rw & 1) << 2));
 }
@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const Params p) {
   // The warp copies its 16 rows x kStageK of stage q, kRowsPer whole rows
   // (kRowsPer x 256 contiguous bytes) per instruction: copy i of this lane is
   // row kRowsPer * i + lane / kP, piece lane % kP. (Copies of 8 rows x 64
-  // bytes each, the session-9 kernel, stream W at ~2/3 of this rate: run
-  // h200-2026-11-24 a-e.)
+  // bytes each, the session-9 kernel, stream W at 0.75-0.9x of this rate
+  // even with the products switched off: bench/results/h200-2026-11-24.)
   auto issue = [&](const Cursor& c, int q) {
     const unsigned slot =
         ring_base + static_cast<unsigned>(((q % kStages) * kStageU + warp * 16 * kP) * 16);

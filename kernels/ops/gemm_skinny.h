@@ -22,11 +22,12 @@
 // launches; the summing block re-zeroes it) says who is last.
 //
 // Opt-in (CublasLtHandle::set_skinny_max_m, --gemm-skinny-max-m): on an H200
-// it is still slower than cuBLASLt on most decode shapes: 0.83-1.0x at M = 8,
-// 0.6-0.85x at M = 32 (bench/results/h200-2026-11-24). Copies of 8 rows x 64
-// bytes per instruction (session 9's kernel) streamed W at ~2/3 of copy
-// bandwidth even with the products switched off; whole-row copies reach
-// 80-89% (512-byte rows), against cuBLASLt's 90-100% on the wide layers.
+// it is still slower than cuBLASLt on every decode shape: 0.74-0.96x at
+// M = 8, 0.52-0.80x at M = 32 (bench/results/h200-2026-11-24, run f). Copies
+// of 8 rows x 64 bytes per instruction (session 9's kernel) streamed W at
+// 39-69% of copy bandwidth even with the products switched off; whole-row
+// copies reach 80-89% (512-byte rows), against cuBLASLt's 90-104% on the
+// wide layers.
 // Kept, with its tests and `kernels_bench --sections skinny`, as the base
 // of that work.
 #pragma once
