@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -65,6 +66,24 @@ class GemmTest : public testing::GpuTest {
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
     return g;
+  }
+
+  // Random bf16-representable A[M, K] and W[N, K], on the host and uploaded.
+  struct Operands {
+    std::vector<float> a, w;
+    DevArray da, dw;
+  };
+  static Operands RandomBf16Operands(int64_t M, int64_t N, int64_t K, uint64_t seed) {
+    Operands o;
+    o.a = testing::RandomFloats(M * K, seed);
+    o.w = testing::RandomFloats(N * K, seed + 1);
+    testing::RoundTo(&o.a, DType::kBF16);
+    testing::RoundTo(&o.w, DType::kBF16);
+    o.da = DevArray(o.a.size(), DType::kBF16);
+    o.dw = DevArray(o.w.size(), DType::kBF16);
+    o.da.Upload(o.a);
+    o.dw.Upload(o.w);
+    return o;
   }
 
   // With a plan: LaunchSm90Gemm directly, else Gemm() (handle_'s choice).
@@ -165,26 +184,17 @@ TEST_F(GemmTest, AutotuneInsideAStreamCaptureTakesTheHeuristic) {
   // so record) the candidates; the replayed graph computes the product.
   handle_.set_autotune_candidates(8);
   const int64_t M = 48, N = 256, K = 128;
-  std::vector<float> a = testing::RandomFloats(M * K, 5), w = testing::RandomFloats(N * K, 6);
-  testing::RoundTo(&a, DType::kBF16);
-  testing::RoundTo(&w, DType::kBF16);
-  DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16);
-  da.Upload(a);
-  dw.Upload(w);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16,
-                               ws_.get(), ws_.bytes(), stream());
-  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
-  ASSERT_OK(st);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  const Operands op = RandomBf16Operands(M, N, K, 5);
+  DevArray dc(M * N, DType::kBF16);
+  const testing::CapturedGraph graph(stream(), [&] {
+    return Gemm(handle_, op.da.get(), op.dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
+                ws_.bytes(), stream());
+  });
+  ASSERT_TRUE(graph.ok());
+  ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
   Sync();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   const std::vector<float> c = dc.Download();
-  testing::CheckClose(c, ReferenceGemm(a, K, w, K, M, N, K), 1e-2,
+  testing::CheckClose(c, ReferenceGemm(op.a, K, op.w, K, M, N, K), 1e-2,
                       "gemm captured with autotune on");
 }
 
@@ -226,38 +236,26 @@ TEST_F(GemmTest, Sm90IsDeterministicAndCapturable) {
   if (!Sm90GemmDeviceSupported()) GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   handle_.set_kernel_choice(GemmKernelChoice::kSm90);
   const int64_t M = 256, N = 2048, K = 4096;
-  std::vector<float> a = testing::RandomFloats(M * K, 11), w = testing::RandomFloats(N * K, 12);
-  testing::RoundTo(&a, DType::kBF16);
-  testing::RoundTo(&w, DType::kBF16);
-  DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16),
-      dc2(M * N, DType::kBF16), dc3(M * N, DType::kBF16);
-  da.Upload(a);
-  dw.Upload(w);
-  const std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
+  const Operands op = RandomBf16Operands(M, N, K, 11);
+  DevArray dc(M * N, DType::kBF16), dc2(M * N, DType::kBF16), dc3(M * N, DType::kBF16);
+  const std::vector<double> want = ReferenceGemm(op.a, K, op.w, K, M, N, K);
   // Eager, the planner's pick; then the same call captured and replayed.
-  ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
+  ASSERT_OK(Gemm(handle_, op.da.get(), op.dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
                  ws_.bytes(), stream()));
   // A global split-K plan captured with its own counters, replayed twice.
-  const GemmArgs g = Args(da.get(), dw.get(), dc3.get(), M, N, K);
+  const GemmArgs g = Args(op.da.get(), op.dw.get(), dc3.get(), M, N, K);
   const Sm90GemmPlan global{2, 8, true};  // 8 tiles x 8 splits, one cooperative wave
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
-                               ws_.get(), ws_.bytes(), stream());
-  const absl::Status st3 =
-      LaunchSm90Gemm(g, global, stream(), counters_.as<unsigned int>(), kCounters);
-  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
-  ASSERT_OK(st);
-  ASSERT_OK(st3);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  const testing::CapturedGraph graph(stream(), [&]() -> absl::Status {
+    SYMTP_RETURN_IF_ERROR(Gemm(handle_, op.da.get(), op.dw.get(), dc2.get(), M, N, K, DType::kBF16,
+                               ws_.get(), ws_.bytes(), stream()));
+    return LaunchSm90Gemm(g, global, stream(), counters_.as<unsigned int>(), kCounters);
+  });
+  ASSERT_TRUE(graph.ok());
+  ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
   Sync();
   const std::vector<float> c3_first = dc3.Download();
-  ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
   Sync();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   const std::vector<float> c = dc.Download(), c2 = dc2.Download(), c3 = dc3.Download();
   testing::CheckClose(c, want, 1e-2, "sm90 gemm, planner's pick");
   testing::CheckClose(c3, want, 1e-2, "sm90 gemm, global split-K in a graph");
@@ -302,31 +300,19 @@ TEST_F(GemmTest, SkinnyMatchesReference) {
 TEST_F(GemmTest, SkinnyIsDeterministicAndCapturable) {
   handle_.set_skinny_max_m(32);
   const int64_t M = 32, N = 4096, K = 4096;
-  std::vector<float> a = testing::RandomFloats(M * K, 21), w = testing::RandomFloats(N * K, 22);
-  testing::RoundTo(&a, DType::kBF16);
-  testing::RoundTo(&w, DType::kBF16);
-  DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(M * N, DType::kBF16),
-      dc2(M * N, DType::kBF16);
-  da.Upload(a);
-  dw.Upload(w);
-  ASSERT_TRUE(SkinnyGemmSupported(Args(da.get(), dw.get(), dc.get(), M, N, K)));
-  const std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_OK(Gemm(handle_, da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, ws_.get(),
-                   ws_.bytes(), stream()));
-  }
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status st = Gemm(handle_, da.get(), dw.get(), dc2.get(), M, N, K, DType::kBF16,
-                               ws_.get(), ws_.bytes(), stream());
-  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
-  ASSERT_OK(st);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+  const Operands op = RandomBf16Operands(M, N, K, 21);
+  DevArray dc(M * N, DType::kBF16), dc2(M * N, DType::kBF16);
+  ASSERT_TRUE(SkinnyGemmSupported(Args(op.da.get(), op.dw.get(), dc.get(), M, N, K)));
+  const std::vector<double> want = ReferenceGemm(op.a, K, op.w, K, M, N, K);
+  auto gemm = [&](DevArray& out) {
+    return Gemm(handle_, op.da.get(), op.dw.get(), out.get(), M, N, K, DType::kBF16, ws_.get(),
+                ws_.bytes(), stream());
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_OK(gemm(dc));
+  const testing::CapturedGraph graph(stream(), [&] { return gemm(dc2); });
+  ASSERT_TRUE(graph.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
   Sync();
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   const std::vector<float> c = dc.Download(), c2 = dc2.Download();
   testing::CheckClose(c, want, 1e-2, "skinny gemm, eager");
   EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);

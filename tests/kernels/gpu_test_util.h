@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/cuda_raii.h"
 #include "kernels/comm.h"
 #include "tests/testing/status_matchers.h"
@@ -125,6 +126,34 @@ class DevArray {
   cuda::DeviceBuffer buf_;
   size_t n_ = 0;
   DType dt_ = DType::kF32;
+};
+
+// A CUDA graph of what `record` enqueues on `stream` (thread-local capture),
+// instantiated; destroyed with the object. ok() says whether the capture,
+// `record`'s own status and the instantiation all succeeded.
+class CapturedGraph {
+ public:
+  template <typename Record>
+  CapturedGraph(cudaStream_t stream, Record&& record) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return;
+    const absl::Status st = record();
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    EXPECT_OK(st);
+    if (st.ok() && end == cudaSuccess) ok_ = cudaGraphInstantiate(&exec_, graph, 0) == cudaSuccess;
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  }
+  bool ok() const { return ok_; }
+  cudaError_t Launch(cudaStream_t stream) const { return cudaGraphLaunch(exec_, stream); }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+  bool ok_ = false;
 };
 
 template <typename T>
