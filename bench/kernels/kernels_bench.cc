@@ -18,6 +18,9 @@
 //                   switched off in turn, per-CTA timelines (Sm90GemmProbe)
 //   skinny          the weight-streaming GEMM (M <= 32) vs cuBLASLt, per call
 //                   in a CUDA graph (not in the default sections)
+//   streamk         the stream-K sm_90a GEMM (M = 128, 256) vs cuBLASLt, per
+//                   call in a CUDA graph, its grid varied on the short shapes
+//                   with per-CTA timelines (not in the default sections)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -51,6 +54,7 @@
 #include "kernels/ops/gemm.h"
 #include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
+#include "kernels/ops/gemm_streamk.h"
 #include "kernels/ops/weight_init.h"
 #include "models/batch.h"
 #include "models/config.h"
@@ -196,7 +200,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny;
+  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny, streamk;
   std::string ceilings, device;
 };
 
@@ -643,6 +647,161 @@ absl::Status BenchSm90Plans(void* ws, cudaStream_t s, const Ceilings& c, Json* j
           }
           std::printf("\n");
         }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --sections streamk: the stream-K sm_90a GEMM (gemm_streamk.h) against
+// cuBLASLt's heuristic on every decode shape at M = 128 and 256, both per call
+// in a CUDA graph of 20 (as decode runs them) and event-timed; on the three
+// shapes cuBLASLt leaves near 60% at M = 256, also other grids and, from one
+// stamped launch, the medians of each CTA's phases.
+absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                               const Ceilings& c, Json* js) {
+  if (!kernels::Sm90GemmDeviceSupported()) return absl::OkStatus();
+  using Probe = kernels::StreamKGemmProbe;
+  const auto shapes = DecodeGemmShapes();
+  const int64_t max_m = 256;
+  SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(max_m, 7, s));
+  const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
+  constexpr int64_t kFlags = 1024;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer flags, cuda::DeviceBuffer::Create(kFlags * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags.get(), 0, kFlags * 4, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer stamps,
+                         cuda::DeviceBuffer::Create(kFlags * Probe::kSlots * 8));
+  std::printf(
+      "\nstream-K sm_90a GEMM vs cuBLASLt (bf16, fp32 accumulate): us per call in a CUDA graph "
+      "of 20 (event-timed single launch in brackets), %% of the measured %.0f TFLOP/s; "
+      "phases (medians over CTAs of one stamped launch, us): first = start to first unit "
+      "landed, loop = its K loops, fix = partial written or later partials added, out = "
+      "output stored; span = first CTA start to last CTA end\n",
+      c.gemm_tflops);
+  std::printf("%-16s %2s %-8s %6s %6s %3s %5s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s\n", "model",
+              "tp", "layer", "N", "K", "M", "ctas", "cublas us", "%peak", "streamk us", "%peak",
+              "speedup", "first", "loop", "fix", "out", "span");
+  std::vector<uint16_t> ah(max_m * 28672), wh, ch;
+  for (const auto& g : shapes) {
+    const bool short_shape =
+        g.model == std::string("llama-8b-shape") &&
+        ((g.tp == 1 && std::string(g.layer) == "wo") ||
+         (g.tp == 2 && (std::string(g.layer) == "qkv" || std::string(g.layer) == "wo")));
+    for (int64_t m : {128, 256}) {
+      kernels::GemmArgs args;
+      args.a = abuf.get();
+      args.c = cbuf.get();
+      args.m = m;
+      args.n = g.n;
+      args.k = g.k;
+      args.workspace = ws;
+      args.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      auto cublas = [&](int i) {
+        return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
+                             DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
+      };
+      SYMTP_ASSIGN_OR_RETURN(const int64_t fill, kernels::StreamKGemmDefaultCtas(g.n, g.k));
+      // Check: rows 0 and m - 1 of W slot 0, every column, against a double
+      // product of the bf16 operands (|error| <= 1e-2 of the sum of |terms|).
+      args.w = ops.Weights(g.n, g.k, 0);
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
+      SYMTP_RETURN_IF_ERROR(
+          kernels::LaunchStreamKGemm(args, 0, s, flags.as<unsigned int>(), kFlags));
+      ch.resize(m * g.n);
+      wh.resize(g.n * g.k);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(wh.data(), args.w, g.n * g.k * 2, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      for (int64_t i : {int64_t{0}, m - 1}) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t k = 0; k < g.k; ++k) {
+            const double p =
+                static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          const double got = Bf16ToFloat(ch[i * g.n + j]);
+          if (!(std::fabs(got - ref) <= 1e-2 * mag + 1e-6)) {
+            return absl::InternalError(absl::StrFormat(
+                "stream-K GEMM check failed for %s tp%d %s M=%d at (%d, %d): %g vs %g", g.model,
+                g.tp, g.layer, m, i, j, got, ref));
+          }
+        }
+      }
+      const double flop = 2.0 * m * g.n * g.k;
+      const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
+      SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));
+      SYMTP_ASSIGN_OR_RETURN(const double cu_graph, GraphUsPerCall(s, 20, 5, cublas));
+      std::vector<int64_t> grids = {fill};
+      if (short_shape && m == 256) {
+        for (int64_t g2 : {128, 112, 96, 64}) {
+          if (g2 < fill) grids.push_back(g2);
+        }
+      }
+      for (const int64_t ctas : grids) {
+        auto run = [&](int i) {
+          kernels::GemmArgs gi = args;
+          gi.w = ops.Weights(g.n, g.k, i);
+          return kernels::LaunchStreamKGemm(gi, ctas, s, flags.as<unsigned int>(), kFlags);
+        };
+        SYMTP_ASSIGN_OR_RETURN(const double sk_us, TimeUs(s, 5, 30, run));
+        SYMTP_ASSIGN_OR_RETURN(const double sk_graph, GraphUsPerCall(s, 20, 5, run));
+        // One stamped launch (fresh W slot).
+        Probe probe;
+        probe.stamps = stamps.as<unsigned long long>();
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stamps.get(), 0, ctas * Probe::kSlots * 8, s));
+        {
+          kernels::GemmArgs gi = args;
+          gi.w = ops.Weights(g.n, g.k, 97);
+          SYMTP_RETURN_IF_ERROR(
+              kernels::LaunchStreamKGemm(gi, ctas, s, flags.as<unsigned int>(), kFlags, &probe));
+        }
+        std::vector<unsigned long long> st(ctas * Probe::kSlots);
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        std::vector<double> first, loop, fix, out;
+        unsigned long long g0 = ~0ull, g1 = 0;
+        for (int64_t b = 0; b < ctas; ++b) {
+          const unsigned long long* x = &st[b * Probe::kSlots];
+          if (x[Probe::kGlobalEnd] == 0) {
+            return absl::InternalError(absl::StrFormat("streamk: CTA %d left no stamps", b));
+          }
+          g0 = std::min(g0, x[Probe::kGlobalStart]);
+          g1 = std::max(g1, x[Probe::kGlobalEnd]);
+          const double ns = static_cast<double>(x[Probe::kGlobalEnd] - x[Probe::kGlobalStart]);
+          const double ghz = ns > 0 ? (x[Probe::kClockEnd] - x[Probe::kClockStart]) / ns : 0;
+          const auto us_of = [&](int from, int to) {
+            return ghz > 0
+                       ? (static_cast<double>(x[to]) - static_cast<double>(x[from])) / ghz / 1000
+                       : 0.0;
+          };
+          first.push_back(us_of(Probe::kClockStart, Probe::kFirstStage));
+          loop.push_back(us_of(Probe::kFirstStage, Probe::kLoopEnd));
+          fix.push_back(us_of(Probe::kLoopEnd, Probe::kPartialsIn));
+          out.push_back(us_of(Probe::kPartialsIn, Probe::kClockEnd));
+        }
+        std::printf(
+            "%-16s %2d %-8s %6lld %6lld %3lld %5lld %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) %5.1f%% "
+            "%6.2fx %6.2f %6.2f %6.2f %6.2f %6.1f\n",
+            g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+            static_cast<long long>(m), static_cast<long long>(ctas), cu_graph, cu_us, pct(cu_graph),
+            sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph, Median(first), Median(loop),
+            Median(fix), Median(out), (g1 - g0) / 1000.0);
+        js->streamk.push_back(absl::StrFormat(
+            "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
+            "\"ctas\": %d, \"cublas_graph_us\": %.2f, \"cublas_us\": %.2f, "
+            "\"streamk_graph_us\": %.2f, \"streamk_us\": %.2f, \"frac_cublas_graph\": %.4f, "
+            "\"frac_streamk_graph\": %.4f, \"first_us\": %.3f, \"loop_us\": %.3f, "
+            "\"fix_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f}",
+            g.model, g.tp, g.layer, g.n, g.k, m, ctas, cu_graph, cu_us, sk_graph, sk_us,
+            pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first), Median(loop), Median(fix),
+            Median(out), (g1 - g0) / 1000.0));
       }
     }
   }
@@ -1245,7 +1404,7 @@ absl::Status Run(int argc, char** argv) {
           "unknown argument '", a,
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
           "[--gemm-exhaustive] [--sections "
-          "gemm,attention,prefill,model,sm90plans,sm90probe,skinny] "
+          "gemm,attention,prefill,model,sm90plans,sm90probe,skinny,streamk] "
           "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
     }
   }
@@ -1280,6 +1439,9 @@ absl::Status Run(int argc, char** argv) {
     section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));
   }
   if (on("skinny")) section("skinny_gemm", BenchSkinnyGemms(h, ws.get(), stream.get(), c, &js));
+  if (on("streamk")) {
+    section("streamk_gemm", BenchStreamKGemms(h, ws.get(), stream.get(), c, &js));
+  }
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -1288,15 +1450,15 @@ absl::Status Run(int argc, char** argv) {
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
-    std::fprintf(f,
-                 "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
-                 "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
-                 "  \"skinny_gemm\": %s\n}\n",
-                 js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
-                 JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
-                 JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str());
+    std::fprintf(
+        f,
+        "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
+        "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
+        "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
+        "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s\n}\n",
+        js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(), JoinArr(js.attn).c_str(),
+        JoinArr(js.prefill_attn).c_str(), JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
+        JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(), JoinArr(js.streamk).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

@@ -1,6 +1,5 @@
-// Host side of the sm_90a GEMM: tensor maps (cuTensorMapEncodeTiled, reached
-// through the runtime's driver entry point so nothing links libcuda), the
-// split plan and the cluster launch. Built for sm_90a only (CMakeLists.txt).
+// Host side of the sm_90a GEMM: tensor maps (internal/tma_map.h), the split
+// plan and the cluster launch. Built for sm_90a only (CMakeLists.txt).
 #include "kernels/ops/gemm_sm90.h"
 
 #include <cuda.h>
@@ -13,58 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "kernels/ops/internal/sm90_gemm_kernel.cuh"
+#include "kernels/ops/internal/tma_map.h"
 
 namespace symtp::kernels {
 namespace {
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-absl::StatusOr<EncodeTiledFn> EncodeTiled() {
-  struct Entry {
-    EncodeTiledFn fn = nullptr;
-    std::string error;
-  };
-  static const Entry entry = [] {
-    Entry e;
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
-      e.error = absl::StrFormat("Sm90Gemm: the driver has no cuTensorMapEncodeTiled (%s, query result %d)",
-                                cudaGetErrorString(err), static_cast<int>(q));
-    } else {
-      e.fn = reinterpret_cast<EncodeTiledFn>(p);
-    }
-    return e;
-  }();
-  if (entry.fn == nullptr) return absl::UnavailableError(entry.error);
-  return entry.fn;
-}
-
-// A 2-D bf16 tensor map over rows x cols (row stride ld elements), box of
-// box_rows x 64 with the 128-byte swizzle; out-of-bounds boxes read zeros.
-absl::StatusOr<CUtensorMap> MakeMap(EncodeTiledFn encode, const void* ptr, int64_t rows,
-                                    int64_t cols, int64_t ld, int box_rows, const char* what) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
-                            strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrFormat(
-        "Sm90Gemm: cuTensorMapEncodeTiled(%s: %p, %d x %d, ld %d, box %d x %d) failed: CUresult %d",
-        what, ptr, rows, cols, ld, box_rows, sm90::kBK, static_cast<int>(r)));
-  }
-  return map;
-}
 
 template <int kMSub>
 absl::Status ConfigureSmem() {
@@ -286,11 +237,10 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
     return absl::InvalidArgumentError("Sm90Gemm: bad plan " + plan.ToString());
   }
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
-  auto encode = EncodeTiled();
-  if (!encode.ok()) return encode.status();
-  auto map_a = MakeMap(*encode, g.a, g.m, g.k, lda, 128 * plan.m_sub, "A");
+  static_assert(sm90::kBK == 64, "tma::MakeBf16Map's box is 64 wide");
+  auto map_a = tma::MakeBf16Map(g.a, g.m, g.k, lda, 128 * plan.m_sub, "Sm90Gemm A");
   if (!map_a.ok()) return map_a.status();
-  auto map_w = MakeMap(*encode, g.w, g.n, g.k, ldw, sm90::kBN, "W");
+  auto map_w = tma::MakeBf16Map(g.w, g.n, g.k, ldw, sm90::kBN, "Sm90Gemm W");
   if (!map_w.ok()) return map_w.status();
   sm90::Sm90GemmParams params;
   params.c = static_cast<__nv_bfloat16*>(g.c);

@@ -3,6 +3,7 @@
 #include "kernels/ops/gemm.h"
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "common/status_macros.h"
 #include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
+#include "kernels/ops/gemm_streamk.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -110,7 +112,9 @@ class GemmTest : public testing::GpuTest {
     if (expect_skinny_) {
       ASSERT_TRUE(SkinnyGemmSupported(g)) << "the weight-streaming kernel";
     }
-    if (plan != nullptr) {
+    if (launch_) {
+      ASSERT_OK(launch_(g));
+    } else if (plan != nullptr) {
       ASSERT_OK(LaunchSm90Gemm(g, *plan, stream(), counters_.as<unsigned int>(), kCounters, probe));
     } else {
       ASSERT_OK(Gemm(handle_, g, stream()));
@@ -139,6 +143,8 @@ class GemmTest : public testing::GpuTest {
 
   static constexpr int64_t kCounters = 4096;
   bool expect_skinny_ = false;  // CheckStrided asserts that the skinny kernel takes the call
+  // Set: CheckStrided launches through it (instead of a plan or Gemm()).
+  std::function<absl::Status(const GemmArgs&)> launch_;
   CublasLtHandle handle_;
   cuda::DeviceBuffer ws_;
   cuda::DeviceBuffer counters_;
@@ -375,6 +381,136 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
     }
   }
   ExpectCountersZero();
+}
+
+// The stream-K kernel (gemm_streamk.h): both token widths (M <= 128 and
+// <= 256, partly empty), tails in N (64-row tiles) and K (64-wide steps),
+// padded strides, and grids from one CTA (every tile complete in one CTA)
+// through a few (CTAs own complete tiles and start or end inside others) to
+// one CTA per unit (an owner adds the partials of K steps - 1 later CTAs).
+TEST_F(GemmTest, StreamKMatchesReference) {
+  if (!Sm90GemmDeviceSupported())
+    GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  const std::tuple<int64_t, int64_t, int64_t, int64_t> shapes[] = {
+      {1, 64, 64, 0},       {37, 200, 136, 8},   {128, 384, 512, 0},  {129, 256, 1024, 0},
+      {256, 1024, 2048, 0}, {200, 520, 264, 16}, {256, 3072, 4096, 0}};
+  int64_t grid = 0;
+  launch_ = [&](const GemmArgs& g) {
+    return LaunchStreamKGemm(g, grid, stream(), counters_.as<unsigned int>(), kCounters);
+  };
+  for (const auto& [M, N, K, pad] : shapes) {
+    const int64_t units = StreamKGemmUnits(N, K);
+    auto fill = StreamKGemmDefaultCtas(N, K);
+    ASSERT_OK(fill);
+    for (const int64_t ctas : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7}, units}) {
+      if (ctas > *fill) continue;  // one per unit only fits small products
+      if (ctas != 0 && M * N * K > (int64_t{1} << 30)) continue;  // the CPU reference's time
+      grid = ctas;
+      SCOPED_TRACE(::testing::Message() << ctas << " CTAs of " << units << " units");
+      CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+    }
+  }
+  ExpectCountersZero();
+}
+
+TEST_F(GemmTest, StreamKIsDeterministicAndCapturable) {
+  if (!Sm90GemmDeviceSupported())
+    GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  const int64_t M = 256, N = 2048, K = 4096;
+  const Operands op = RandomBf16Operands(M, N, K, 13);
+  DevArray dc(M * N, DType::kBF16), dc2(M * N, DType::kBF16);
+  const std::vector<double> want = ReferenceGemm(op.a, K, op.w, K, M, N, K);
+  const GemmArgs g = Args(op.da.get(), op.dw.get(), dc.get(), M, N, K);
+  GemmArgs g2 = g;
+  g2.c = dc2.get();
+  ASSERT_OK(LaunchStreamKGemm(g, 0, stream(), counters_.as<unsigned int>(), kCounters));
+  Sync();
+  const std::vector<float> eager = dc.Download();
+  testing::CheckClose(eager, want, 1e-2, "stream-K gemm, eager");
+  const testing::CapturedGraph graph(stream(), [&]() -> absl::Status {
+    return LaunchStreamKGemm(g2, 0, stream(), counters_.as<unsigned int>(), kCounters);
+  });
+  ASSERT_TRUE(graph.ok());
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
+    Sync();
+    // The partials are summed in CTA order: the same bits every launch.
+    const std::vector<float> c2 = dc2.Download();
+    EXPECT_EQ(std::memcmp(eager.data(), c2.data(), c2.size() * sizeof(float)), 0)
+        << "replay " << replay;
+  }
+  ExpectCountersZero();
+}
+
+TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
+  if (!Sm90GemmDeviceSupported())
+    GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
+  using Probe = StreamKGemmProbe;
+  const int64_t M = 200, N = 520, K = 1000, ctas = 20;
+  const int64_t units = StreamKGemmUnits(N, K);  // 9 tiles x 16 steps
+  ASSERT_EQ(units, 144);
+  int num_sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  auto stamps = cuda::DeviceBuffer::Create(ctas * Probe::kSlots * 8);
+  ASSERT_OK(stamps);
+  ASSERT_EQ(cudaMemset(stamps->get(), 0, stamps->bytes()), cudaSuccess);
+  testing::FinishHostCopies();
+  Probe probe;
+  probe.stamps = stamps->as<unsigned long long>();
+  launch_ = [&](const GemmArgs& g) {
+    return LaunchStreamKGemm(g, ctas, stream(), counters_.as<unsigned int>(), kCounters, &probe);
+  };
+  CheckStrided(M, N, K, K, K, N + 8, DType::kBF16, DType::kBF16);
+  std::vector<unsigned long long> st(ctas * Probe::kSlots);
+  ASSERT_EQ(cudaMemcpy(st.data(), stamps->get(), st.size() * 8, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  int64_t total = 0, partials = 0;
+  for (int64_t b = 0; b < ctas; ++b) {
+    const unsigned long long* x = &st[b * Probe::kSlots];
+    SCOPED_TRACE(::testing::Message() << "CTA " << b);
+    EXPECT_GT(x[Probe::kGlobalStart], 0u);
+    EXPECT_LE(x[Probe::kGlobalStart], x[Probe::kGlobalEnd]);
+    EXPECT_GT(x[Probe::kClockStart], 0u);
+    EXPECT_LE(x[Probe::kClockStart], x[Probe::kFirstStage]);
+    EXPECT_LE(x[Probe::kFirstStage], x[Probe::kLoopEnd]);
+    EXPECT_LE(x[Probe::kLoopEnd], x[Probe::kPartialsIn]);
+    EXPECT_LE(x[Probe::kPartialsIn], x[Probe::kClockEnd]);
+    EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
+    // CTA b runs units [b U / G, (b + 1) U / G).
+    EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]), (b + 1) * units / ctas - b * units / ctas);
+    total += static_cast<int64_t>(x[Probe::kUnits]);
+    partials += static_cast<int64_t>(x[Probe::kPartialsRead]);
+  }
+  EXPECT_EQ(total, units);
+  // Each CTA whose range starts inside a tile writes one partial, which the
+  // tile's owner reads once.
+  int64_t inside = 0;
+  for (int64_t b = 0; b < ctas; ++b) inside += (b * units / ctas) % 16 != 0;
+  EXPECT_EQ(partials, inside);
+  ExpectCountersZero();
+}
+
+TEST_F(GemmTest, StreamKRejectsWhatItCannotRun) {
+  using symtp::testing::StatusIs;
+  DevArray buf(1 << 16, DType::kBF16);
+  GemmArgs g = Args(buf.get(), buf.get(), buf.get(), 257, 64, 64);
+  EXPECT_FALSE(StreamKGemmArgsSupported(g));  // more tokens than one tile
+  EXPECT_THAT(LaunchStreamKGemm(g, 0, stream(), counters_.as<unsigned int>(), kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("m <= 256")));
+  g.m = 256;
+  EXPECT_TRUE(StreamKGemmArgsSupported(g));
+  g.k = 12;
+  EXPECT_FALSE(StreamKGemmArgsSupported(g));
+  g.k = 64;
+  if (!Sm90GemmDeviceSupported()) return;
+  // 1 tile x 1 step: one unit, so at most one CTA.
+  EXPECT_THAT(LaunchStreamKGemm(g, 2, stream(), counters_.as<unsigned int>(), kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("units")));
+  EXPECT_THAT(LaunchStreamKGemm(g, 1, stream(), nullptr, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("flags")));
+  g.workspace_bytes = StreamKGemmWorkspaceBytes(g.m, 1) - 16;
+  EXPECT_THAT(LaunchStreamKGemm(g, 1, stream(), counters_.as<unsigned int>(), kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("workspace")));
 }
 
 TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {

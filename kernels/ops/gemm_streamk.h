@@ -1,0 +1,69 @@
+// The stream-K sm_90a GEMM (internal/streamk_gemm_kernel.cuh) for decode
+// batches of up to 256 tokens: bf16 C[M, N] = A[M, K] · W[N, K]ᵀ with tiles
+// of 64 W rows x all tokens (W the wgmma A operand) and the tiles' K steps
+// shared out evenly over one CTA per SM; partial tiles are summed in CTA
+// order through the workspace, so results are the same every launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/ops/gemm.h"
+
+namespace symtp::kernels {
+
+// Diagnostics for kernels_bench and the tests; Gemm() never sets them.
+struct StreamKGemmProbe {
+  // kSlots values per CTA, written by consumer thread 0: %globaltimer (ns)
+  // at its start and end; clock64 at its start, when its first unit landed,
+  // after its last segment's K loop, after that segment's partial was
+  // written (or the later CTAs' partials were added), at its end; the SM id;
+  // its units (K steps); how many partials it added.
+  enum Slot : int {
+    kGlobalStart,
+    kGlobalEnd,
+    kClockStart,
+    kFirstStage,
+    kLoopEnd,
+    kPartialsIn,
+    kClockEnd,
+    kSm,
+    kUnits,
+    kPartialsRead,
+    kSlots
+  };
+  unsigned long long* stamps = nullptr;  // device memory, kSlots x CTAs
+};
+
+// Whether `g` fits the kernel: bf16 in and out, 1 <= m <= 256, k a multiple
+// of 8, a / w / c 16-byte aligned, lda / ldw / ldc multiples of 8, n and k
+// below 2^31, no sm_count_target. Says nothing about the device (compute
+// capability 9.0: Sm90GemmDeviceSupported()).
+bool StreamKGemmArgsSupported(const GemmArgs& g);
+
+// Units (64-row W tiles x 64-wide K steps) of an n x k product.
+int64_t StreamKGemmUnits(int64_t n, int64_t k);
+
+// Workspace bytes the partials of `ctas` CTAs take at m tokens.
+size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas);
+
+// The grid a launch with ctas = 0 takes: one CTA per SM of the current
+// device, at most one per unit.
+absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t n, int64_t k);
+
+// Enqueues the product on `stream` (capturable) with `ctas` CTAs (0: the
+// default grid; at most one per SM and one per unit: they run at once, a
+// cooperative launch). Partials go to g.workspace; `flags` (at least `ctas`
+// of them) must be zero before the first launch and are left zero by every
+// launch, so one launch at a time may use them (one stream). InvalidArgument
+// when the arguments, the scratch or the device do not fit; a CUDA error
+// otherwise.
+absl::Status LaunchStreamKGemm(const GemmArgs& g, int64_t ctas, cudaStream_t stream,
+                               unsigned int* flags, int64_t num_flags,
+                               const StreamKGemmProbe* probe = nullptr);
+
+}  // namespace symtp::kernels
