@@ -678,8 +678,8 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       "landed, loop = its K loops, fix = partial written or later partials added, out = "
       "output stored; span = first CTA start to last CTA end\n",
       c.gemm_tflops);
-  std::printf("%-16s %2s %-8s %6s %6s %3s %5s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s\n", "model",
-              "tp", "layer", "N", "K", "M", "ctas", "cublas us", "%peak", "streamk us", "%peak",
+  std::printf("%-16s %2s %-8s %6s %6s %3s %7s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s\n", "model",
+              "tp", "layer", "N", "K", "M", "ctas/cl", "cublas us", "%peak", "streamk us", "%peak",
               "speedup", "first", "loop", "fix", "out", "span");
   std::vector<uint16_t> ah(max_m * 28672), wh, ch;
   for (const auto& g : shapes) {
@@ -700,13 +700,12 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
                              DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
       };
-      SYMTP_ASSIGN_OR_RETURN(const int64_t fill, kernels::StreamKGemmDefaultCtas(g.n, g.k));
       // Check: rows 0 and m - 1 of W slot 0, every column, against a double
       // product of the bf16 operands (|error| <= 1e-2 of the sum of |terms|).
       args.w = ops.Weights(g.n, g.k, 0);
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
       SYMTP_RETURN_IF_ERROR(
-          kernels::LaunchStreamKGemm(args, 0, s, flags.as<unsigned int>(), kFlags));
+          kernels::LaunchStreamKGemm(args, {}, s, flags.as<unsigned int>(), kFlags));
       ch.resize(m * g.n);
       wh.resize(g.n * g.k);
       CUDA_RETURN_IF_ERROR(
@@ -737,17 +736,22 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
       SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));
       SYMTP_ASSIGN_OR_RETURN(const double cu_graph, GraphUsPerCall(s, 20, 5, cublas));
-      std::vector<int64_t> grids = {fill};
+      // Pairs sharing token boxes on the default grid, then single CTAs;
+      // on the short shapes also smaller grids of pairs.
+      std::vector<kernels::StreamKGemmPlan> plans = {{2, 0}, {1, 0}};
       if (short_shape && m == 256) {
-        for (int64_t g2 : {128, 112, 96, 64}) {
-          if (g2 < fill) grids.push_back(g2);
-        }
+        for (int64_t g2 : {128, 112, 96}) plans.push_back({2, g2});
       }
-      for (const int64_t ctas : grids) {
+      for (kernels::StreamKGemmPlan plan : plans) {
+        if (plan.ctas == 0) {
+          SYMTP_ASSIGN_OR_RETURN(plan.ctas,
+                                 kernels::StreamKGemmDefaultCtas(m, g.n, g.k, plan.cluster));
+        }
+        const int64_t ctas = plan.ctas;
         auto run = [&](int i) {
           kernels::GemmArgs gi = args;
           gi.w = ops.Weights(g.n, g.k, i);
-          return kernels::LaunchStreamKGemm(gi, ctas, s, flags.as<unsigned int>(), kFlags);
+          return kernels::LaunchStreamKGemm(gi, plan, s, flags.as<unsigned int>(), kFlags);
         };
         SYMTP_ASSIGN_OR_RETURN(const double sk_us, TimeUs(s, 5, 30, run));
         SYMTP_ASSIGN_OR_RETURN(const double sk_graph, GraphUsPerCall(s, 20, 5, run));
@@ -759,7 +763,7 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
           kernels::GemmArgs gi = args;
           gi.w = ops.Weights(g.n, g.k, 97);
           SYMTP_RETURN_IF_ERROR(
-              kernels::LaunchStreamKGemm(gi, ctas, s, flags.as<unsigned int>(), kFlags, &probe));
+              kernels::LaunchStreamKGemm(gi, plan, s, flags.as<unsigned int>(), kFlags, &probe));
         }
         std::vector<unsigned long long> st(ctas * Probe::kSlots);
         CUDA_RETURN_IF_ERROR(
@@ -787,21 +791,21 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
           out.push_back(us_of(Probe::kPartialsIn, Probe::kClockEnd));
         }
         std::printf(
-            "%-16s %2d %-8s %6lld %6lld %3lld %5lld %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) %5.1f%% "
+            "%-16s %2d %-8s %6lld %6lld %3lld %5lld/%d %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) %5.1f%% "
             "%6.2fx %6.2f %6.2f %6.2f %6.2f %6.1f\n",
             g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-            static_cast<long long>(m), static_cast<long long>(ctas), cu_graph, cu_us, pct(cu_graph),
-            sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph, Median(first), Median(loop),
-            Median(fix), Median(out), (g1 - g0) / 1000.0);
+            static_cast<long long>(m), static_cast<long long>(ctas), plan.cluster, cu_graph, cu_us,
+            pct(cu_graph), sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph, Median(first),
+            Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0);
         js->streamk.push_back(absl::StrFormat(
             "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
-            "\"ctas\": %d, \"cublas_graph_us\": %.2f, \"cublas_us\": %.2f, "
+            "\"ctas\": %d, \"cluster\": %d, \"cublas_graph_us\": %.2f, \"cublas_us\": %.2f, "
             "\"streamk_graph_us\": %.2f, \"streamk_us\": %.2f, \"frac_cublas_graph\": %.4f, "
             "\"frac_streamk_graph\": %.4f, \"first_us\": %.3f, \"loop_us\": %.3f, "
             "\"fix_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f}",
-            g.model, g.tp, g.layer, g.n, g.k, m, ctas, cu_graph, cu_us, sk_graph, sk_us,
-            pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first), Median(loop), Median(fix),
-            Median(out), (g1 - g0) / 1000.0));
+            g.model, g.tp, g.layer, g.n, g.k, m, ctas, plan.cluster, cu_graph, cu_us, sk_graph,
+            sk_us, pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first), Median(loop),
+            Median(fix), Median(out), (g1 - g0) / 1000.0));
       }
     }
   }

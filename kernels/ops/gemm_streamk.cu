@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -21,33 +23,69 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 int TokensPerTile(int64_t m) { return m <= 128 ? 128 : 256; }
 
-template <int kTn>
-absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_t,
-                    const streamk::StreamKParams& params, int64_t ctas, cudaStream_t stream) {
-  using T = streamk::TileShape<kTn>;
-  // The dynamic shared memory limit is a per-device function attribute.
+// Sets the kernel's dynamic shared memory limit (a per-device function
+// attribute) once per device.
+template <int kTn, int kC>
+absl::Status Configure() {
   static std::atomic<uint64_t> configured{0};
   int dev = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t{1} << (dev % 64);
   if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(streamk::StreamKGemmKernel<kTn>,
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(streamk::StreamKGemmKernel<kTn, kC>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              T::kSmemBytes));
+                                              streamk::TileShape<kTn>::kSmemBytes));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
+  return absl::OkStatus();
+}
+
+// A cooperative launch (kC = 1) or clusters of kC CTAs along x.
+template <int kTn, int kC>
+cudaLaunchConfig_t Config(int64_t ctas, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas));
   cfg.blockDim = dim3(streamk::kThreads);
-  cfg.dynamicSmemBytes = T::kSmemBytes;
+  cfg.dynamicSmemBytes = streamk::TileShape<kTn>::kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;  // owners wait for later CTAs: all resident
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
+  *attr = cudaLaunchAttribute{};
+  if (kC == 1) {
+    attr->id = cudaLaunchAttributeCooperative;
+    attr->val.cooperative = 1;
+  } else {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = kC;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+  }
+  cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <int kTn, int kC>
+absl::StatusOr<int64_t> MaxCtas() {
+  SYMTP_RETURN_IF_ERROR((Configure<kTn, kC>()));
+  int dev = 0, sms = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (kC == 1) return sms;  // one CTA per SM (its shared memory)
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = Config<kTn, kC>(1024 * kC, nullptr, &attr);
+  int clusters = 0;
   CUDA_RETURN_IF_ERROR(
-      cudaLaunchKernelEx(&cfg, streamk::StreamKGemmKernel<kTn>, map_w, map_t, params));
+      cudaOccupancyMaxActiveClusters(&clusters, streamk::StreamKGemmKernel<kTn, kC>, &cfg));
+  return static_cast<int64_t>(clusters) * kC;
+}
+
+template <int kTn, int kC>
+absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_t,
+                    const streamk::StreamKParams& params, int64_t ctas, cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR((Configure<kTn, kC>()));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = Config<kTn, kC>(ctas, stream, &attr);
+  CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&cfg, streamk::StreamKGemmKernel<kTn, kC>, map_w, map_t, params));
   return absl::OkStatus();
 }
 
@@ -62,8 +100,13 @@ bool StreamKGemmArgsSupported(const GemmArgs& g) {
          Aligned16(g.c);
 }
 
-int64_t StreamKGemmUnits(int64_t n, int64_t k) {
-  return ((n + streamk::kBW - 1) / streamk::kBW) * ((k + streamk::kBK - 1) / streamk::kBK);
+std::string StreamKGemmPlan::ToString() const {
+  return absl::StrFormat("stream-K, %d CTAs in clusters of %d", ctas, cluster);
+}
+
+int64_t StreamKGemmUnits(int64_t n, int64_t k, int cluster) {
+  const int64_t rows = streamk::kBW * std::max(cluster, 1);
+  return ((n + rows - 1) / rows) * ((k + streamk::kBK - 1) / streamk::kBK);
 }
 
 size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas) {
@@ -72,14 +115,42 @@ size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas) {
   return static_cast<size_t>(std::max<int64_t>(ctas, 0)) * per_cta;
 }
 
-absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t n, int64_t k) {
-  int dev = 0, sms = 0;
+absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster) {
+  if (cluster != 1 && cluster != 2) {
+    return absl::InvalidArgumentError(absl::StrFormat("StreamKGemm: cluster %d (1 or 2)", cluster));
+  }
+  if (!Sm90GemmDeviceSupported()) {
+    return absl::InvalidArgumentError(
+        "StreamKGemm: the current device is not compute capability 9.0");
+  }
+  // Per device, token width and cluster size: asked once.
+  static std::mutex mu;
+  static int64_t known[64][2][2] = {};
+  int dev = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return std::min<int64_t>(sms, StreamKGemmUnits(n, k));
+  if (dev >= 64) return absl::InvalidArgumentError("StreamKGemm: device index >= 64");
+  const int wide = TokensPerTile(m) == 256 ? 1 : 0;
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t& slot = known[dev][wide][cluster - 1];
+  if (slot == 0) {
+    absl::StatusOr<int64_t> n = wide ? (cluster == 1 ? MaxCtas<256, 1>() : MaxCtas<256, 2>())
+                                     : (cluster == 1 ? MaxCtas<128, 1>() : MaxCtas<128, 2>());
+    if (!n.ok()) return n.status();
+    if (*n < cluster) {
+      return absl::UnavailableError(absl::StrFormat(
+          "StreamKGemm: the device runs no cluster of %d of this kernel at once", cluster));
+    }
+    slot = *n;
+  }
+  return slot;
 }
 
-absl::Status LaunchStreamKGemm(const GemmArgs& g, int64_t ctas, cudaStream_t stream,
+absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t m, int64_t n, int64_t k, int cluster) {
+  SYMTP_ASSIGN_OR_RETURN(const int64_t most, StreamKGemmMaxCtas(m, cluster));
+  return std::min<int64_t>(most, cluster * StreamKGemmUnits(n, k, cluster));
+}
+
+absl::Status LaunchStreamKGemm(const GemmArgs& g, const StreamKGemmPlan& plan, cudaStream_t stream,
                                unsigned int* flags, int64_t num_flags,
                                const StreamKGemmProbe* probe) {
   if (!StreamKGemmArgsSupported(g)) {
@@ -89,21 +160,16 @@ absl::Status LaunchStreamKGemm(const GemmArgs& g, int64_t ctas, cudaStream_t str
         "operands, no sm_count_target)",
         g.m, g.n, g.k, g.lda, g.ldw, g.ldc, g.a, g.w, g.c));
   }
-  if (!Sm90GemmDeviceSupported()) {
-    return absl::InvalidArgumentError(
-        "StreamKGemm: the current device is not compute capability 9.0");
-  }
-  const int64_t units = StreamKGemmUnits(g.n, g.k);
-  if (ctas == 0) {
-    SYMTP_ASSIGN_OR_RETURN(ctas, StreamKGemmDefaultCtas(g.n, g.k));
-  }
-  int dev = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (ctas < 1 || ctas > units || ctas > sms) {
+  const int cluster = plan.cluster;
+  SYMTP_ASSIGN_OR_RETURN(const int64_t most, StreamKGemmMaxCtas(g.m, cluster));
+  const int64_t units = StreamKGemmUnits(g.n, g.k, cluster);
+  int64_t ctas = plan.ctas;
+  if (ctas == 0) ctas = std::min<int64_t>(most, cluster * units);
+  if (ctas < cluster || ctas % cluster != 0 || ctas / cluster > units || ctas > most) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "StreamKGemm: %d CTAs for %d units on %d SMs (needs 1 <= CTAs <= min(units, SMs))", ctas,
-        units, sms));
+        "StreamKGemm: %d CTAs in clusters of %d for %d units (needs a multiple of the cluster, "
+        "at most one cluster per unit and at most %d CTAs on this device)",
+        ctas, cluster, units, most));
   }
   const size_t need = StreamKGemmWorkspaceBytes(g.m, ctas);
   if (g.workspace == nullptr || g.workspace_bytes < need || !Aligned16(g.workspace) ||
@@ -116,20 +182,25 @@ absl::Status LaunchStreamKGemm(const GemmArgs& g, int64_t ctas, cudaStream_t str
   const int tn = TokensPerTile(g.m);
   SYMTP_ASSIGN_OR_RETURN(CUtensorMap map_w,
                          tma::MakeBf16Map(g.w, g.n, g.k, ldw, streamk::kBW, "StreamKGemm W"));
+  // Each CTA of a cluster loads (and multicasts) 1/cluster of the token rows.
   SYMTP_ASSIGN_OR_RETURN(CUtensorMap map_t,
-                         tma::MakeBf16Map(g.a, g.m, g.k, lda, tn, "StreamKGemm A"));
+                         tma::MakeBf16Map(g.a, g.m, g.k, lda, tn / cluster, "StreamKGemm A"));
   streamk::StreamKParams params;
   params.c = static_cast<__nv_bfloat16*>(g.c);
   params.ldc = ldc;
   params.m = static_cast<int>(g.m);
   params.n = static_cast<int>(g.n);
   params.k_steps = static_cast<int>((g.k + streamk::kBK - 1) / streamk::kBK);
-  params.tiles = static_cast<int>((g.n + streamk::kBW - 1) / streamk::kBW);
+  params.tiles = static_cast<int>((g.n + streamk::kBW * cluster - 1) / (streamk::kBW * cluster));
   params.partials = static_cast<float*>(g.workspace);
   params.flags = flags;
   if (probe != nullptr) params.stamps = probe->stamps;
-  return tn == 128 ? Launch<128>(map_w, map_t, params, ctas, stream)
-                   : Launch<256>(map_w, map_t, params, ctas, stream);
+  if (tn == 128) {
+    return cluster == 1 ? Launch<128, 1>(map_w, map_t, params, ctas, stream)
+                        : Launch<128, 2>(map_w, map_t, params, ctas, stream);
+  }
+  return cluster == 1 ? Launch<256, 1>(map_w, map_t, params, ctas, stream)
+                      : Launch<256, 2>(map_w, map_t, params, ctas, stream);
 }
 
 }  // namespace symtp::kernels

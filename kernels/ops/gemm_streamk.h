@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,30 +40,50 @@ struct StreamKGemmProbe {
   unsigned long long* stamps = nullptr;  // device memory, kSlots x CTAs
 };
 
+// The grid of a launch.
+struct StreamKGemmPlan {
+  // CTAs per thread-block cluster: 1, or 2 (the pair shares each unit's token
+  // box through TMA multicast and covers 128 W rows).
+  int cluster = 2;
+  // CTAs (a multiple of `cluster`); 0: one per SM, as many clusters as the
+  // device runs at once, at most `cluster` per unit.
+  int64_t ctas = 0;
+  std::string ToString() const;
+};
+
 // Whether `g` fits the kernel: bf16 in and out, 1 <= m <= 256, k a multiple
 // of 8, a / w / c 16-byte aligned, lda / ldw / ldc multiples of 8, n and k
 // below 2^31, no sm_count_target. Says nothing about the device (compute
 // capability 9.0: Sm90GemmDeviceSupported()).
 bool StreamKGemmArgsSupported(const GemmArgs& g);
 
-// Units (64-row W tiles x 64-wide K steps) of an n x k product.
-int64_t StreamKGemmUnits(int64_t n, int64_t k);
+// Units (64 x cluster-row W tiles x 64-wide K steps) of an n x k product:
+// the work shared out over the grid's clusters.
+int64_t StreamKGemmUnits(int64_t n, int64_t k, int cluster);
 
 // Workspace bytes the partials of `ctas` CTAs take at m tokens.
 size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas);
 
-// The grid a launch with ctas = 0 takes: one CTA per SM of the current
-// device, at most one per unit.
-absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t n, int64_t k);
+// The most CTAs a launch of `cluster`-CTA clusters may take at m tokens on
+// the current device: every CTA must be resident at once (owners wait for
+// later CTAs), so one per SM (cluster 1: a cooperative launch) or as many
+// clusters as cudaOccupancyMaxActiveClusters reports (cluster 2). Cached per
+// device.
+absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster);
 
-// Enqueues the product on `stream` (capturable) with `ctas` CTAs (0: the
-// default grid; at most one per SM and one per unit: they run at once, a
-// cooperative launch). Partials go to g.workspace; `flags` (at least `ctas`
-// of them) must be zero before the first launch and are left zero by every
-// launch, so one launch at a time may use them (one stream). InvalidArgument
-// when the arguments, the scratch or the device do not fit; a CUDA error
-// otherwise.
-absl::Status LaunchStreamKGemm(const GemmArgs& g, int64_t ctas, cudaStream_t stream,
+// The grid a plan with ctas = 0 takes: StreamKGemmMaxCtas, at most `cluster`
+// CTAs per unit.
+absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t m, int64_t n, int64_t k, int cluster);
+
+// Enqueues the product on `stream` (capturable). Partials go to g.workspace;
+// `flags` (at least as many as CTAs) must be zero before the first launch and
+// are left zero by every launch, so one launch at a time may use them (one
+// stream). InvalidArgument when the arguments, the plan, the scratch or the
+// device do not fit; a CUDA error otherwise. A cluster launch relies on the
+// device running all its clusters at once (it asks for no more than
+// StreamKGemmMaxCtas): a kernel that holds SMs beside it only delays it; a
+// wait that passes ~2 s traps (a launch error), it never hangs.
+absl::Status LaunchStreamKGemm(const GemmArgs& g, const StreamKGemmPlan& plan, cudaStream_t stream,
                                unsigned int* flags, int64_t num_flags,
                                const StreamKGemmProbe* probe = nullptr);
 

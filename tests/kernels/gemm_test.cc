@@ -384,30 +384,34 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
 }
 
 // The stream-K kernel (gemm_streamk.h): both token widths (M <= 128 and
-// <= 256, partly empty), tails in N (64-row tiles) and K (64-wide steps),
-// padded strides, and grids from one CTA (every tile complete in one CTA)
-// through a few (CTAs own complete tiles and start or end inside others) to
-// one CTA per unit (an owner adds the partials of K steps - 1 later CTAs).
+// <= 256, partly empty), tails in N (64- and 128-row tiles) and K (64-wide
+// steps), padded strides, single CTAs and pairs sharing the token boxes
+// (multicast), and grids from one cluster (every tile complete in it)
+// through a few (clusters own complete tiles and start or end inside
+// others) to one per unit (an owner adds the partials of K steps - 1 later
+// CTAs).
 TEST_F(GemmTest, StreamKMatchesReference) {
   if (!Sm90GemmDeviceSupported())
     GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   const std::tuple<int64_t, int64_t, int64_t, int64_t> shapes[] = {
       {1, 64, 64, 0},       {37, 200, 136, 8},   {128, 384, 512, 0},  {129, 256, 1024, 0},
       {256, 1024, 2048, 0}, {200, 520, 264, 16}, {256, 3072, 4096, 0}};
-  int64_t grid = 0;
+  StreamKGemmPlan plan;
   launch_ = [&](const GemmArgs& g) {
-    return LaunchStreamKGemm(g, grid, stream(), counters_.as<unsigned int>(), kCounters);
+    return LaunchStreamKGemm(g, plan, stream(), counters_.as<unsigned int>(), kCounters);
   };
   for (const auto& [M, N, K, pad] : shapes) {
-    const int64_t units = StreamKGemmUnits(N, K);
-    auto fill = StreamKGemmDefaultCtas(N, K);
-    ASSERT_OK(fill);
-    for (const int64_t ctas : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7}, units}) {
-      if (ctas > *fill) continue;  // one per unit only fits small products
-      if (ctas != 0 && M * N * K > (int64_t{1} << 30)) continue;  // the CPU reference's time
-      grid = ctas;
-      SCOPED_TRACE(::testing::Message() << ctas << " CTAs of " << units << " units");
-      CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+    for (const int cluster : {1, 2}) {
+      const int64_t units = StreamKGemmUnits(N, K, cluster);
+      auto fill = StreamKGemmDefaultCtas(M, N, K, cluster);
+      ASSERT_OK(fill);
+      for (const int64_t clusters : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7}, units}) {
+        plan = StreamKGemmPlan{cluster, clusters * cluster};
+        if (plan.ctas > *fill) continue;  // one per unit only fits small products
+        if (clusters != 0 && M * N * K > (int64_t{1} << 30)) continue;  // the CPU reference's time
+        SCOPED_TRACE(::testing::Message() << plan.ToString() << ", " << units << " units");
+        CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+      }
     }
   }
   ExpectCountersZero();
@@ -423,12 +427,12 @@ TEST_F(GemmTest, StreamKIsDeterministicAndCapturable) {
   const GemmArgs g = Args(op.da.get(), op.dw.get(), dc.get(), M, N, K);
   GemmArgs g2 = g;
   g2.c = dc2.get();
-  ASSERT_OK(LaunchStreamKGemm(g, 0, stream(), counters_.as<unsigned int>(), kCounters));
+  ASSERT_OK(LaunchStreamKGemm(g, {}, stream(), counters_.as<unsigned int>(), kCounters));
   Sync();
   const std::vector<float> eager = dc.Download();
   testing::CheckClose(eager, want, 1e-2, "stream-K gemm, eager");
   const testing::CapturedGraph graph(stream(), [&]() -> absl::Status {
-    return LaunchStreamKGemm(g2, 0, stream(), counters_.as<unsigned int>(), kCounters);
+    return LaunchStreamKGemm(g2, {}, stream(), counters_.as<unsigned int>(), kCounters);
   });
   ASSERT_TRUE(graph.ok());
   for (int replay = 0; replay < 3; ++replay) {
@@ -446,9 +450,10 @@ TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
   if (!Sm90GemmDeviceSupported())
     GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   using Probe = StreamKGemmProbe;
-  const int64_t M = 200, N = 520, K = 1000, ctas = 20;
-  const int64_t units = StreamKGemmUnits(N, K);  // 9 tiles x 16 steps
-  ASSERT_EQ(units, 144);
+  // 10 clusters of 2 CTAs over 5 tiles of 128 W rows x 16 K steps.
+  const int64_t M = 200, N = 520, K = 1000, ctas = 20, clusters = 10;
+  const int64_t units = StreamKGemmUnits(N, K, 2);
+  ASSERT_EQ(units, 80);
   int num_sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   auto stamps = cuda::DeviceBuffer::Create(ctas * Probe::kSlots * 8);
@@ -458,7 +463,8 @@ TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
   Probe probe;
   probe.stamps = stamps->as<unsigned long long>();
   launch_ = [&](const GemmArgs& g) {
-    return LaunchStreamKGemm(g, ctas, stream(), counters_.as<unsigned int>(), kCounters, &probe);
+    return LaunchStreamKGemm(g, StreamKGemmPlan{2, ctas}, stream(), counters_.as<unsigned int>(),
+                             kCounters, &probe);
   };
   CheckStrided(M, N, K, K, K, N + 8, DType::kBF16, DType::kBF16);
   std::vector<unsigned long long> st(ctas * Probe::kSlots);
@@ -476,16 +482,18 @@ TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
     EXPECT_LE(x[Probe::kLoopEnd], x[Probe::kPartialsIn]);
     EXPECT_LE(x[Probe::kPartialsIn], x[Probe::kClockEnd]);
     EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
-    // CTA b runs units [b U / G, (b + 1) U / G).
-    EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]), (b + 1) * units / ctas - b * units / ctas);
-    total += static_cast<int64_t>(x[Probe::kUnits]);
+    // The cluster q = b / 2 of CTA b runs units [q U / G, (q + 1) U / G).
+    const int64_t q = b / 2;
+    EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]),
+              (q + 1) * units / clusters - q * units / clusters);
+    if (b % 2 == 0) total += static_cast<int64_t>(x[Probe::kUnits]);
     partials += static_cast<int64_t>(x[Probe::kPartialsRead]);
   }
   EXPECT_EQ(total, units);
-  // Each CTA whose range starts inside a tile writes one partial, which the
-  // tile's owner reads once.
+  // Each CTA whose cluster's range starts inside a tile writes one partial,
+  // which the CTA with the same W rows in the tile's owner reads once.
   int64_t inside = 0;
-  for (int64_t b = 0; b < ctas; ++b) inside += (b * units / ctas) % 16 != 0;
+  for (int64_t b = 0; b < ctas; ++b) inside += ((b / 2) * units / clusters) % 16 != 0;
   EXPECT_EQ(partials, inside);
   ExpectCountersZero();
 }
@@ -495,7 +503,7 @@ TEST_F(GemmTest, StreamKRejectsWhatItCannotRun) {
   DevArray buf(1 << 16, DType::kBF16);
   GemmArgs g = Args(buf.get(), buf.get(), buf.get(), 257, 64, 64);
   EXPECT_FALSE(StreamKGemmArgsSupported(g));  // more tokens than one tile
-  EXPECT_THAT(LaunchStreamKGemm(g, 0, stream(), counters_.as<unsigned int>(), kCounters),
+  EXPECT_THAT(LaunchStreamKGemm(g, {}, stream(), counters_.as<unsigned int>(), kCounters),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("m <= 256")));
   g.m = 256;
   EXPECT_TRUE(StreamKGemmArgsSupported(g));
@@ -503,13 +511,18 @@ TEST_F(GemmTest, StreamKRejectsWhatItCannotRun) {
   EXPECT_FALSE(StreamKGemmArgsSupported(g));
   g.k = 64;
   if (!Sm90GemmDeviceSupported()) return;
-  // 1 tile x 1 step: one unit, so at most one CTA.
-  EXPECT_THAT(LaunchStreamKGemm(g, 2, stream(), counters_.as<unsigned int>(), kCounters),
+  // 1 tile x 1 step: one unit, so at most one cluster.
+  unsigned int* flags = counters_.as<unsigned int>();
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{1, 2}, stream(), flags, kCounters),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("units")));
-  EXPECT_THAT(LaunchStreamKGemm(g, 1, stream(), nullptr, 0),
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{2, 3}, stream(), flags, kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("multiple")));
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{3, 3}, stream(), flags, kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("cluster 3")));
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{1, 1}, stream(), nullptr, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("flags")));
-  g.workspace_bytes = StreamKGemmWorkspaceBytes(g.m, 1) - 16;
-  EXPECT_THAT(LaunchStreamKGemm(g, 1, stream(), counters_.as<unsigned int>(), kCounters),
+  g.workspace_bytes = StreamKGemmWorkspaceBytes(g.m, 2) - 16;
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{2, 2}, stream(), flags, kCounters),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("workspace")));
 }
 

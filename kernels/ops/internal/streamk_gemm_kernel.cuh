@@ -82,7 +82,7 @@ struct StreamKParams {
   int64_t ldc = 0;
   int m = 0, n = 0;
   int k_steps = 0;  // S = ceil(K / kBK)
-  int tiles = 0;    // T = ceil(N / kBW)
+  int tiles = 0;    // T = ceil(N / (kBW kC)): one per cluster of kC CTAs
   // partials[c]: CTA c's first-segment partial when it starts inside a tile,
   // float4 j of consumer thread t at (j 128 + t); flags[c] = 1 once written,
   // reset to 0 by the tile's owner after reading (zero between launches).
@@ -150,6 +150,26 @@ __device__ __forceinline__ void StoreRelease(unsigned int* p, unsigned int v) {
 // The consumer warpgroup's 128 threads (the producer warp never joins).
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
+// TMA into the same shared offset of every CTA in `mask` of the cluster,
+// completing bytes on the barrier at `bar`'s offset in each.
+__device__ __forceinline__ void TmaLoad2DMulticast(uint32_t dst, const CUtensorMap* map,
+                                                   uint32_t bar, int c0, int c1, uint16_t mask,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask), "l"(policy)
+      : "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in cluster CTA `rank`.
+__device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+               : "memory");
+}
+
 template <int kTn>
 __device__ __forceinline__ void Wgmma(float (&d)[kTn / 2], uint64_t desc_w, uint64_t desc_t) {
   if constexpr (kTn == 128) {
@@ -161,9 +181,15 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTn / 2], uint64_t desc_w, uint
 
 }  // namespace detail
 
-// Grid: G CTAs along x (G <= units, every CTA resident: cooperative launch);
-// dynamic shared memory TileShape<kTn>::kSmemBytes.
-template <int kTn>
+// Grid: G clusters of kC CTAs along x (G <= units; every CTA resident:
+// kC = 1 a cooperative launch, kC = 2 at most the clusters the device runs at
+// once); dynamic shared memory TileShape<kTn>::kSmemBytes. With kC = 2 the
+// two CTAs of a cluster run the same units on adjacent 64-row W tiles (a
+// 128-row tile) and each loads half of the token box for both (TMA
+// multicast): per unit an SM reads 24 instead of 40 KB from L2, whose ~9.5
+// TB/s over 132 SMs otherwise bounds the K loop (run i of
+// bench/results/h200-2026-11-24: 369 ns per unit on 64 SMs, 556 on 132).
+template <int kTn, int kC>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamKGemmKernel(const __grid_constant__ CUtensorMap map_w,
                       const __grid_constant__ CUtensorMap map_t, const StreamKParams p) {
@@ -187,8 +213,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int64_t S = p.k_steps;
   const int64_t units = static_cast<int64_t>(p.tiles) * S;
-  const int64_t G = gridDim.x, cta = blockIdx.x;
-  const int64_t u0 = cta * units / G, u1 = (cta + 1) * units / G;
+  static_assert(kC == 1 || kC == 2);
+  // Stream-K workers are clusters: q of G; this CTA is rank `rank` of its
+  // cluster (W rows 64 rank.. of each 64 kC-row tile) and slot `cta` of the
+  // partials and flags.
+  const int64_t G = gridDim.x / kC, cta = blockIdx.x, q = cta / kC;
+  const int rank = static_cast<int>(cta % kC);
+  const int64_t u0 = q * units / G, u1 = (q + 1) * units / G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   unsigned long long* const stamp =
@@ -209,13 +240,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 128) {
     for (int s = 0; s < T::kStages; ++s) {
       MbarInit(full(s), 1);
-      MbarInit(empty(s), 4);  // lane 0 of each consumer warp, after its wgmma wait
+      MbarInit(empty(s), 4 * kC);  // lane 0 of each consumer warp of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_t)) : "memory");
   }
-  __syncthreads();
+  if constexpr (kC > 1) {
+    ClusterSync();  // the peer's barriers are initialized before anything reaches them
+  } else {
+    __syncthreads();
+  }
 
   if (warp == 4) {
     // Producer: one box of W (streamed once: evict first) and one of the
@@ -228,117 +263,140 @@ __global__ void __launch_bounds__(kThreads, 1)
         MbarWait(empty(s), ((it / T::kStages) & 1) ^ 1);
         MbarExpectTx(full(s), T::kStageBytes);
         const int tile = static_cast<int>(u / S), k = static_cast<int>(u % S);
-        TmaLoad2D(w_tile(s), &map_w, full(s), k * kBK, tile * kBW, stream);
-        TmaLoad2D(t_tile(s), &map_t, full(s), k * kBK, 0, keep);
-      }
-    }
-    return;  // only named barriers of the 128 consumer threads follow
-  }
-
-  // Consumers. Accumulator d[4 j + 2 i + c] of thread (warp w, lane l) is
-  // D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c], D = the tile of C^T
-  // (W row, token).
-  const int ct = threadIdx.x;
-  float acc[T::kAcc];
-  const auto release = [&](int it) {
-    if (lane == 0) MbarArrive(empty(it % T::kStages));
-  };
-  int it = 0;
-  for (int64_t u = u0; u < u1;) {
-    const int tile = static_cast<int>(u / S);
-    const int64_t ks = u % S;
-    const int64_t ke = ks + (u1 - u) < S ? ks + (u1 - u) : S;
-#pragma unroll
-    for (int r = 0; r < T::kAcc; ++r) acc[r] = 0.f;
-    for (int64_t k = ks; k < ke; ++k, ++it) {
-      const int s = it % T::kStages;
-      MbarWait(full(s), (it / T::kStages) & 1);
-      if (it == 0) mark(Probe::kFirstStage);
-      WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        Wgmma<kTn>(acc, SmemDesc(w_tile(s) + kk * 32), SmemDesc(t_tile(s) + kk * 32));
-      }
-      WgmmaCommit();
-      // Keep this unit's products in flight; the previous unit's are done.
-      WgmmaWait<1>();
-      if (k > ks) release(it - 1);
-    }
-    WgmmaWait<0>();
-    release(it - 1);
-    mark(Probe::kLoopEnd);
-    u += ke - ks;
-
-    float4* const mine = reinterpret_cast<float4*>(p.partials) + cta * (T::kAcc / 4) * 128;
-    if (ks > 0) {
-      // Starts inside the tile (only a CTA's first segment can): the tile's
-      // owner, a lower CTA, adds it.
-#pragma unroll
-      for (int j = 0; j < T::kAcc / 4; ++j) {
-        __stcg(mine + j * 128 + ct,
-               make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-      }
-      __threadfence();
-      ConsumerSync();
-      if (ct == 0) StoreRelease(p.flags + cta, 1u);
-      mark(Probe::kPartialsIn);
-      continue;
-    }
-    if (ke < S) {
-      // Owner of a tile the next CTAs finish (this is its last segment): add
-      // their partials in CTA order.
-      int read = 0;
-      for (int64_t d = cta + 1; d < G && d * units / G < (tile + 1) * S; ++d, ++read) {
-        if (ct == 0) {
-          unsigned int* flag = p.flags + d;
-          SpinUntil([&] { return LoadAcquire(flag) != 0u; });
-          *flag = 0u;  // for the next launch (nothing else reads it in this one)
+        TmaLoad2D(w_tile(s), &map_w, full(s), k * kBK, (tile * kC + rank) * kBW, stream);
+        if constexpr (kC == 1) {
+          TmaLoad2D(t_tile(s), &map_t, full(s), k * kBK, 0, keep);
+        } else {
+          // This CTA's 1/kC of the token rows, into every CTA of the cluster
+          // (each CTA's full barrier expects the whole box).
+          TmaLoad2DMulticast(t_tile(s) + rank * (T::kTBytes / kC), &map_t, full(s), k * kBK,
+                             rank * (kTn / kC), static_cast<uint16_t>((1u << kC) - 1), keep);
         }
-        ConsumerSync();
-        const float4* src = reinterpret_cast<const float4*>(p.partials) + d * (T::kAcc / 4) * 128;
+      }
+    }
+    __syncwarp();
+  } else {
+    // Consumers. Accumulator d[4 j + 2 i + c] of thread (warp w, lane l) is
+    // D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c], D = the tile of C^T
+    // (W row, token).
+    const int ct = threadIdx.x;
+    float acc[T::kAcc];
+    // A stage is free once the consumers of every CTA it was multicast to are
+    // done with it.
+    const auto release = [&](int it) {
+      if (lane == 0) {
+        if constexpr (kC == 1) {
+          MbarArrive(empty(it % T::kStages));
+        } else {
+#pragma unroll
+          for (int r = 0; r < kC; ++r) MbarArriveCluster(empty(it % T::kStages), r);
+        }
+      }
+    };
+    int it = 0;
+    for (int64_t u = u0; u < u1;) {
+      const int tile = static_cast<int>(u / S);
+      const int64_t ks = u % S;
+      const int64_t ke = ks + (u1 - u) < S ? ks + (u1 - u) : S;
+#pragma unroll
+      for (int r = 0; r < T::kAcc; ++r) acc[r] = 0.f;
+      for (int64_t k = ks; k < ke; ++k, ++it) {
+        const int s = it % T::kStages;
+        MbarWait(full(s), (it / T::kStages) & 1);
+        if (it == 0) mark(Probe::kFirstStage);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          Wgmma<kTn>(acc, SmemDesc(w_tile(s) + kk * 32), SmemDesc(t_tile(s) + kk * 32));
+        }
+        WgmmaCommit();
+        // Keep this unit's products in flight; the previous unit's are done.
+        WgmmaWait<1>();
+        if (k > ks) release(it - 1);
+      }
+      WgmmaWait<0>();
+      release(it - 1);
+      mark(Probe::kLoopEnd);
+      u += ke - ks;
+
+      float4* const mine = reinterpret_cast<float4*>(p.partials) + cta * (T::kAcc / 4) * 128;
+      if (ks > 0) {
+        // Starts inside the tile (only a CTA's first segment can): the tile's
+        // owner, a lower CTA, adds it.
 #pragma unroll
         for (int j = 0; j < T::kAcc / 4; ++j) {
-          const float4 v = __ldcg(src + j * 128 + ct);
-          acc[4 * j] += v.x;
-          acc[4 * j + 1] += v.y;
-          acc[4 * j + 2] += v.z;
-          acc[4 * j + 3] += v.w;
+          __stcg(mine + j * 128 + ct,
+                 make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
         }
+        __threadfence();
+        ConsumerSync();
+        if (ct == 0) StoreRelease(p.flags + cta, 1u);
+        mark(Probe::kPartialsIn);
+        continue;
       }
-      if (stamp != nullptr) stamp[Probe::kPartialsRead] = static_cast<unsigned long long>(read);
-    }
-    mark(Probe::kPartialsIn);
+      if (ke < S) {
+        // Owner of a tile the next CTAs finish (this is its last segment): add
+        // their partials in CTA order.
+        int read = 0;
+        for (int64_t d = q + 1; d < G && d * units / G < (tile + 1) * S; ++d, ++read) {
+          const int64_t peer = d * kC + rank;  // same W rows of the tile
+          if (ct == 0) {
+            unsigned int* flag = p.flags + peer;
+            SpinUntil([&] { return LoadAcquire(flag) != 0u; });
+            *flag = 0u;  // for the next launch (nothing else reads it in this one)
+          }
+          ConsumerSync();
+          const float4* src =
+              reinterpret_cast<const float4*>(p.partials) + peer * (T::kAcc / 4) * 128;
+#pragma unroll
+          for (int j = 0; j < T::kAcc / 4; ++j) {
+            const float4 v = __ldcg(src + j * 128 + ct);
+            acc[4 * j] += v.x;
+            acc[4 * j + 1] += v.y;
+            acc[4 * j + 2] += v.z;
+            acc[4 * j + 3] += v.w;
+          }
+        }
+        if (stamp != nullptr) stamp[Probe::kPartialsRead] = static_cast<unsigned long long>(read);
+      }
+      mark(Probe::kPartialsIn);
 
-    // The whole tile: stage it transposed (token rows of kBW bf16), then
-    // 16-byte stores of each token row's kBW columns.
-    ConsumerSync();  // the previous tile's stores have read the staging
-    {
-      const int w = ct / 32, row = 16 * w + lane / 4, col = 2 * (lane % 4);
+      // The whole tile: stage it transposed (token rows of kBW bf16), then
+      // 16-byte stores of each token row's kBW columns.
+      ConsumerSync();  // the previous tile's stores have read the staging
+      {
+        const int w = ct / 32, row = 16 * w + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < T::kAcc / 4; ++j) {
+        for (int j = 0; j < T::kAcc / 4; ++j) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+          for (int i = 0; i < 2; ++i) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            staging[(8 * j + col + c) * T::kPitch + row + 8 * i] =
-                __float2bfloat16_rn(acc[4 * j + 2 * i + c]);
+            for (int c = 0; c < 2; ++c) {
+              staging[(8 * j + col + c) * T::kPitch + row + 8 * i] =
+                  __float2bfloat16_rn(acc[4 * j + 2 * i + c]);
+            }
           }
         }
       }
-    }
-    ConsumerSync();
-    const int n0 = tile * kBW;
-    const int rows = p.m < kTn ? p.m : kTn;
-    for (int t = ct; t < rows * (kBW / 8); t += 128) {
-      const int row = t / (kBW / 8), col = n0 + 8 * (t % (kBW / 8));
-      const __nv_bfloat16* src = staging + row * T::kPitch + (col - n0);
-      __nv_bfloat16* out = p.c + static_cast<int64_t>(row) * p.ldc + col;
-      if (col + 8 <= p.n) {
-        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int e = 0; e < 8 && col + e < p.n; ++e) out[e] = src[e];
+      ConsumerSync();
+      const int n0 = (tile * kC + rank) * kBW;
+      const int rows = p.m < kTn ? p.m : kTn;
+      for (int t = ct; t < rows * (kBW / 8); t += 128) {
+        const int row = t / (kBW / 8), col = n0 + 8 * (t % (kBW / 8));
+        const __nv_bfloat16* src = staging + row * T::kPitch + (col - n0);
+        __nv_bfloat16* out = p.c + static_cast<int64_t>(row) * p.ldc + col;
+        if (col + 8 <= p.n) {
+          *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          for (int e = 0; e < 8 && col + e < p.n; ++e) out[e] = src[e];
+        }
       }
     }
+  }
+  if constexpr (kC > 1) {
+    // Nothing may still arrive on or copy into a CTA that has exited.
+    __syncwarp();
+    ClusterSync();
   }
   if (stamp != nullptr) {
     mark(Probe::kClockEnd);
