@@ -166,8 +166,7 @@ __device__ __forceinline__ void TmaLoad2DMulticast(uint32_t dst, const CUtensorM
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 template <int kTn>
@@ -288,8 +287,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kC == 1) {
           MbarArrive(empty(it % T::kStages));
         } else {
+          MbarArrive(empty(it % T::kStages));
 #pragma unroll
-          for (int r = 0; r < kC; ++r) MbarArriveCluster(empty(it % T::kStages), r);
+          for (int r = 1; r < kC; ++r) MbarArriveCluster(empty(it % T::kStages), (rank + r) % kC);
         }
       }
     };
