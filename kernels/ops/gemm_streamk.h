@@ -3,6 +3,9 @@
 // of 64 W rows x all tokens (W the wgmma A operand) and the tiles' K steps
 // shared out evenly over one CTA per SM; partial tiles are summed in CTA
 // order through the workspace, so results are the same every launch.
+// A study kernel: measured slower than cuBLASLt on every decode shape of an
+// H200 (0.55-0.81x at M = 256, kernels_bench --sections streamk), so Gemm()
+// never runs it; the kernel header says what the runs showed.
 #pragma once
 
 #include <cuda_runtime.h>

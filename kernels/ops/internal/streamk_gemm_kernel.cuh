@@ -3,18 +3,27 @@
 //
 //   C[M, N] = A[M, K] · W[N, K]ᵀ      bf16 in, fp32 accumulate, bf16 out
 //
-// Why (bench/results/h200-2026-11-23, runs u, al-ar): at M = 256 and N of
-// 3-4 K the output holds too few tiles for 132 SMs. cuBLASLt fills them with
-// 128 x 64 (W rows x tokens) tiles that run at ~55-60% of an SM's tensor rate;
-// the sm90 kernel (sm90_gemm_kernel.cuh) runs big tiles at the peak but pays
-// 4.5-8 us to sum its K splits at the end. The per-SM rate of a tile follows
-// shared-memory traffic: wgmma reads its 64 x 16 A operand and its n x 16 B
-// operand from shared memory per instruction, and TMA writes every stage there
-// (128 bytes per clock per SM). Per FLOP-clock at the peak that is
-// 4096 / (W rows) + 8192 / tokens + 64 bytes with W as A (m64) and the tokens
-// as B (n), against 8192 / (W rows) + 4096 / tokens + 64 the other way round;
-// for cuBLASLt's 128 x 64 it is 224 (57% of the peak, as measured), for a
-// 64 x 256 tile here 160 (80%).
+// Why it was tried (bench/results/h200-2026-11-23, runs u, al-ar): at M = 256
+// and N of 3-4 K the output holds too few tiles for 132 SMs. cuBLASLt fills
+// them with 128 x 64 (W rows x tokens) tiles that run at ~55-60% of an SM's
+// tensor rate; the sm90 kernel (sm90_gemm_kernel.cuh) runs big tiles at the
+// peak but pays 4.5-8 us to sum its K splits at the end. A model of shared
+// memory traffic per FLOP-clock at the peak (wgmma reads its 64 x 16 A and
+// n x 16 B operands from shared memory, TMA writes every stage there; 128
+// bytes per clock per SM) gives 4096 / (W rows) + 8192 / tokens + 64 bytes
+// with W as A (m64) and the tokens as B (n): 224 (57%) for cuBLASLt's 128 x
+// 64, 160 (80%) for a 64 x 256 tile.
+//
+// Measured (bench/results/h200-2026-11-24, runs i-k; H200, per call in a
+// CUDA graph): correct, deterministic, but slower than cuBLASLt on every
+// decode shape (0.55-0.81x at M = 256, e.g. llama-8b TP=1 wo 22.3 us on 64
+// pairs vs 18.0), so nothing but the tests and kernels_bench launches it. A
+// unit (64 x 256 x 64) takes 369 ns with 64 CTAs (92% of the measured
+// per-SM bf16 rate: the model holds per SM) but 556 ns with 132; sharing the
+// token box between CTA pairs (TMA multicast, half the L2 reads) brings that
+// to 422-466 ns, so L2 reads are only part of what the full grid contends
+// for. Around the K loop, ~1.6-2 us until the first unit lands and ~2 us to
+// write or gather the partials remain, as in the sm90 kernel.
 //
 // So here a tile is 64 W rows x all kTn (128 or 256) tokens: one wgmma
 // m64n256k16 (m64n128k16) per 16-wide K slice, W the A operand. There are
@@ -185,9 +194,8 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTn / 2], uint64_t desc_w, uint
 // once); dynamic shared memory TileShape<kTn>::kSmemBytes. With kC = 2 the
 // two CTAs of a cluster run the same units on adjacent 64-row W tiles (a
 // 128-row tile) and each loads half of the token box for both (TMA
-// multicast): per unit an SM reads 24 instead of 40 KB from L2, whose ~9.5
-// TB/s over 132 SMs otherwise bounds the K loop (run i of
-// bench/results/h200-2026-11-24: 369 ns per unit on 64 SMs, 556 on 132).
+// multicast): per unit an SM reads 24 instead of 40 KB from L2 (run k: units
+// 15-25% faster on the short shapes, no faster on the wide ones).
 template <int kTn, int kC>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamKGemmKernel(const __grid_constant__ CUtensorMap map_w,
