@@ -1,5 +1,5 @@
 // Host side of the stream-K sm_90a GEMM: tensor maps, the grid, the
-// cooperative launch. Built for sm_90a only (CMakeLists.txt).
+// cooperative or cluster launch. Built for sm_90a only (CMakeLists.txt).
 #include "kernels/ops/gemm_streamk.h"
 
 #include <cuda.h>

@@ -27,16 +27,17 @@
 //
 // So here a tile is 64 W rows x all kTn (128 or 256) tokens: one wgmma
 // m64n256k16 (m64n128k16) per 16-wide K slice, W the A operand. There are
-// only N / 64 such tiles, so the grid (one CTA per SM, a cooperative launch)
-// shares the tiles' K steps out evenly, stream-K: of U = tiles x K steps
-// units, CTA c runs [c U / G, (c + 1) U / G) in order. A CTA's first
+// only N / 64 such tiles, so the grid (one CTA per SM) shares the tiles' K
+// steps out evenly, stream-K: of U = tiles x K steps units, CTA c runs
+// [c U / G, (c + 1) U / G) in order (with kC = 2, cluster c: see below). A CTA's first
 // segment may start inside a tile: it writes that fp32 partial to the
 // workspace (early: it is the CTA's first work) and raises its flag. A
 // segment that starts a tile (k = 0) owns it: if the tile continues past the
 // CTA's range (only its last segment can), the owner waits for the flags of
 // the CTAs that hold the rest and adds their partials in CTA order, so the
-// sum is the same every launch. Owners only wait on higher CTAs; every CTA is
-// resident (cooperative launch), so nothing waits forever.
+// sum is the same every launch. Owners only wait on higher CTAs, and every
+// CTA is resident (a cooperative launch, or no more clusters than the device
+// runs at once), so a wait ends unless a peer is lost (then the deadline).
 //
 // Structure (one CTA, 160 threads): warps 0-3 are the consumer warpgroup
 // (wgmma, the partials, the output), warp 4 lane 0 the producer: TMA
