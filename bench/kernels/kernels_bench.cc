@@ -443,6 +443,62 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   return absl::OkStatus();
 }
 
+// The CPU check of the decode GEMM sections: rows 0 and m - 1 of
+// C = A · Wᵀ as a double product of the bf16 operands (computed once), each
+// element within 1e-2 of its sum of |terms|.
+class EndRowsReference {
+ public:
+  static absl::StatusOr<EndRowsReference> Compute(const void* a, const void* w, int64_t m,
+                                                  int64_t n, int64_t k, cudaStream_t s) {
+    std::vector<uint16_t> ah(m * k), wh(n * k);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ah.data(), a, m * k * 2, cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(wh.data(), w, n * k * 2, cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    EndRowsReference r;
+    r.m_ = m;
+    r.n_ = n;
+    r.ref_.resize(2 * n);
+    r.mag_.resize(2 * n);
+    for (int row = 0; row < 2; ++row) {
+      const int64_t i = row == 0 ? 0 : m - 1;
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double p =
+              static_cast<double>(Bf16ToFloat(ah[i * k + kk])) * Bf16ToFloat(wh[j * k + kk]);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        r.ref_[row * n + j] = ref;
+        r.mag_[row * n + j] = mag;
+      }
+    }
+    return r;
+  }
+
+  // Downloads C (bf16 [m, n]) and compares its two rows; `what` names the call.
+  absl::Status Check(const void* c, cudaStream_t s, const std::string& what) const {
+    std::vector<uint16_t> ch(m_ * n_);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ch.data(), c, ch.size() * 2, cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    for (int row = 0; row < 2; ++row) {
+      const int64_t i = row == 0 ? 0 : m_ - 1;
+      for (int64_t j = 0; j < n_; ++j) {
+        const double got = Bf16ToFloat(ch[i * n_ + j]), want = ref_[row * n_ + j];
+        if (!(std::fabs(got - want) <= 1e-2 * mag_[row * n_ + j] + 1e-6)) {
+          return absl::InternalError(
+              absl::StrFormat("%s: C[%d, %d] = %g, want %g", what, i, j, got, want));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t m_ = 0, n_ = 0;
+  std::vector<double> ref_, mag_;  // [2][n]: rows 0 and m - 1
+};
+
 // The weight-streaming kernel (gemm_skinny.h) against cuBLASLt at M = 8, 16
 // and 32, both per call in a CUDA graph of 20 (as decode runs), weights
 // rotated through 4 GiB; the first and last rows of one call checked against
@@ -451,7 +507,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
 absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
                               const Ceilings& c, Json* js) {
   const auto shapes = DecodeGemmShapes();
-  const int64_t max_m = 32, max_k = 28672;
+  const int64_t max_m = 32;
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(max_m, 5, s));
   const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sk, kernels::CublasLtHandle::Create());
@@ -462,7 +518,6 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       c.copy_gbps);
   std::printf("%-16s %2s %-8s %6s %6s %3s %9s %7s %6s %9s %7s %6s %8s\n", "model", "tp", "layer",
               "N", "K", "M", "cublas us", "GB/s", "%copy", "skinny us", "GB/s", "%copy", "speedup");
-  std::vector<uint16_t> ah(max_m * max_k), wh, ch;
   for (const auto& g : shapes) {
     if (std::string(g.layer) == "lm_head") continue;
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
@@ -482,44 +537,16 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
         return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
                              kernels::kGemmWorkspaceBytes, s);
       };
-      // Check: every output of slot 0 against a double product of the bf16 operands.
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
-      wh.resize(g.n * g.k);
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(wh.data(), wbuf.get(), wbytes, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      std::vector<double> ref(m * g.n), mag(m * g.n);
-      const int64_t rows[2] = {0, m - 1};
-      for (int64_t i : rows) {
-        for (int64_t j = 0; j < g.n; ++j) {
-          double r = 0, a = 0;
-          for (int64_t k = 0; k < g.k; ++k) {
-            const double p =
-                static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
-            r += p;
-            a += std::fabs(p);
-          }
-          ref[i * g.n + j] = r;
-          mag[i * g.n + j] = a;
-        }
-      }
+      // Check: rows 0 and m - 1 of slot 0 against a double product of the bf16 operands.
+      SYMTP_ASSIGN_OR_RETURN(const EndRowsReference want,
+                             EndRowsReference::Compute(abuf.get(), wbuf.get(), m, g.n, g.k, s));
       for (kernels::CublasLtHandle* hh : {&h, &sk}) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
         SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
-        ch.resize(m * g.n);
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-        for (int64_t e = 0; e < m * g.n; ++e) {
-          if (e / g.n != 0 && e / g.n != m - 1) continue;
-          const double got = Bf16ToFloat(ch[e]);
-          if (!(std::fabs(got - ref[e]) <= 1e-2 * mag[e] + 1e-6)) {
-            return absl::InternalError(
-                absl::StrFormat("skinny section: %s %s M=%d (%s) element %d: %g vs %g", g.model,
-                                g.layer, m, hh == &sk ? "skinny" : "cuBLASLt", e, got, ref[e]));
-          }
-        }
+        SYMTP_RETURN_IF_ERROR(
+            want.Check(cbuf.get(), s,
+                       absl::StrFormat("skinny section: %s %s M=%d (%s)", g.model, g.layer, m,
+                                       hh == &sk ? "skinny" : "cuBLASLt")));
       }
       SYMTP_ASSIGN_OR_RETURN(double us_cublas,
                              GraphUsPerCall(s, 20, 5, [&](int i) { return run_on(h, i); }));
@@ -665,7 +692,7 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
   const auto shapes = DecodeGemmShapes();
   const int64_t max_m = 256;
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(max_m, 7, s));
-  const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
+  const cuda::DeviceBuffer &abuf = ops.a, &cbuf = ops.c;
   constexpr int64_t kFlags = 1024;
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer flags, cuda::DeviceBuffer::Create(kFlags * 4));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags.get(), 0, kFlags * 4, s));
@@ -681,7 +708,6 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
   std::printf("%-16s %2s %-8s %6s %6s %3s %7s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s\n", "model",
               "tp", "layer", "N", "K", "M", "ctas/cl", "cublas us", "%peak", "streamk us", "%peak",
               "speedup", "first", "loop", "fix", "out", "span");
-  std::vector<uint16_t> ah(max_m * 28672), wh, ch;
   for (const auto& g : shapes) {
     const bool short_shape =
         g.model == std::string("llama-8b-shape") &&
@@ -700,38 +726,17 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
                              DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
       };
-      // Check: rows 0 and m - 1 of W slot 0, every column, against a double
-      // product of the bf16 operands (|error| <= 1e-2 of the sum of |terms|).
+      // Check: rows 0 and m - 1 of W slot 0 against a double product of the
+      // bf16 operands.
       args.w = ops.Weights(g.n, g.k, 0);
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
       SYMTP_RETURN_IF_ERROR(
           kernels::LaunchStreamKGemm(args, {}, s, flags.as<unsigned int>(), kFlags));
-      ch.resize(m * g.n);
-      wh.resize(g.n * g.k);
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(ch.data(), cbuf.get(), m * g.n * 2, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(ah.data(), abuf.get(), m * g.k * 2, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(wh.data(), args.w, g.n * g.k * 2, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      for (int64_t i : {int64_t{0}, m - 1}) {
-        for (int64_t j = 0; j < g.n; ++j) {
-          double ref = 0, mag = 0;
-          for (int64_t k = 0; k < g.k; ++k) {
-            const double p =
-                static_cast<double>(Bf16ToFloat(ah[i * g.k + k])) * Bf16ToFloat(wh[j * g.k + k]);
-            ref += p;
-            mag += std::fabs(p);
-          }
-          const double got = Bf16ToFloat(ch[i * g.n + j]);
-          if (!(std::fabs(got - ref) <= 1e-2 * mag + 1e-6)) {
-            return absl::InternalError(absl::StrFormat(
-                "stream-K GEMM check failed for %s tp%d %s M=%d at (%d, %d): %g vs %g", g.model,
-                g.tp, g.layer, m, i, j, got, ref));
-          }
-        }
-      }
+      SYMTP_ASSIGN_OR_RETURN(const EndRowsReference want,
+                             EndRowsReference::Compute(abuf.get(), args.w, m, g.n, g.k, s));
+      SYMTP_RETURN_IF_ERROR(want.Check(
+          cbuf.get(), s,
+          absl::StrFormat("stream-K GEMM check for %s tp%d %s M=%d", g.model, g.tp, g.layer, m)));
       const double flop = 2.0 * m * g.n * g.k;
       const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
       SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));

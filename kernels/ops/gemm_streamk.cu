@@ -92,12 +92,7 @@ absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_t,
 }  // namespace
 
 bool StreamKGemmArgsSupported(const GemmArgs& g) {
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
-  constexpr int64_t kMax = int64_t{1} << 31;
-  return g.in_dtype == DType::kBF16 && g.out_dtype == DType::kBF16 && g.sm_count_target == 0 &&
-         g.m > 0 && g.m <= 256 && g.n > 0 && g.k > 0 && g.n < kMax && g.k < kMax && g.k % 8 == 0 &&
-         lda % 8 == 0 && ldw % 8 == 0 && ldc % 8 == 0 && Aligned16(g.a) && Aligned16(g.w) &&
-         Aligned16(g.c);
+  return Sm90GemmArgsSupported(g) && g.m <= 256;  // all tokens in one tile
 }
 
 std::string StreamKGemmPlan::ToString() const {

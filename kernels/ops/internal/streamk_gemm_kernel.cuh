@@ -18,7 +18,7 @@
 // CUDA graph): correct, deterministic, but slower than cuBLASLt on every
 // decode shape (0.55-0.81x at M = 256, e.g. llama-8b TP=1 wo 22.3 us on 64
 // pairs vs 18.0), so nothing but the tests and kernels_bench launches it. A
-// unit (64 x 256 x 64) takes 369 ns with 64 CTAs (92% of the measured
+// unit (64 x 256 x 64) takes 369 ns with 64 CTAs (94% of the measured
 // per-SM bf16 rate: the model holds per SM) but 556 ns with 132; sharing the
 // token box between CTA pairs (TMA multicast, half the L2 reads) brings that
 // to 422-466 ns, so L2 reads are only part of what the full grid contends
