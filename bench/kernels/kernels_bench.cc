@@ -741,11 +741,12 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
       SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));
       SYMTP_ASSIGN_OR_RETURN(const double cu_graph, GraphUsPerCall(s, 20, 5, cublas));
-      // Pairs sharing token boxes on the default grid, then single CTAs;
-      // on the short shapes also smaller grids of pairs.
-      std::vector<kernels::StreamKGemmPlan> plans = {{2, 0}, {1, 0}};
+      // Clusters of 4 and pairs sharing token boxes on the default grid,
+      // then single CTAs; on the short shapes also smaller grids.
+      std::vector<kernels::StreamKGemmPlan> plans = {{4, 0}, {2, 0}, {1, 0}};
       if (short_shape && m == 256) {
         for (int64_t g2 : {128, 112, 96}) plans.push_back({2, g2});
+        for (int64_t g4 : {128, 96, 64}) plans.push_back({4, g4});
       }
       for (kernels::StreamKGemmPlan plan : plans) {
         if (plan.ctas == 0) {

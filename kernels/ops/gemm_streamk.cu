@@ -111,8 +111,9 @@ size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas) {
 }
 
 absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster) {
-  if (cluster != 1 && cluster != 2) {
-    return absl::InvalidArgumentError(absl::StrFormat("StreamKGemm: cluster %d (1 or 2)", cluster));
+  if (cluster != 1 && cluster != 2 && cluster != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("StreamKGemm: cluster %d (1, 2 or 4)", cluster));
   }
   if (!Sm90GemmDeviceSupported()) {
     return absl::InvalidArgumentError(
@@ -120,16 +121,20 @@ absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster) {
   }
   // Per device, token width and cluster size: asked once.
   static std::mutex mu;
-  static int64_t known[64][2][2] = {};
+  static int64_t known[64][2][3] = {};
   int dev = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
   if (dev >= 64) return absl::InvalidArgumentError("StreamKGemm: device index >= 64");
   const int wide = TokensPerTile(m) == 256 ? 1 : 0;
   std::lock_guard<std::mutex> lock(mu);
-  int64_t& slot = known[dev][wide][cluster - 1];
+  int64_t& slot = known[dev][wide][cluster == 4 ? 2 : cluster - 1];
   if (slot == 0) {
-    absl::StatusOr<int64_t> n = wide ? (cluster == 1 ? MaxCtas<256, 1>() : MaxCtas<256, 2>())
-                                     : (cluster == 1 ? MaxCtas<128, 1>() : MaxCtas<128, 2>());
+    absl::StatusOr<int64_t> n = wide ? (cluster == 1   ? MaxCtas<256, 1>()
+                                        : cluster == 2 ? MaxCtas<256, 2>()
+                                                       : MaxCtas<256, 4>())
+                                     : (cluster == 1   ? MaxCtas<128, 1>()
+                                        : cluster == 2 ? MaxCtas<128, 2>()
+                                                       : MaxCtas<128, 4>());
     if (!n.ok()) return n.status();
     if (*n < cluster) {
       return absl::UnavailableError(absl::StrFormat(
@@ -191,11 +196,23 @@ absl::Status LaunchStreamKGemm(const GemmArgs& g, const StreamKGemmPlan& plan, c
   params.flags = flags;
   if (probe != nullptr) params.stamps = probe->stamps;
   if (tn == 128) {
-    return cluster == 1 ? Launch<128, 1>(map_w, map_t, params, ctas, stream)
-                        : Launch<128, 2>(map_w, map_t, params, ctas, stream);
+    switch (cluster) {
+      case 1:
+        return Launch<128, 1>(map_w, map_t, params, ctas, stream);
+      case 2:
+        return Launch<128, 2>(map_w, map_t, params, ctas, stream);
+      default:
+        return Launch<128, 4>(map_w, map_t, params, ctas, stream);
+    }
   }
-  return cluster == 1 ? Launch<256, 1>(map_w, map_t, params, ctas, stream)
-                      : Launch<256, 2>(map_w, map_t, params, ctas, stream);
+  switch (cluster) {
+    case 1:
+      return Launch<256, 1>(map_w, map_t, params, ctas, stream);
+    case 2:
+      return Launch<256, 2>(map_w, map_t, params, ctas, stream);
+    default:
+      return Launch<256, 4>(map_w, map_t, params, ctas, stream);
+  }
 }
 
 }  // namespace symtp::kernels

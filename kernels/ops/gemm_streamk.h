@@ -45,8 +45,8 @@ struct StreamKGemmProbe {
 
 // The grid of a launch.
 struct StreamKGemmPlan {
-  // CTAs per thread-block cluster: 1, or 2 (the pair shares each unit's token
-  // box through TMA multicast and covers 128 W rows).
+  // CTAs per thread-block cluster: 1, 2 or 4 (the cluster's CTAs share each
+  // unit's token box through TMA multicast and cover 64 W rows each).
   int cluster = 2;
   // CTAs (a multiple of `cluster`); 0: one per SM, as many clusters as the
   // device runs at once, at most `cluster` per unit.
@@ -70,8 +70,8 @@ size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas);
 // The most CTAs a launch of `cluster`-CTA clusters may take at m tokens on
 // the current device: every CTA must be resident at once (owners wait for
 // later CTAs), so one per SM (cluster 1: a cooperative launch) or as many
-// clusters as cudaOccupancyMaxActiveClusters reports (cluster 2). Cached per
-// device.
+// clusters as cudaOccupancyMaxActiveClusters reports (cluster 2 or 4).
+// Cached per device.
 absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster);
 
 // The grid a plan with ctas = 0 takes: StreamKGemmMaxCtas, at most `cluster`

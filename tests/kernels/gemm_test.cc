@@ -384,7 +384,7 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
 }
 
 // The stream-K kernel (gemm_streamk.h): both token widths (M <= 128 and
-// <= 256, partly empty), tails in N (64- and 128-row tiles) and K (64-wide
+// <= 256, partly empty), tails in N (64-, 128- and 256-row tiles) and K (64-wide
 // steps), padded strides, single CTAs and pairs sharing the token boxes
 // (multicast), and grids from one cluster (every tile complete in it)
 // through a few (clusters own complete tiles and start or end inside
@@ -401,7 +401,7 @@ TEST_F(GemmTest, StreamKMatchesReference) {
     return LaunchStreamKGemm(g, plan, stream(), counters_.as<unsigned int>(), kCounters);
   };
   for (const auto& [M, N, K, pad] : shapes) {
-    for (const int cluster : {1, 2}) {
+    for (const int cluster : {1, 2, 4}) {
       const int64_t units = StreamKGemmUnits(N, K, cluster);
       auto fill = StreamKGemmDefaultCtas(M, N, K, cluster);
       ASSERT_OK(fill);

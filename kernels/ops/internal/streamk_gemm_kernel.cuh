@@ -191,12 +191,13 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTn / 2], uint64_t desc_w, uint
 }  // namespace detail
 
 // Grid: G clusters of kC CTAs along x (G <= units; every CTA resident:
-// kC = 1 a cooperative launch, kC = 2 at most the clusters the device runs at
-// once); dynamic shared memory TileShape<kTn>::kSmemBytes. With kC = 2 the
-// two CTAs of a cluster run the same units on adjacent 64-row W tiles (a
-// 128-row tile) and each loads half of the token box for both (TMA
-// multicast): per unit an SM reads 24 instead of 40 KB from L2 (run k: units
-// 15-25% faster on the short shapes, no faster on the wide ones).
+// kC = 1 a cooperative launch, kC = 2 or 4 at most the clusters the device
+// runs at once); dynamic shared memory TileShape<kTn>::kSmemBytes. With
+// kC > 1 the CTAs of a cluster run the same units on adjacent 64-row W tiles
+// (a 64 kC-row tile) and each loads 1/kC of the token box for all (TMA
+// multicast): per unit an SM reads 8 + 32 / kC KB from L2 instead of 40 (run
+// k, pairs: units 15-25% faster on the short shapes, no faster on the wide
+// ones).
 template <int kTn, int kC>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamKGemmKernel(const __grid_constant__ CUtensorMap map_w,
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int64_t S = p.k_steps;
   const int64_t units = static_cast<int64_t>(p.tiles) * S;
-  static_assert(kC == 1 || kC == 2);
+  static_assert(kC == 1 || kC == 2 || kC == 4);
   // Stream-K workers are clusters: q of G; this CTA is rank `rank` of its
   // cluster (W rows 64 rank.. of each 64 kC-row tile) and slot `cta` of the
   // partials and flags.
