@@ -705,9 +705,9 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       "landed, loop = its K loops, fix = partial written or later partials added, out = "
       "output stored; span = first CTA start to last CTA end\n",
       c.gemm_tflops);
-  std::printf("%-16s %2s %-8s %6s %6s %3s %7s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s\n", "model",
-              "tp", "layer", "N", "K", "M", "ctas/cl", "cublas us", "%peak", "streamk us", "%peak",
-              "speedup", "first", "loop", "fix", "out", "span");
+  std::printf("%-16s %2s %-8s %6s %6s %3s %7s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s %5s %6s\n",
+              "model", "tp", "layer", "N", "K", "M", "ctas/cl", "cublas us", "%peak", "streamk us",
+              "%peak", "speedup", "first", "loop", "fix", "out", "span", "GHz", "clk/u");
   for (const auto& g : shapes) {
     const bool short_shape =
         g.model == std::string("llama-8b-shape") &&
@@ -741,12 +741,13 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
       SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));
       SYMTP_ASSIGN_OR_RETURN(const double cu_graph, GraphUsPerCall(s, 20, 5, cublas));
-      // Clusters of 4 and pairs sharing token boxes on the default grid,
-      // then single CTAs; on the short shapes also smaller grids.
-      std::vector<kernels::StreamKGemmPlan> plans = {{4, 0}, {2, 0}, {1, 0}};
+      // Pairs sharing token boxes on the default grid, then single CTAs; on
+      // the short shapes also smaller grids and clusters of 4.
+      std::vector<kernels::StreamKGemmPlan> plans = {{2, 0}, {1, 0}};
       if (short_shape && m == 256) {
-        for (int64_t g2 : {128, 112, 96}) plans.push_back({2, g2});
-        for (int64_t g4 : {128, 96, 64}) plans.push_back({4, g4});
+        for (int64_t g2 : {128, 96, 64}) plans.push_back({2, g2});
+        for (int64_t g1 : {96, 64}) plans.push_back({1, g1});
+        plans.push_back({4, 0});
       }
       for (kernels::StreamKGemmPlan plan : plans) {
         if (plan.ctas == 0) {
@@ -775,7 +776,7 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-        std::vector<double> first, loop, fix, out;
+        std::vector<double> first, loop, fix, out, clock_ghz, unit_clocks;
         unsigned long long g0 = ~0ull, g1 = 0;
         for (int64_t b = 0; b < ctas; ++b) {
           const unsigned long long* x = &st[b * Probe::kSlots];
@@ -795,23 +796,30 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
           loop.push_back(us_of(Probe::kFirstStage, Probe::kLoopEnd));
           fix.push_back(us_of(Probe::kLoopEnd, Probe::kPartialsIn));
           out.push_back(us_of(Probe::kPartialsIn, Probe::kClockEnd));
+          clock_ghz.push_back(ghz);
+          if (x[Probe::kUnits] > 0) {
+            unit_clocks.push_back(static_cast<double>(x[Probe::kLoopEnd] - x[Probe::kFirstStage]) /
+                                  static_cast<double>(x[Probe::kUnits]));
+          }
         }
         std::printf(
             "%-16s %2d %-8s %6lld %6lld %3lld %5lld/%d %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) %5.1f%% "
-            "%6.2fx %6.2f %6.2f %6.2f %6.2f %6.1f\n",
+            "%6.2fx %6.2f %6.2f %6.2f %6.2f %6.1f %5.2f %6.0f\n",
             g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
             static_cast<long long>(m), static_cast<long long>(ctas), plan.cluster, cu_graph, cu_us,
             pct(cu_graph), sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph, Median(first),
-            Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0);
+            Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz),
+            Median(unit_clocks));
         js->streamk.push_back(absl::StrFormat(
             "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
             "\"ctas\": %d, \"cluster\": %d, \"cublas_graph_us\": %.2f, \"cublas_us\": %.2f, "
             "\"streamk_graph_us\": %.2f, \"streamk_us\": %.2f, \"frac_cublas_graph\": %.4f, "
             "\"frac_streamk_graph\": %.4f, \"first_us\": %.3f, \"loop_us\": %.3f, "
-            "\"fix_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f}",
+            "\"fix_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f, \"sm_ghz\": %.3f, "
+            "\"unit_clocks\": %.1f}",
             g.model, g.tp, g.layer, g.n, g.k, m, ctas, plan.cluster, cu_graph, cu_us, sk_graph,
             sk_us, pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first), Median(loop),
-            Median(fix), Median(out), (g1 - g0) / 1000.0));
+            Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz), Median(unit_clocks)));
       }
     }
   }
