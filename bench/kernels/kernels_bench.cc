@@ -21,6 +21,9 @@
 //   streamk         the stream-K sm_90a GEMM (M = 128, 256) vs cuBLASLt, per
 //                   call in a CUDA graph, its grid varied on the short shapes
 //                   with per-CTA timelines (not in the default sections)
+//   pdl             cuBLASLt GEMMs (M = 256) behind programmatic graph edges:
+//                   whether their kernels wait for the upstream grid, and
+//                   the time per call (not in the default sections)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -46,6 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/kernels/pdl_probe.h"
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
@@ -200,7 +204,8 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 }
 
 struct Json {
-  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny, streamk;
+  std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny, streamk,
+      pdl;
   std::string ceilings, device;
 };
 
@@ -822,6 +827,255 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
             Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz), Median(unit_clocks)));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+// Kernel-to-kernel edges of a captured graph, by type.
+struct EdgeCount {
+  int plain = 0, programmatic = 0;
+};
+
+absl::StatusOr<EdgeCount> CountKernelEdges(cudaGraph_t g) {
+  size_t n = 0;
+  CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+  EdgeCount c;
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNodeType tf, tt;
+    CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(from[i], &tf));
+    CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(to[i], &tt));
+    if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel) continue;
+    (data[i].type == cudaGraphDependencyTypeProgrammatic ? c.programmatic : c.plain)++;
+  }
+  return c;
+}
+
+// Turns every plain kernel-to-kernel edge of `g` into a programmatic one
+// from `port` (cudaGraphKernelNodePortProgrammatic: the upstream kernel's
+// blocks have all triggered or exited; ...LaunchCompletion: they have all
+// started). Returns how many it changed.
+absl::StatusOr<int> MakeKernelEdgesProgrammatic(cudaGraph_t g, unsigned char port) {
+  size_t n = 0;
+  CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+  int changed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNodeType tf, tt;
+    CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(from[i], &tf));
+    CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(to[i], &tt));
+    if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel ||
+        data[i].type == cudaGraphDependencyTypeProgrammatic) {
+      continue;
+    }
+    CUDA_RETURN_IF_ERROR(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1));
+    cudaGraphEdgeData e{};
+    e.from_port = port;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    CUDA_RETURN_IF_ERROR(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1));
+    ++changed;
+  }
+  return changed;
+}
+
+// Captures fn(0..calls-1) on s; the caller owns the graph.
+absl::StatusOr<cudaGraph_t> Capture(cudaStream_t s, int calls,
+                                    const std::function<absl::Status(int)>& fn) {
+  cudaGraph_t graph = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  absl::Status st;
+  for (int i = 0; i < calls && st.ok(); ++i) st = fn(i);
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (!st.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return st;
+  }
+  CUDA_RETURN_IF_ERROR(end);
+  return graph;
+}
+
+// Instantiates `graph` (then destroys it) and returns the median replay time.
+absl::StatusOr<double> ReplayUs(cudaGraph_t graph, cudaStream_t s, int reps) {
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(inst);
+  absl::StatusOr<double> us = TimeUs(s, 2, reps, [&](int) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
+    return absl::OkStatus();
+  });
+  const cudaError_t sync = cudaStreamSynchronize(s);
+  cudaGraphExecDestroy(exec);
+  CUDA_RETURN_IF_ERROR(sync);
+  return us;
+}
+
+// --sections pdl: whether cuBLASLt's GEMM kernels can be launched early
+// (programmatic dependent launch) inside a CUDA graph, and what that gains.
+// Per M = 256 decode shape: (1) the kernel edges of a capture of 20 GEMMs
+// (does cuBLASLt ask for PDL itself?); (2) the safety probe: a one-block
+// kernel that waits 50 us and then rewrites A, followed by the GEMM through a
+// programmatic edge (all upstream blocks started); if the GEMM kernel does not
+// wait for its upstream grid (griddepcontrol.wait) it reads the old A and
+// its output differs from the same pair run in order (the stream-K kernel,
+// which never waits, is the control that the probe can fail); (3) per call
+// time of the 20 GEMMs with plain edges and with programmatic ones from
+// either port, the last output compared bit for bit with the plain graph's.
+absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s, const Ceilings& c,
+                           Json* js) {
+  const int64_t m = 256;
+  SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(m, 11, s));
+  const cuda::DeviceBuffer &abuf = ops.a, &cbuf = ops.c;
+  constexpr int64_t kFlags = 1024;
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer flags, cuda::DeviceBuffer::Create(kFlags * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags.get(), 0, kFlags * 4, s));
+  std::printf(
+      "\nprogrammatic dependent launch of cuBLASLt GEMMs in a CUDA graph (M = 256): edges of a "
+      "capture of 20 calls (kernel->kernel, plain/programmatic); probe = output elements that "
+      "differ when a slow kernel rewrites A just before the GEMM through a programmatic edge "
+      "(0: the GEMM waits for its upstream grid; control: the stream-K kernel, which does not); "
+      "us per call in a graph of 20 with plain edges, programmatic from the upstream's exit "
+      "(prog) and from its launch (launch); same = last output bitwise equal to the plain "
+      "graph's\n");
+  std::printf("%-16s %2s %-8s %6s %6s %11s %7s %8s %8s %6s %8s %6s %8s %6s %5s\n", "model", "tp",
+              "layer", "N", "K", "edges p/pr", "probe", "control", "plain us", "%peak", "prog us",
+              "%peak", "launch us", "%peak", "same");
+  for (const auto& g : DecodeGemmShapes()) {
+    if (std::string(g.layer) == "lm_head") continue;
+    const double flop = 2.0 * m * g.n * g.k;
+    const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
+    const size_t out_bytes = static_cast<size_t>(m * g.n * 2);
+    auto gemm = [&](int i) {
+      return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
+                           DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
+    };
+    auto download = [&]() -> absl::StatusOr<std::vector<uint16_t>> {
+      std::vector<uint16_t> v(out_bytes / 2);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(v.data(), cbuf.get(), out_bytes, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      return v;
+    };
+    auto differing = [](const std::vector<uint16_t>& x, const std::vector<uint16_t>& y) {
+      int64_t d = 0;
+      for (size_t i = 0; i < x.size(); ++i) d += x[i] != y[i];
+      return d;
+    };
+    // (2) The safety probe, with cuBLASLt and with the stream-K control.
+    auto probe = [&](const std::function<absl::Status()>& consumer) -> absl::StatusOr<int64_t> {
+      SYMTP_RETURN_IF_ERROR(LaunchSlowPatternFill(abuf.get(), m * g.k, 1, 0, s));
+      SYMTP_RETURN_IF_ERROR(consumer());
+      SYMTP_ASSIGN_OR_RETURN(const std::vector<uint16_t> want, download());
+      SYMTP_RETURN_IF_ERROR(LaunchSlowPatternFill(abuf.get(), m * g.k, 0, 0, s));
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, out_bytes, s));
+      SYMTP_ASSIGN_OR_RETURN(
+          cudaGraph_t graph, Capture(s, 2, [&](int i) -> absl::Status {
+            return i == 0 ? LaunchSlowPatternFill(abuf.get(), m * g.k, 1, 50000, s) : consumer();
+          }));
+      absl::StatusOr<int> changed =
+          MakeKernelEdgesProgrammatic(graph, cudaGraphKernelNodePortLaunchCompletion);
+      if (!changed.ok()) {
+        cudaGraphDestroy(graph);
+        return changed.status();
+      }
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      CUDA_RETURN_IF_ERROR(inst);
+      const cudaError_t launched = cudaGraphLaunch(exec, s);
+      const cudaError_t sync = cudaStreamSynchronize(s);
+      cudaGraphExecDestroy(exec);
+      CUDA_RETURN_IF_ERROR(launched);
+      CUDA_RETURN_IF_ERROR(sync);
+      SYMTP_ASSIGN_OR_RETURN(const std::vector<uint16_t> got, download());
+      return differing(got, want);
+    };
+    SYMTP_ASSIGN_OR_RETURN(const int64_t probe_cublas, probe([&] { return gemm(0); }));
+    int64_t probe_control = -1;
+    if (kernels::Sm90GemmDeviceSupported()) {
+      kernels::GemmArgs args;
+      args.a = abuf.get();
+      args.w = ops.Weights(g.n, g.k, 0);
+      args.c = cbuf.get();
+      args.m = m;
+      args.n = g.n;
+      args.k = g.k;
+      args.workspace = ws;
+      args.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      const absl::StatusOr<int64_t> control = probe([&] {
+        return kernels::LaunchStreamKGemm(args, {}, s, flags.as<unsigned int>(), kFlags);
+      });
+      if (control.ok()) {
+        probe_control = *control;
+      } else {
+        // Reported, not fatal: the control only shows that the probe can fail.
+        std::printf("(stream-K control: %s)\n", control.status().ToString().c_str());
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      }
+    }
+    // Random activations again for the timed graphs.
+    SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), m * g.k, 12, 1.f, s));
+    // (1) and (3).
+    SYMTP_ASSIGN_OR_RETURN(cudaGraph_t plain, Capture(s, 20, gemm));
+    const absl::StatusOr<EdgeCount> edges = CountKernelEdges(plain);
+    if (!edges.ok()) {
+      cudaGraphDestroy(plain);
+      return edges.status();
+    }
+    double us[3] = {0, 0, 0};
+    bool same = true;
+    std::vector<uint16_t> first_out;
+    for (int v = 0; v < 3; ++v) {
+      cudaGraph_t graph = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaGraphClone(&graph, plain));
+      if (v > 0) {
+        const absl::StatusOr<int> changed =
+            MakeKernelEdgesProgrammatic(graph, v == 1 ? cudaGraphKernelNodePortProgrammatic
+                                                      : cudaGraphKernelNodePortLaunchCompletion);
+        if (!changed.ok()) {
+          cudaGraphDestroy(graph);
+          cudaGraphDestroy(plain);
+          return changed.status();
+        }
+      }
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, out_bytes, s));
+      absl::StatusOr<double> t = ReplayUs(graph, s, 5);
+      if (!t.ok()) {
+        cudaGraphDestroy(plain);
+        return t.status();
+      }
+      us[v] = *t / 20;
+      absl::StatusOr<std::vector<uint16_t>> out = download();
+      if (!out.ok()) {
+        cudaGraphDestroy(plain);
+        return out.status();
+      }
+      if (v == 0) {
+        first_out = std::move(*out);
+      } else {
+        same = same && differing(*out, first_out) == 0;
+      }
+    }
+    cudaGraphDestroy(plain);
+    std::printf(
+        "%-16s %2d %-8s %6lld %6lld %5d/%-5d %7lld %8lld %8.1f %5.1f%% %8.1f %5.1f%% %8.1f %5.1f%% "
+        "%5s\n",
+        g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+        edges->plain, edges->programmatic, static_cast<long long>(probe_cublas),
+        static_cast<long long>(probe_control), us[0], pct(us[0]), us[1], pct(us[1]), us[2],
+        pct(us[2]), same ? "yes" : "NO");
+    js->pdl.push_back(absl::StrFormat(
+        "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
+        "\"edges_plain\": %d, \"edges_programmatic\": %d, \"probe_differing\": %d, "
+        "\"control_differing\": %d, \"plain_us\": %.2f, \"prog_us\": %.2f, \"launch_us\": %.2f, "
+        "\"frac_plain\": %.4f, \"frac_prog\": %.4f, \"frac_launch\": %.4f, \"same\": %s}",
+        g.model, g.tp, g.layer, g.n, g.k, m, edges->plain, edges->programmatic, probe_cublas,
+        probe_control, us[0], us[1], us[2], pct(us[0]) / 100, pct(us[1]) / 100, pct(us[2]) / 100,
+        same ? "true" : "false"));
   }
   return absl::OkStatus();
 }
@@ -1460,6 +1714,7 @@ absl::Status Run(int argc, char** argv) {
   if (on("streamk")) {
     section("streamk_gemm", BenchStreamKGemms(h, ws.get(), stream.get(), c, &js));
   }
+  if (on("pdl")) section("pdl_gemm", BenchPdlGemms(h, ws.get(), stream.get(), c, &js));
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -1468,15 +1723,16 @@ absl::Status Run(int argc, char** argv) {
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
-    std::fprintf(
-        f,
-        "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
-        "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-        "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
-        "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s\n}\n",
-        js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(), JoinArr(js.attn).c_str(),
-        JoinArr(js.prefill_attn).c_str(), JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
-        JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(), JoinArr(js.streamk).c_str());
+    std::fprintf(f,
+                 "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
+                 "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
+                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
+                 "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s,\n  \"pdl_gemm\": %s\n}\n",
+                 js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
+                 JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
+                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
+                 JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(),
+                 JoinArr(js.streamk).c_str(), JoinArr(js.pdl).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }
