@@ -23,7 +23,12 @@
 // token box between CTA pairs (TMA multicast, half the L2 reads) brings that
 // to 422-466 ns, so L2 reads are only part of what the full grid contends
 // for. Around the K loop, ~1.6-2 us until the first unit lands and ~2 us to
-// write or gather the partials remain, as in the sm90 kernel.
+// write or gather the partials remain, as in the sm90 kernel. Runs n-p
+// (session 12): clusters of 4 are no faster than pairs (451 vs 428 ns per
+// unit), W asked into L2 ahead of its loads is slower, and per clock a unit
+// takes 685-746 clocks on 64-128 CTAs (the tensor cores' bound is 512: ~70%,
+// the traffic model's bound 80%) and 810-965 on the full grid; the 64-CTA
+// runs also clock higher (1.7-1.8 GHz) than the 8192^3 ceiling GEMM.
 //
 // So here a tile is 64 W rows x all kTn (128 or 256) tokens: one wgmma
 // m64n256k16 (m64n128k16) per 16-wide K slice, W the A operand. There are
