@@ -112,4 +112,64 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   return *this;
 }
 
+absl::StatusOr<Graph> Graph::Capture(cudaStream_t stream,
+                                     absl::FunctionRef<absl::Status()> record) {
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status st = record();
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &g);
+  if (!st.ok() || end != cudaSuccess) {
+    if (g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();  // capture errors are not sticky; clear the last-error slot
+    if (!st.ok()) return st;
+    return CudaErrorToStatus(end, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  return Graph(g);
+}
+Graph::~Graph() {
+  if (g_) cudaGraphDestroy(g_);
+}
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    if (g_) cudaGraphDestroy(g_);
+    g_ = std::exchange(o.g_, nullptr);
+  }
+  return *this;
+}
+absl::StatusOr<Graph> Graph::Clone() const {
+  cudaGraph_t g = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaGraphClone(&g, g_));
+  return Graph(g);
+}
+
+absl::StatusOr<GraphExec> GraphExec::Instantiate(const Graph& graph) {
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&e, graph.get(), 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaErrorToStatus(err, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  return GraphExec(e);
+}
+absl::StatusOr<GraphExec> GraphExec::Capture(cudaStream_t stream,
+                                             absl::FunctionRef<absl::Status()> record) {
+  absl::StatusOr<Graph> g = Graph::Capture(stream, record);
+  if (!g.ok()) return g.status();
+  return Instantiate(*g);
+}
+GraphExec::~GraphExec() {
+  if (e_) cudaGraphExecDestroy(e_);
+}
+GraphExec& GraphExec::operator=(GraphExec&& o) noexcept {
+  if (this != &o) {
+    if (e_) cudaGraphExecDestroy(e_);
+    e_ = std::exchange(o.e_, nullptr);
+  }
+  return *this;
+}
+absl::Status GraphExec::Launch(cudaStream_t stream) const {
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(e_, stream));
+  return absl::OkStatus();
+}
+
 }  // namespace symtp::cuda

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace symtp::cuda {
@@ -98,6 +100,50 @@ class PinnedBuffer {
   PinnedBuffer(void* p, size_t b) : p_(p), bytes_(b) {}
   void* p_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A CUDA graph (cudaGraph_t), destroyed with the object.
+class Graph {
+ public:
+  // What `record` enqueues on `stream`, captured in thread-local mode. When
+  // `record` fails or the capture does, the capture is ended, its graph
+  // discarded and the error returned (record's own status first); the
+  // stream is left out of capture mode either way.
+  static absl::StatusOr<Graph> Capture(cudaStream_t stream,
+                                       absl::FunctionRef<absl::Status()> record);
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept : g_(o.g_) { o.g_ = nullptr; }
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  absl::StatusOr<Graph> Clone() const;
+  cudaGraph_t get() const { return g_; }
+
+ private:
+  explicit Graph(cudaGraph_t g) : g_(g) {}
+  cudaGraph_t g_ = nullptr;
+};
+
+// An instantiated CUDA graph (cudaGraphExec_t), destroyed with the object.
+class GraphExec {
+ public:
+  static absl::StatusOr<GraphExec> Instantiate(const Graph& graph);
+  // Graph::Capture, then Instantiate.
+  static absl::StatusOr<GraphExec> Capture(cudaStream_t stream,
+                                           absl::FunctionRef<absl::Status()> record);
+  GraphExec() = default;
+  ~GraphExec();
+  GraphExec(GraphExec&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+  GraphExec& operator=(GraphExec&& o) noexcept;
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  absl::Status Launch(cudaStream_t stream) const;
+  cudaGraphExec_t get() const { return e_; }
+
+ private:
+  explicit GraphExec(cudaGraphExec_t e) : e_(e) {}
+  cudaGraphExec_t e_ = nullptr;
 };
 
 }  // namespace symtp::cuda

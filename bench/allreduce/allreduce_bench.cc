@@ -135,22 +135,19 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
   }
   t.eager_us = Median(samples);
   // 3. Graph of `iters` calls.
-  cudaGraph_t graph = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  absl::Status cap;
-  for (int i = 0; i < iters && cap.ok(); ++i) cap = run(buf, count, stream);
-  cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  SYMTP_RETURN_IF_ERROR_CTX(cap, "capturing");
-  CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, [&] {
+    absl::Status cap;
+    for (int i = 0; i < iters && cap.ok(); ++i) cap = run(buf, count, stream);
+    return cap;
+  });
+  SYMTP_RETURN_IF_ERROR_CTX(exec.status(), "capturing");
+  for (int i = 0; i < 3; ++i) SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
   SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
   SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
   samples.clear();
   for (int rep = 0; rep < cfg.reps; ++rep) {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+    SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
     SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
     float ms = 0;
@@ -158,8 +155,6 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
     samples.push_back(ms * 1000.0 / iters);
   }
   t.graph_us = Median(samples);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   // Slowest rank's times, everyone's wrong elements.
   double mine[3] = {t.eager_us, t.graph_us, static_cast<double>(t.wrong)};
   std::vector<double> all(3 * cfg.tp);

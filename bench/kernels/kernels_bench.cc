@@ -158,30 +158,27 @@ absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
 // Per-call microseconds of `fn` as a CUDA graph replays it (how the model
 // runs decode): `calls` calls (fn(0..calls-1)) captured into one graph,
 // replayed `reps` times after 2 warm-ups; median replay time / calls.
+// fn(0..calls-1) captured on s.
+absl::StatusOr<cuda::Graph> CaptureCalls(cudaStream_t s, int calls,
+                                         const std::function<absl::Status(int)>& fn) {
+  return cuda::Graph::Capture(s, [&] {
+    absl::Status st;
+    for (int i = 0; i < calls && st.ok(); ++i) st = fn(i);
+    return st;
+  });
+}
+
+// The median time of one replay of `exec`.
+absl::StatusOr<double> ReplayUs(const cuda::GraphExec& exec, cudaStream_t s, int reps) {
+  return TimeUs(s, 2, reps, [&](int) { return exec.Launch(s); });
+}
+
 absl::StatusOr<double> GraphUsPerCall(cudaStream_t s, int calls, int reps,
                                       const std::function<absl::Status(int)>& fn) {
-  cudaGraph_t graph = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  absl::Status st;
-  for (int i = 0; i < calls && st.ok(); ++i) st = fn(i);
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (!st.ok()) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    return st;
-  }
-  CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  CUDA_RETURN_IF_ERROR(inst);
-  auto replay = [&](int) -> absl::Status {
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
-    return absl::OkStatus();
-  };
-  absl::StatusOr<double> us = TimeUs(s, 2, reps, replay);
-  cudaGraphExecDestroy(exec);
-  if (!us.ok()) return us.status();
-  return *us / calls;
+  SYMTP_ASSIGN_OR_RETURN(const cuda::Graph graph, CaptureCalls(s, calls, fn));
+  SYMTP_ASSIGN_OR_RETURN(const cuda::GraphExec exec, cuda::GraphExec::Instantiate(graph));
+  SYMTP_ASSIGN_OR_RETURN(const double us, ReplayUs(exec, s, reps));
+  return us / calls;
 }
 
 float Bf16ToFloat(uint16_t b) {
@@ -882,38 +879,6 @@ absl::StatusOr<int> MakeKernelEdgesProgrammatic(cudaGraph_t g, unsigned char por
   return changed;
 }
 
-// Captures fn(0..calls-1) on s; the caller owns the graph.
-absl::StatusOr<cudaGraph_t> Capture(cudaStream_t s, int calls,
-                                    const std::function<absl::Status(int)>& fn) {
-  cudaGraph_t graph = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  absl::Status st;
-  for (int i = 0; i < calls && st.ok(); ++i) st = fn(i);
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (!st.ok()) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    return st;
-  }
-  CUDA_RETURN_IF_ERROR(end);
-  return graph;
-}
-
-// Instantiates `graph` (then destroys it) and returns the median replay time.
-absl::StatusOr<double> ReplayUs(cudaGraph_t graph, cudaStream_t s, int reps) {
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  CUDA_RETURN_IF_ERROR(inst);
-  absl::StatusOr<double> us = TimeUs(s, 2, reps, [&](int) -> absl::Status {
-    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
-    return absl::OkStatus();
-  });
-  const cudaError_t sync = cudaStreamSynchronize(s);
-  cudaGraphExecDestroy(exec);
-  CUDA_RETURN_IF_ERROR(sync);
-  return us;
-}
-
 // --sections pdl: whether cuBLASLt's GEMM kernels can be launched early
 // (programmatic dependent launch) inside a CUDA graph, and what that gains.
 // Per M = 256 decode shape: (1) the kernel edges of a capture of 20 GEMMs
@@ -973,24 +938,15 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
       SYMTP_RETURN_IF_ERROR(LaunchSlowPatternFill(abuf.get(), m * g.k, 0, 0, s));
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, out_bytes, s));
       SYMTP_ASSIGN_OR_RETURN(
-          cudaGraph_t graph, Capture(s, 2, [&](int i) -> absl::Status {
+          const cuda::Graph graph, CaptureCalls(s, 2, [&](int i) {
             return i == 0 ? LaunchSlowPatternFill(abuf.get(), m * g.k, 1, 50000, s) : consumer();
           }));
-      absl::StatusOr<int> changed =
-          MakeKernelEdgesProgrammatic(graph, cudaGraphKernelNodePortLaunchCompletion);
-      if (!changed.ok()) {
-        cudaGraphDestroy(graph);
-        return changed.status();
-      }
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      CUDA_RETURN_IF_ERROR(inst);
-      const cudaError_t launched = cudaGraphLaunch(exec, s);
-      const cudaError_t sync = cudaStreamSynchronize(s);
-      cudaGraphExecDestroy(exec);
-      CUDA_RETURN_IF_ERROR(launched);
-      CUDA_RETURN_IF_ERROR(sync);
+      SYMTP_RETURN_IF_ERROR(
+          MakeKernelEdgesProgrammatic(graph.get(), cudaGraphKernelNodePortLaunchCompletion)
+              .status());
+      SYMTP_ASSIGN_OR_RETURN(const cuda::GraphExec exec, cuda::GraphExec::Instantiate(graph));
+      SYMTP_RETURN_IF_ERROR(exec.Launch(s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       SYMTP_ASSIGN_OR_RETURN(const std::vector<uint16_t> got, download());
       return differing(got, want);
     };
@@ -1020,52 +976,35 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
     // Random activations again for the timed graphs.
     SYMTP_RETURN_IF_ERROR(FillRandom(abuf.get(), m * g.k, 12, 1.f, s));
     // (1) and (3).
-    SYMTP_ASSIGN_OR_RETURN(cudaGraph_t plain, Capture(s, 20, gemm));
-    const absl::StatusOr<EdgeCount> edges = CountKernelEdges(plain);
-    if (!edges.ok()) {
-      cudaGraphDestroy(plain);
-      return edges.status();
-    }
+    SYMTP_ASSIGN_OR_RETURN(const cuda::Graph plain, CaptureCalls(s, 20, gemm));
+    SYMTP_ASSIGN_OR_RETURN(const EdgeCount edges, CountKernelEdges(plain.get()));
     double us[3] = {0, 0, 0};
     bool same = true;
     std::vector<uint16_t> first_out;
     for (int v = 0; v < 3; ++v) {
-      cudaGraph_t graph = nullptr;
-      CUDA_RETURN_IF_ERROR(cudaGraphClone(&graph, plain));
+      SYMTP_ASSIGN_OR_RETURN(const cuda::Graph graph, plain.Clone());
       if (v > 0) {
-        const absl::StatusOr<int> changed =
-            MakeKernelEdgesProgrammatic(graph, v == 1 ? cudaGraphKernelNodePortProgrammatic
-                                                      : cudaGraphKernelNodePortLaunchCompletion);
-        if (!changed.ok()) {
-          cudaGraphDestroy(graph);
-          cudaGraphDestroy(plain);
-          return changed.status();
-        }
+        SYMTP_RETURN_IF_ERROR(MakeKernelEdgesProgrammatic(
+                                  graph.get(), v == 1 ? cudaGraphKernelNodePortProgrammatic
+                                                      : cudaGraphKernelNodePortLaunchCompletion)
+                                  .status());
       }
+      SYMTP_ASSIGN_OR_RETURN(const cuda::GraphExec exec, cuda::GraphExec::Instantiate(graph));
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, out_bytes, s));
-      absl::StatusOr<double> t = ReplayUs(graph, s, 5);
-      if (!t.ok()) {
-        cudaGraphDestroy(plain);
-        return t.status();
-      }
-      us[v] = *t / 20;
-      absl::StatusOr<std::vector<uint16_t>> out = download();
-      if (!out.ok()) {
-        cudaGraphDestroy(plain);
-        return out.status();
-      }
+      SYMTP_ASSIGN_OR_RETURN(const double t, ReplayUs(exec, s, 5));
+      us[v] = t / 20;
+      SYMTP_ASSIGN_OR_RETURN(std::vector<uint16_t> out, download());
       if (v == 0) {
-        first_out = std::move(*out);
+        first_out = std::move(out);
       } else {
-        same = same && differing(*out, first_out) == 0;
+        same = same && differing(out, first_out) == 0;
       }
     }
-    cudaGraphDestroy(plain);
     std::printf(
         "%-16s %2d %-8s %6lld %6lld %5d/%-5d %7lld %8lld %8.1f %5.1f%% %8.1f %5.1f%% %8.1f %5.1f%% "
         "%5s\n",
         g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-        edges->plain, edges->programmatic, static_cast<long long>(probe_cublas),
+        edges.plain, edges.programmatic, static_cast<long long>(probe_cublas),
         static_cast<long long>(probe_control), us[0], pct(us[0]), us[1], pct(us[1]), us[2],
         pct(us[2]), same ? "yes" : "NO");
     js->pdl.push_back(absl::StrFormat(
@@ -1073,7 +1012,7 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
         "\"edges_plain\": %d, \"edges_programmatic\": %d, \"probe_differing\": %d, "
         "\"control_differing\": %d, \"plain_us\": %.2f, \"prog_us\": %.2f, \"launch_us\": %.2f, "
         "\"frac_plain\": %.4f, \"frac_prog\": %.4f, \"frac_launch\": %.4f, \"same\": %s}",
-        g.model, g.tp, g.layer, g.n, g.k, m, edges->plain, edges->programmatic, probe_cublas,
+        g.model, g.tp, g.layer, g.n, g.k, m, edges.plain, edges.programmatic, probe_cublas,
         probe_control, us[0], us[1], us[2], pct(us[0]) / 100, pct(us[1]) / 100, pct(us[2]) / 100,
         same ? "true" : "false"));
   }

@@ -169,7 +169,7 @@ struct GpuModel::State {
   bool last_logits_copied = false;
   std::vector<kernels::AttentionItem> items_scratch;
 
-  std::map<std::pair<int, bool>, cudaGraphExec_t> graphs;
+  std::map<std::pair<int, bool>, cuda::GraphExec> graphs;
   std::map<std::pair<int, bool>, int> seen;
   std::set<std::pair<int, bool>> failed;
   GraphStats stats;
@@ -181,15 +181,11 @@ struct GpuModel::State {
   std::vector<int> prof_cls;
   int prof_n = 0;
 
-  ~State() {
-    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
-  }
-
   absl::Status Init();
   absl::Status InitWeights(cudaStream_t s);
   absl::Status Forward(const BatchInput& in, cudaStream_t stream, const StepOptions& so);
   absl::Status Enqueue(const StepShape& sh, cudaStream_t s);
-  absl::Status Capture(const StepShape& sh, cudaStream_t s, cudaGraphExec_t* exec);
+  absl::StatusOr<cuda::GraphExec> Capture(const StepShape& sh, cudaStream_t s);
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
                            cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
@@ -369,27 +365,14 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::State::Capture(const StepShape& sh, cudaStream_t s, cudaGraphExec_t* exec) {
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+absl::StatusOr<cuda::GraphExec> GpuModel::State::Capture(const StepShape& sh, cudaStream_t s) {
   const bool was_prof = prof_active;
   prof_active = false;
-  const absl::Status st = Enqueue(sh, s);
+  absl::StatusOr<cuda::GraphExec> exec =
+      cuda::GraphExec::Capture(s, [&] { return Enqueue(sh, s); });
   prof_active = was_prof;
-  cudaGraph_t graph = nullptr;
-  const cudaError_t e = cudaStreamEndCapture(s, &graph);
-  if (!st.ok() || e != cudaSuccess) {
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // capture errors are not sticky; clear the last-error slot
-    if (!st.ok()) return Annotate(st, "during CUDA graph capture");
-    return CudaErrorToStatus(e, "cudaStreamEndCapture", __FILE__, __LINE__);
-  }
-  const cudaError_t ie = cudaGraphInstantiate(exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (ie != cudaSuccess) {
-    cudaGetLastError();
-    return CudaErrorToStatus(ie, "cudaGraphInstantiate", __FILE__, __LINE__);
-  }
-  return absl::OkStatus();
+  if (!exec.ok()) return Annotate(exec.status(), "during CUDA graph capture");
+  return exec;
 }
 
 absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
@@ -570,20 +553,19 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
       gsh.split_grid = static_cast<int>(
           std::clamp<int64_t>((2 * static_cast<int64_t>(num_sms) + pairs - 1) / pairs, 1,
                               std::max(1, max_splits)));
-      cudaGraphExec_t exec = nullptr;
-      const absl::Status cs = Capture(gsh, stream, &exec);
-      if (cs.ok()) {
-        it = graphs.emplace(key, exec).first;
+      absl::StatusOr<cuda::GraphExec> exec = Capture(gsh, stream);
+      if (exec.ok()) {
+        it = graphs.emplace(key, std::move(*exec)).first;
         ++stats.captures;
       } else {
         ++stats.capture_failures;
         failed.insert(key);
         SYMTP_LOG(WARN, "gpu_model") << "CUDA graph capture for batch " << P
-                                     << " failed, running eagerly: " << cs.ToString();
+                                     << " failed, running eagerly: " << exec.status().ToString();
       }
     }
     if (it != graphs.end()) {
-      CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
+      SYMTP_RETURN_IF_ERROR(it->second.Launch(stream));
       ++stats.replays;
       done = true;
     }

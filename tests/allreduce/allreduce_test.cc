@@ -314,35 +314,28 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
     }
     SYMTP_RETURN_IF_ERROR(FinishHostSideWork());
     auto* ctr = counter.as<unsigned long long>();
-    cudaGraph_t graph = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    absl::Status captured = [&]() -> absl::Status {
-      for (size_t k = 0; k < 2; ++k) {
-        const Item& it = items[k];
-        CUDA_RETURN_IF_ERROR(kt::LaunchGenerate(data[k].get(), it.count, it.t, it.seed_base, rank,
-                                                ctr, stream.get()));
-        SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(data[k].get(), it.count, it.t, stream.get()));
-        CUDA_RETURN_IF_ERROR(kt::LaunchHash(data[k].get(), it.count, it.t, ctr,
-                                            hashes[k].as<unsigned long long>(), stream.get()));
-      }
-      CUDA_RETURN_IF_ERROR(kt::LaunchAdvance(ctr, stream.get()));
-      return absl::OkStatus();
-    }();
-    cudaError_t end = cudaStreamEndCapture(stream.get(), &graph);
-    SYMTP_RETURN_IF_ERROR(captured);
-    CUDA_RETURN_IF_ERROR(end);
-    cudaGraphExec_t exec = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    absl::StatusOr<cuda::GraphExec> exec =
+        cuda::GraphExec::Capture(stream.get(), [&]() -> absl::Status {
+          for (size_t k = 0; k < 2; ++k) {
+            const Item& it = items[k];
+            CUDA_RETURN_IF_ERROR(kt::LaunchGenerate(data[k].get(), it.count, it.t, it.seed_base,
+                                                    rank, ctr, stream.get()));
+            SYMTP_RETURN_IF_ERROR(ar->AllReduceSum(data[k].get(), it.count, it.t, stream.get()));
+            CUDA_RETURN_IF_ERROR(kt::LaunchHash(data[k].get(), it.count, it.t, ctr,
+                                                hashes[k].as<unsigned long long>(), stream.get()));
+          }
+          CUDA_RETURN_IF_ERROR(kt::LaunchAdvance(ctr, stream.get()));
+          return absl::OkStatus();
+        });
+    SYMTP_RETURN_IF_ERROR(exec.status());
     for (int k = 0; k < kReplays; ++k) {
-      CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream.get()));
+      SYMTP_RETURN_IF_ERROR(exec->Launch(stream.get()));
       if (k % 1000 == 999) {
         SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(60'000)));
         SYMTP_RETURN_IF_ERROR(ar->Poll());
       }
     }
     SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(60'000)));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     SYMTP_RETURN_IF_ERROR(ar->Poll());
     for (size_t k = 0; k < 2; ++k) {
       std::vector<uint64_t> got(kReplays);

@@ -135,25 +135,15 @@ class CapturedGraph {
  public:
   template <typename Record>
   CapturedGraph(cudaStream_t stream, Record&& record) {
-    cudaGraph_t graph = nullptr;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return;
-    const absl::Status st = record();
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    EXPECT_OK(st);
-    if (st.ok() && end == cudaSuccess) ok_ = cudaGraphInstantiate(&exec_, graph, 0) == cudaSuccess;
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, record);
+    EXPECT_OK(exec.status());
+    if (exec.ok()) exec_ = std::move(*exec);
   }
-  CapturedGraph(const CapturedGraph&) = delete;
-  CapturedGraph& operator=(const CapturedGraph&) = delete;
-  ~CapturedGraph() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  }
-  bool ok() const { return ok_; }
-  cudaError_t Launch(cudaStream_t stream) const { return cudaGraphLaunch(exec_, stream); }
+  bool ok() const { return exec_.get() != nullptr; }
+  cudaError_t Launch(cudaStream_t stream) const { return cudaGraphLaunch(exec_.get(), stream); }
 
  private:
-  cudaGraphExec_t exec_ = nullptr;
-  bool ok_ = false;
+  cuda::GraphExec exec_;
 };
 
 template <typename T>
