@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "kernels/ops/internal/sm90_gemm_kernel.cuh"
+#include "kernels/ops/internal/sm90_launch.h"
 #include "kernels/ops/internal/tma_map.h"
 
 namespace symtp::kernels {
@@ -19,34 +20,14 @@ namespace {
 
 template <int kMSub>
 absl::Status ConfigureSmem() {
-  // The dynamic shared memory limit is a per-device function attribute.
-  static std::atomic<uint64_t> configured{0};
-  int dev = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev % 64);
-  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(sm90::Sm90GemmKernel<kMSub>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              sm90::TileShape<kMSub>::kSmemBytes));
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  return absl::OkStatus();
+  return sm90::SetMaxDynamicSmemOnce(reinterpret_cast<const void*>(sm90::Sm90GemmKernel<kMSub>),
+                                     sm90::TileShape<kMSub>::kSmemBytes);
 }
 
 // The launch attribute that groups a tile's splits: a cooperative launch
 // (global split-K) or clusters of `splits` CTAs along grid x.
 cudaLaunchAttribute SplitAttribute(int splits, bool cooperative) {
-  cudaLaunchAttribute a{};
-  if (cooperative) {
-    a.id = cudaLaunchAttributeCooperative;
-    a.val.cooperative = 1;
-  } else {
-    a.id = cudaLaunchAttributeClusterDimension;
-    a.val.clusterDim.x = static_cast<unsigned>(splits);
-    a.val.clusterDim.y = 1;
-    a.val.clusterDim.z = 1;
-  }
-  return a;
+  return cooperative ? sm90::CooperativeAttribute() : sm90::ClusterAttribute(splits);
 }
 
 template <int kMSub>

@@ -5,7 +5,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -13,6 +12,7 @@
 #include "common/cuda_check.h"
 #include "common/status_macros.h"
 #include "kernels/ops/gemm_sm90.h"
+#include "kernels/ops/internal/sm90_launch.h"
 #include "kernels/ops/internal/streamk_gemm_kernel.cuh"
 #include "kernels/ops/internal/tma_map.h"
 
@@ -23,21 +23,11 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 int TokensPerTile(int64_t m) { return m <= 128 ? 128 : 256; }
 
-// Sets the kernel's dynamic shared memory limit (a per-device function
-// attribute) once per device.
 template <int kTn, int kC>
 absl::Status Configure() {
-  static std::atomic<uint64_t> configured{0};
-  int dev = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev % 64);
-  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(streamk::StreamKGemmKernel<kTn, kC>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              streamk::TileShape<kTn>::kSmemBytes));
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  return absl::OkStatus();
+  return sm90::SetMaxDynamicSmemOnce(
+      reinterpret_cast<const void*>(streamk::StreamKGemmKernel<kTn, kC>),
+      streamk::TileShape<kTn>::kSmemBytes);
 }
 
 // A cooperative launch (kC = 1) or clusters of kC CTAs along x.
@@ -48,16 +38,7 @@ cudaLaunchConfig_t Config(int64_t ctas, cudaStream_t stream, cudaLaunchAttribute
   cfg.blockDim = dim3(streamk::kThreads);
   cfg.dynamicSmemBytes = streamk::TileShape<kTn>::kSmemBytes;
   cfg.stream = stream;
-  *attr = cudaLaunchAttribute{};
-  if (kC == 1) {
-    attr->id = cudaLaunchAttributeCooperative;
-    attr->val.cooperative = 1;
-  } else {
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = kC;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-  }
+  *attr = kC == 1 ? sm90::CooperativeAttribute() : sm90::ClusterAttribute(kC);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cfg;

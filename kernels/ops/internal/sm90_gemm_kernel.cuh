@@ -180,6 +180,24 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   return t;
 }
 
+// Diagnostic stamps of a probed launch (Probe: Sm90GemmProbe or
+// StreamKGemmProbe, whose slots share these names): %globaltimer, clock64
+// and the SM id at the start; clock64, then %globaltimer at the end.
+template <typename Probe>
+__device__ __forceinline__ void StampStart(unsigned long long* stamp) {
+  stamp[Probe::kGlobalStart] = GlobalTimer();
+  stamp[Probe::kClockStart] = clock64();
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
+  stamp[Probe::kSm] = sm;
+}
+
+template <typename Probe>
+__device__ __forceinline__ void StampEnd(unsigned long long* stamp) {
+  stamp[Probe::kClockEnd] = clock64();
+  stamp[Probe::kGlobalEnd] = GlobalTimer();
+}
+
 __device__ __forceinline__ uint64_t L2Policy(bool evict_first) {
   uint64_t p;
   if (evict_first) {
@@ -334,18 +352,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (stamp != nullptr) stamp[slot] = clock64();
   };
   if (stamp != nullptr) {
-    stamp[Probe::kGlobalStart] = GlobalTimer();
-    mark(Probe::kClockStart);
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
-    stamp[Probe::kSm] = sm;
+    StampStart<Probe>(stamp);
     stamp[Probe::kIters] = static_cast<unsigned long long>(iters);
   }
   const auto finish = [&] {
-    if (stamp != nullptr) {
-      mark(Probe::kClockEnd);
-      stamp[Probe::kGlobalEnd] = GlobalTimer();
-    }
+    if (stamp != nullptr) StampEnd<Probe>(stamp);
   };
 
   if (threadIdx.x == 0) {

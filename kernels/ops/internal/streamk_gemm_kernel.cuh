@@ -242,11 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (stamp != nullptr) stamp[slot] = clock64();
   };
   if (stamp != nullptr) {
-    stamp[Probe::kGlobalStart] = GlobalTimer();
-    mark(Probe::kClockStart);
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %smid;" : "=r"(sm));
-    stamp[Probe::kSm] = sm;
+    StampStart<Probe>(stamp);
     stamp[Probe::kUnits] = static_cast<unsigned long long>(u1 - u0);
     stamp[Probe::kPartialsRead] = 0;
   }
@@ -413,10 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     ClusterSync();
   }
-  if (stamp != nullptr) {
-    mark(Probe::kClockEnd);
-    stamp[Probe::kGlobalEnd] = GlobalTimer();
-  }
+  if (stamp != nullptr) StampEnd<Probe>(stamp);
 #endif
 }
 
