@@ -902,7 +902,9 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
       "\nprogrammatic dependent launch of cuBLASLt GEMMs in a CUDA graph (M = 256): edges of a "
       "capture of 20 calls (kernel->kernel, plain/programmatic); probe = output elements that "
       "differ when a slow kernel rewrites A just before the GEMM through a programmatic edge "
-      "(0: the GEMM waits for its upstream grid; control: the stream-K kernel, which does not); "
+      "(0: the GEMM waits for its upstream grid; -1: nothing probed, no kernel-to-kernel edge "
+      "to make programmatic or no sm_90a device for the control; control: the stream-K kernel, "
+      "which does not wait); "
       "us per call in a graph of 20 with plain edges, programmatic from the upstream's exit "
       "(prog) and from its launch (launch); same = last output bitwise equal to the plain "
       "graph's\n");
@@ -941,9 +943,12 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
           const cuda::Graph graph, CaptureCalls(s, 2, [&](int i) {
             return i == 0 ? LaunchSlowPatternFill(abuf.get(), m * g.k, 1, 50000, s) : consumer();
           }));
-      SYMTP_RETURN_IF_ERROR(
-          MakeKernelEdgesProgrammatic(graph.get(), cudaGraphKernelNodePortLaunchCompletion)
-              .status());
+      SYMTP_ASSIGN_OR_RETURN(
+          const int changed,
+          MakeKernelEdgesProgrammatic(graph.get(), cudaGraphKernelNodePortLaunchCompletion));
+      // No kernel-to-kernel edge (e.g. a memset node between the writer and
+      // the GEMM): nothing to probe.
+      if (changed == 0) return int64_t{-1};
       SYMTP_ASSIGN_OR_RETURN(const cuda::GraphExec exec, cuda::GraphExec::Instantiate(graph));
       SYMTP_RETURN_IF_ERROR(exec.Launch(s));
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
