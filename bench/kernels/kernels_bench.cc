@@ -24,6 +24,8 @@
 //   pdl             cuBLASLt GEMMs (M = 256) behind programmatic graph edges:
 //                   whether their kernels wait for the upstream grid, and
 //                   the time per call (not in the default sections)
+//   transposed      the M = 256 decode GEMMs as C^T = W A^T beside C = A W^T
+//                   (not in the default sections)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -202,7 +204,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 
 struct Json {
   std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny, streamk,
-      pdl;
+      pdl, transposed;
   std::string ceilings, device;
 };
 
@@ -1024,6 +1026,93 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
   return absl::OkStatus();
 }
 
+// --sections transposed: the M = 256 decode GEMMs computed transposed,
+// C^T[N, M] = W[N, K] A[M, K]^T (the same Gemm() with W as the first operand),
+// which hands cuBLASLt the other orientation; per call in a CUDA graph of 20
+// beside the normal form, cuBLASLt's heuristic and the fastest of its
+// configurations; every element of the transposed output checked against the
+// normal one first.
+absl::Status BenchTransposedGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
+                                  const Ceilings& c, Json* js) {
+  const int64_t m = 256;
+  SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(m, 13, s));
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer out_t, cuda::DeviceBuffer::Create(ops.c.bytes()));
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle exh, kernels::CublasLtHandle::Create());
+  exh.set_autotune_candidates(32);
+  exh.set_autotune_exhaustive(true);
+  std::printf(
+      "\ndecode GEMMs at M = 256, normal C = A W^T vs transposed C^T = W A^T (us per call in a "
+      "CUDA graph of 20; %% of the measured %.0f TFLOP/s; exh = the fastest cuBLASLt "
+      "configuration; max diff = largest |C - (C^T)^T| over the output, in bf16 ulps)\n",
+      c.gemm_tflops);
+  std::printf("%-16s %2s %-8s %6s %6s %9s %6s %9s %6s %9s %6s %9s %6s %8s\n", "model", "tp",
+              "layer", "N", "K", "normal", "%peak", "exh", "%peak", "transp", "%peak", "t exh",
+              "%peak", "max diff");
+  for (const auto& g : DecodeGemmShapes()) {
+    if (std::string(g.layer) == "lm_head") continue;
+    const double flop = 2.0 * m * g.n * g.k;
+    const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
+    auto normal = [&](kernels::CublasLtHandle& hh, int i) {
+      return kernels::Gemm(hh, ops.a.get(), ops.Weights(g.n, g.k, i), ops.c.get(), m, g.n, g.k,
+                           DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
+    };
+    auto transposed = [&](kernels::CublasLtHandle& hh, int i) {
+      return kernels::Gemm(hh, ops.Weights(g.n, g.k, i), ops.a.get(), out_t.get(), g.n, m, g.k,
+                           DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
+    };
+    // Check: every element of (C^T)^T against C, both from W slot 0, for
+    // both handles (the first exhaustive calls also pick their algorithm,
+    // eagerly, before anything is captured).
+    double worst = 0;
+    for (kernels::CublasLtHandle* hh : {&h, &exh}) {
+      SYMTP_RETURN_IF_ERROR(normal(*hh, 0));
+      SYMTP_RETURN_IF_ERROR(transposed(*hh, 0));
+      std::vector<uint16_t> cn(m * g.n), ct(m * g.n);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(cn.data(), ops.c.get(), cn.size() * 2, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ct.data(), out_t.get(), ct.size() * 2, cudaMemcpyDeviceToHost, s));
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          const float x = Bf16ToFloat(cn[i * g.n + j]), y = Bf16ToFloat(ct[j * m + i]);
+          if (x == y) continue;
+          const double big = std::max(std::fabs(x), std::fabs(y));
+          const double ulp = std::ldexp(1.0, std::ilogb(big) - 7);
+          const double d = std::fabs(static_cast<double>(x) - y) / ulp;
+          worst = std::max(worst, std::isfinite(d) ? d : 1e9);
+        }
+      }
+    }
+    if (worst > 2) {
+      return absl::InternalError(
+          absl::StrFormat("transposed GEMM check failed for %s tp%d %s: outputs differ by %g ulps",
+                          g.model, g.tp, g.layer, worst));
+    }
+    SYMTP_ASSIGN_OR_RETURN(const double n_us,
+                           GraphUsPerCall(s, 20, 5, [&](int i) { return normal(h, i); }));
+    SYMTP_ASSIGN_OR_RETURN(const double ne_us,
+                           GraphUsPerCall(s, 20, 5, [&](int i) { return normal(exh, i); }));
+    SYMTP_ASSIGN_OR_RETURN(const double t_us,
+                           GraphUsPerCall(s, 20, 5, [&](int i) { return transposed(h, i); }));
+    SYMTP_ASSIGN_OR_RETURN(const double te_us,
+                           GraphUsPerCall(s, 20, 5, [&](int i) { return transposed(exh, i); }));
+    std::printf(
+        "%-16s %2d %-8s %6lld %6lld %9.1f %5.1f%% %9.1f %5.1f%% %9.1f %5.1f%% %9.1f %5.1f%% "
+        "%8.1f\n",
+        g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k), n_us,
+        pct(n_us), ne_us, pct(ne_us), t_us, pct(t_us), te_us, pct(te_us), worst);
+    js->transposed.push_back(absl::StrFormat(
+        "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
+        "\"normal_us\": %.2f, \"normal_exh_us\": %.2f, \"transposed_us\": %.2f, "
+        "\"transposed_exh_us\": %.2f, \"frac_normal\": %.4f, \"frac_normal_exh\": %.4f, "
+        "\"frac_transposed\": %.4f, \"frac_transposed_exh\": %.4f, \"max_diff_ulps\": %.1f}",
+        g.model, g.tp, g.layer, g.n, g.k, m, n_us, ne_us, t_us, te_us, pct(n_us) / 100,
+        pct(ne_us) / 100, pct(t_us) / 100, pct(te_us) / 100, worst));
+  }
+  return absl::OkStatus();
+}
+
 // --sections sm90probe: where the sm_90a GEMM's time goes on the three
 // M = 256 shapes cuBLASLt leaves below 60%. Per plan: the median time as is,
 // with A or W (or both) loaded only into the ring's first fill (wrong output,
@@ -1659,6 +1748,9 @@ absl::Status Run(int argc, char** argv) {
     section("streamk_gemm", BenchStreamKGemms(h, ws.get(), stream.get(), c, &js));
   }
   if (on("pdl")) section("pdl_gemm", BenchPdlGemms(h, ws.get(), stream.get(), c, &js));
+  if (on("transposed")) {
+    section("transposed_gemm", BenchTransposedGemms(h, ws.get(), stream.get(), c, &js));
+  }
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
   if (on("model") && !skip_model) {
@@ -1667,16 +1759,17 @@ absl::Status Run(int argc, char** argv) {
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
-    std::fprintf(f,
-                 "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
-                 "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
-                 "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s,\n  \"pdl_gemm\": %s\n}\n",
-                 js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
-                 JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
-                 JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(),
-                 JoinArr(js.streamk).c_str(), JoinArr(js.pdl).c_str());
+    std::fprintf(
+        f,
+        "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
+        "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
+        "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
+        "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s,\n  \"pdl_gemm\": %s,\n"
+        "  \"transposed_gemm\": %s\n}\n",
+        js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(), JoinArr(js.attn).c_str(),
+        JoinArr(js.prefill_attn).c_str(), JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
+        JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(), JoinArr(js.streamk).c_str(),
+        JoinArr(js.pdl).c_str(), JoinArr(js.transposed).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }
