@@ -173,6 +173,7 @@ struct GpuModel::State {
   std::map<std::pair<int, bool>, int> seen;
   std::set<std::pair<int, bool>> failed;
   GraphStats stats;
+  absl::Status inject_capture_failure;  // FailNextCaptureForTesting; OK: none
 
   bool profiling = false;
   bool prof_active = false;
@@ -368,8 +369,10 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
 absl::StatusOr<cuda::GraphExec> GpuModel::State::Capture(const StepShape& sh, cudaStream_t s) {
   const bool was_prof = prof_active;
   prof_active = false;
-  absl::StatusOr<cuda::GraphExec> exec =
-      cuda::GraphExec::Capture(s, [&] { return Enqueue(sh, s); });
+  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(s, [&]() -> absl::Status {
+    SYMTP_RETURN_IF_ERROR(Enqueue(sh, s));
+    return std::exchange(inject_capture_failure, absl::OkStatus());
+  });
   prof_active = was_prof;
   if (!exec.ok()) return Annotate(exec.status(), "during CUDA graph capture");
   return exec;
@@ -981,6 +984,9 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 }
 
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
+void GpuModel::FailNextCaptureForTesting(absl::Status status) {
+  s_->inject_capture_failure = std::move(status);
+}
 const ModelConfig& GpuModel::config() const { return s_->cfg; }
 const ShardLayout& GpuModel::layout() const { return s_->layout; }
 const GpuModelOptions& GpuModel::options() const { return s_->opt; }

@@ -192,6 +192,10 @@ class GpuModel {
   // Of the last profiled step; call after WaitForStep.
   absl::StatusOr<StepProfile> LastStepProfile();
   GraphStats graph_stats() const;
+  // Test hook: the next CUDA graph capture fails with `status` after its step
+  // has been recorded (the capture is ended and discarded as for any failed
+  // capture), so that batch shape runs eagerly from then on.
+  void FailNextCaptureForTesting(absl::Status status);
 
   const ModelConfig& config() const;
   const ShardLayout& layout() const;

@@ -277,12 +277,17 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 
 // Two models, graphs on and off, fed the same steps (each forwards its own
 // device samples): logits and tokens must be bitwise equal at every step.
+// With fail_first_capture the graph model's first capture fails (after its
+// step is recorded): that batch shape must fall back to eager steps.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
-                  DecodeKernel dk = DecodeKernel::kTiled) {
+                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false) {
   auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
   auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
   ASSERT_OK(b);
+  if (fail_first_capture) {
+    a->FailNextCaptureForTesting(absl::InternalError("injected capture failure"));
+  }
   SimBatch sim(cfg, kBlocks, 3);
   for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
   std::vector<int> prev_rows;
@@ -317,10 +322,18 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     prev_rows.assign(rows.begin(), rows.end());
   }
   const auto st = a->graph_stats();
+  EXPECT_EQ(b->graph_stats().replays, 0);
+  if (fail_first_capture) {
+    // One decode shape in this run: it failed once and ran eagerly after.
+    EXPECT_EQ(st.capture_failures, 1);
+    EXPECT_EQ(st.captures, 0);
+    EXPECT_EQ(st.replays, 0);
+    EXPECT_EQ(st.eager_steps, b->graph_stats().eager_steps);
+    return;
+  }
   EXPECT_EQ(st.capture_failures, 0);
   EXPECT_GE(st.captures, 1);
   EXPECT_GE(st.replays, 8);
-  EXPECT_EQ(b->graph_stats().replays, 0);
 }
 
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
@@ -337,6 +350,10 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseTensorCoreBf16) {
 }
 TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());
+}
+TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
+               /*fail_first_capture=*/true);
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
