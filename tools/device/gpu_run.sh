@@ -6,7 +6,8 @@
 #   GPU_TEST_REGEX limits the gpu tests (ctest -R); OVERLAP_EXTRA / REPORT_EXTRA pass
 #   launcher flags (e.g. "--attention=tensor-core") to the overlap and report runs;
 #   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
-#   DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the decode sweep; FAULT_TP the kill test.
+#   DECODE_MODELS / DECODE_OVERRIDES / DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the
+#   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32); FAULT_TP the kill test.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -149,6 +150,7 @@ fi
 if has decode; then
   step "decode step sweep (presets x TP x graphs x batch)"
   SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$(seq -s " " 1 $TP_MAX)}" \
+    ${DECODE_MODELS:+--models "$DECODE_MODELS"} \
     --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tensor-core}" \
     ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
