@@ -281,6 +281,21 @@ std::vector<GemmShape> DecodeGemmShapes() {
   return v;
 }
 
+// bf16 C[m, n] = A[m, k] W[n, k]^T with the bench's GEMM workspace.
+kernels::GemmArgs Bf16GemmArgs(const void* a, const void* w, void* c, int64_t m, int64_t n,
+                               int64_t k, void* ws) {
+  kernels::GemmArgs g;
+  g.a = a;
+  g.w = w;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.workspace = ws;
+  g.workspace_bytes = kernels::kGemmWorkspaceBytes;
+  return g;
+}
+
 // Operands of the decode GEMM sections: weights rotated through an arena of
 // at least 4 GiB (L2 is ~50 MB, so each timed GEMM reads HBM), activations
 // for up to max_m rows, an output for the widest layer.
@@ -526,15 +541,8 @@ absl::Status BenchSkinnyGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
     if (std::string(g.layer) == "lm_head") continue;
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     for (int64_t m : {8, 16, 32}) {
-      kernels::GemmArgs probe;
-      probe.a = abuf.get();
-      probe.w = wbuf.get();
-      probe.c = cbuf.get();
-      probe.m = m;
-      probe.n = g.n;
-      probe.k = g.k;
-      probe.workspace = ws;
-      probe.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      const kernels::GemmArgs probe =
+          Bf16GemmArgs(abuf.get(), wbuf.get(), cbuf.get(), m, g.n, g.k, ws);
       if (!kernels::SkinnyGemmSupported(probe)) continue;
       auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
         const char* w = ops.Weights(g.n, g.k, i);
@@ -598,15 +606,7 @@ struct Sm90Operands {
   }
   // The m x n x k product's arguments (W set per call by Launch).
   kernels::GemmArgs Args(int64_t m, int64_t n, int64_t k) const {
-    kernels::GemmArgs g;
-    g.a = a.get();
-    g.c = c.get();
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.workspace = ws;
-    g.workspace_bytes = kernels::kGemmWorkspaceBytes;
-    return g;
+    return Bf16GemmArgs(a.get(), nullptr, c.get(), m, n, k, ws);
   }
   // The i-th of the arena's weight slots of n x k.
   const void* Weights(int i, int64_t n, int64_t k) const {
@@ -718,14 +718,7 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         ((g.tp == 1 && std::string(g.layer) == "wo") ||
          (g.tp == 2 && (std::string(g.layer) == "qkv" || std::string(g.layer) == "wo")));
     for (int64_t m : {128, 256}) {
-      kernels::GemmArgs args;
-      args.a = abuf.get();
-      args.c = cbuf.get();
-      args.m = m;
-      args.n = g.n;
-      args.k = g.k;
-      args.workspace = ws;
-      args.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      kernels::GemmArgs args = Bf16GemmArgs(abuf.get(), nullptr, cbuf.get(), m, g.n, g.k, ws);
       auto cublas = [&](int i) {
         return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
                              DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
@@ -960,15 +953,8 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
     SYMTP_ASSIGN_OR_RETURN(const int64_t probe_cublas, probe([&] { return gemm(0); }));
     int64_t probe_control = -1;
     if (kernels::Sm90GemmDeviceSupported()) {
-      kernels::GemmArgs args;
-      args.a = abuf.get();
-      args.w = ops.Weights(g.n, g.k, 0);
-      args.c = cbuf.get();
-      args.m = m;
-      args.n = g.n;
-      args.k = g.k;
-      args.workspace = ws;
-      args.workspace_bytes = kernels::kGemmWorkspaceBytes;
+      const kernels::GemmArgs args =
+          Bf16GemmArgs(abuf.get(), ops.Weights(g.n, g.k, 0), cbuf.get(), m, g.n, g.k, ws);
       const absl::StatusOr<int64_t> control = probe([&] {
         return kernels::LaunchStreamKGemm(args, {}, s, flags.as<unsigned int>(), kFlags);
       });

@@ -205,11 +205,10 @@ absl::Status LaunchSm90Gemm(const GemmArgs& g, const Sm90GemmPlan& plan, cudaStr
                             unsigned int* counters, int64_t num_counters,
                             const Sm90GemmProbe* probe) {
   if (!Sm90GemmArgsSupported(g)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "Sm90Gemm: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
-        "(needs bf16 in and out, k and strides multiples of 8, 16-byte aligned operands, no "
-        "sm_count_target)",
-        g.m, g.n, g.k, g.lda, g.ldw, g.ldc, g.a, g.w, g.c));
+    return sm90::UnsupportedGemmCall(
+        "Sm90Gemm", g,
+        "bf16 in and out, k and strides multiples of 8, 16-byte aligned operands, no "
+        "sm_count_target");
   }
   if (!Sm90GemmDeviceSupported()) {
     return absl::InvalidArgumentError("Sm90Gemm: the current device is not compute capability 9.0");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
@@ -57,6 +58,24 @@ absl::StatusOr<int64_t> MaxCtas() {
   CUDA_RETURN_IF_ERROR(
       cudaOccupancyMaxActiveClusters(&clusters, streamk::StreamKGemmKernel<kTn, kC>, &cfg));
   return static_cast<int64_t>(clusters) * kC;
+}
+
+// f(kTn, kC) with std::integral_constant arguments for the kernel instance of
+// token width `tn` (128 or 256) and cluster size `cluster` (1, 2 or 4).
+template <typename F>
+auto ForInstance(int tn, int cluster, F&& f) {
+  const auto with_cluster = [&](auto tn_c) {
+    switch (cluster) {
+      case 1:
+        return f(tn_c, std::integral_constant<int, 1>{});
+      case 2:
+        return f(tn_c, std::integral_constant<int, 2>{});
+      default:
+        return f(tn_c, std::integral_constant<int, 4>{});
+    }
+  };
+  return tn == 128 ? with_cluster(std::integral_constant<int, 128>{})
+                   : with_cluster(std::integral_constant<int, 256>{});
 }
 
 template <int kTn, int kC>
@@ -110,12 +129,9 @@ absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster) {
   std::lock_guard<std::mutex> lock(mu);
   int64_t& slot = known[dev][wide][cluster == 4 ? 2 : cluster - 1];
   if (slot == 0) {
-    absl::StatusOr<int64_t> n = wide ? (cluster == 1   ? MaxCtas<256, 1>()
-                                        : cluster == 2 ? MaxCtas<256, 2>()
-                                                       : MaxCtas<256, 4>())
-                                     : (cluster == 1   ? MaxCtas<128, 1>()
-                                        : cluster == 2 ? MaxCtas<128, 2>()
-                                                       : MaxCtas<128, 4>());
+    absl::StatusOr<int64_t> n = ForInstance(TokensPerTile(m), cluster, [](auto tn_c, auto c_c) {
+      return MaxCtas<decltype(tn_c)::value, decltype(c_c)::value>();
+    });
     if (!n.ok()) return n.status();
     if (*n < cluster) {
       return absl::UnavailableError(absl::StrFormat(
@@ -135,11 +151,10 @@ absl::Status LaunchStreamKGemm(const GemmArgs& g, const StreamKGemmPlan& plan, c
                                unsigned int* flags, int64_t num_flags,
                                const StreamKGemmProbe* probe) {
   if (!StreamKGemmArgsSupported(g)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "StreamKGemm: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
-        "(needs bf16 in and out, 1 <= m <= 256, k and strides multiples of 8, 16-byte aligned "
-        "operands, no sm_count_target)",
-        g.m, g.n, g.k, g.lda, g.ldw, g.ldc, g.a, g.w, g.c));
+    return sm90::UnsupportedGemmCall(
+        "StreamKGemm", g,
+        "bf16 in and out, 1 <= m <= 256, k and strides multiples of 8, 16-byte aligned operands, "
+        "no sm_count_target");
   }
   const int cluster = plan.cluster;
   SYMTP_ASSIGN_OR_RETURN(const int64_t most, StreamKGemmMaxCtas(g.m, cluster));
@@ -176,24 +191,9 @@ absl::Status LaunchStreamKGemm(const GemmArgs& g, const StreamKGemmPlan& plan, c
   params.partials = static_cast<float*>(g.workspace);
   params.flags = flags;
   if (probe != nullptr) params.stamps = probe->stamps;
-  if (tn == 128) {
-    switch (cluster) {
-      case 1:
-        return Launch<128, 1>(map_w, map_t, params, ctas, stream);
-      case 2:
-        return Launch<128, 2>(map_w, map_t, params, ctas, stream);
-      default:
-        return Launch<128, 4>(map_w, map_t, params, ctas, stream);
-    }
-  }
-  switch (cluster) {
-    case 1:
-      return Launch<256, 1>(map_w, map_t, params, ctas, stream);
-    case 2:
-      return Launch<256, 2>(map_w, map_t, params, ctas, stream);
-    default:
-      return Launch<256, 4>(map_w, map_t, params, ctas, stream);
-  }
+  return ForInstance(tn, cluster, [&](auto tn_c, auto c_c) {
+    return Launch<decltype(tn_c)::value, decltype(c_c)::value>(map_w, map_t, params, ctas, stream);
+  });
 }
 
 }  // namespace symtp::kernels

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -324,6 +325,22 @@ TEST_F(GemmTest, SkinnyIsDeterministicAndCapturable) {
   EXPECT_EQ(std::memcmp(c.data(), c2.data(), c.size() * sizeof(float)), 0);
 }
 
+// One CTA's probe stamps (Probe: Sm90GemmProbe or StreamKGemmProbe): both
+// timers written, the SM id in range, and the clock stamps in `order`
+// non-decreasing.
+template <typename Probe>
+void ExpectStampsInOrder(const unsigned long long* x, std::initializer_list<int> order,
+                         int num_sms) {
+  EXPECT_GT(x[Probe::kGlobalStart], 0u);
+  EXPECT_LE(x[Probe::kGlobalStart], x[Probe::kGlobalEnd]);
+  EXPECT_GT(x[Probe::kClockStart], 0u);
+  const std::vector<int> slots(order);
+  for (size_t i = 1; i < slots.size(); ++i) {
+    EXPECT_LE(x[slots[i - 1]], x[slots[i]]) << "slot " << slots[i - 1] << " before " << slots[i];
+  }
+  EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
+}
+
 // The diagnostics kernels_bench's sm90probe section reads: every CTA leaves a
 // timeline in order, the splits of a tile cover K once, and stamping leaves
 // the product correct; the load-skipping probes finish (their output is not
@@ -354,16 +371,11 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
     for (int64_t b = 0; b < ctas; ++b) {
       const unsigned long long* x = &st[b * Probe::kSlots];
       SCOPED_TRACE(::testing::Message() << "CTA " << b);
-      EXPECT_GT(x[Probe::kGlobalStart], 0u);
-      EXPECT_LE(x[Probe::kGlobalStart], x[Probe::kGlobalEnd]);
-      EXPECT_GT(x[Probe::kClockStart], 0u);
-      EXPECT_LE(x[Probe::kClockStart], x[Probe::kFirstStage]);
-      EXPECT_LE(x[Probe::kFirstStage], x[Probe::kKLoopEnd]);
-      EXPECT_LE(x[Probe::kKLoopEnd], x[Probe::kStored]);
-      EXPECT_LE(x[Probe::kStored], x[Probe::kSplitsIn]);
-      EXPECT_LE(x[Probe::kSplitsIn], x[Probe::kReduced]);
-      EXPECT_LE(x[Probe::kReduced], x[Probe::kClockEnd]);
-      EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
+      ExpectStampsInOrder<Probe>(
+          x,
+          {Probe::kClockStart, Probe::kFirstStage, Probe::kKLoopEnd, Probe::kStored,
+           Probe::kSplitsIn, Probe::kReduced, Probe::kClockEnd},
+          num_sms);
       steps[b / plan.splits] += static_cast<int64_t>(x[Probe::kIters]);  // x = split
     }
     for (int64_t t = 0; t < tiles; ++t) EXPECT_EQ(steps[t], k_tiles) << "tile " << t;
@@ -474,14 +486,10 @@ TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
   for (int64_t b = 0; b < ctas; ++b) {
     const unsigned long long* x = &st[b * Probe::kSlots];
     SCOPED_TRACE(::testing::Message() << "CTA " << b);
-    EXPECT_GT(x[Probe::kGlobalStart], 0u);
-    EXPECT_LE(x[Probe::kGlobalStart], x[Probe::kGlobalEnd]);
-    EXPECT_GT(x[Probe::kClockStart], 0u);
-    EXPECT_LE(x[Probe::kClockStart], x[Probe::kFirstStage]);
-    EXPECT_LE(x[Probe::kFirstStage], x[Probe::kLoopEnd]);
-    EXPECT_LE(x[Probe::kLoopEnd], x[Probe::kPartialsIn]);
-    EXPECT_LE(x[Probe::kPartialsIn], x[Probe::kClockEnd]);
-    EXPECT_LT(x[Probe::kSm], static_cast<unsigned long long>(num_sms));
+    ExpectStampsInOrder<Probe>(x,
+                               {Probe::kClockStart, Probe::kFirstStage, Probe::kLoopEnd,
+                                Probe::kPartialsIn, Probe::kClockEnd},
+                               num_sms);
     // The cluster q = b / 2 of CTA b runs units [q U / G, (q + 1) U / G).
     const int64_t q = b / 2;
     EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]),

@@ -1,7 +1,7 @@
 // Host helpers shared by the sm_90a GEMMs' launchers (gemm_sm90.cu,
 // gemm_streamk.cu): the dynamic shared memory limit, raised once per kernel
-// and device, and the launch attributes that make a grid cooperative or
-// clustered.
+// and device, the launch attributes that make a grid cooperative or
+// clustered, and the error for a call a kernel cannot run.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +11,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
+#include "kernels/ops/gemm.h"
 
 namespace symtp::kernels::sm90 {
 
@@ -47,6 +49,15 @@ inline cudaLaunchAttribute ClusterAttribute(int x) {
   a.val.clusterDim.y = 1;
   a.val.clusterDim.z = 1;
   return a;
+}
+
+// InvalidArgument naming `who`, the call's shape, strides and operands, and
+// what the kernel `needs`.
+inline absl::Status UnsupportedGemmCall(const char* who, const GemmArgs& g, const char* needs) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: unsupported call m=%d n=%d k=%d lda=%d ldw=%d ldc=%d a=%p w=%p c=%p "
+                      "(needs %s)",
+                      who, g.m, g.n, g.k, g.lda, g.ldw, g.ldc, g.a, g.w, g.c, needs));
 }
 
 }  // namespace symtp::kernels::sm90
