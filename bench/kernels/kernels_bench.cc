@@ -709,9 +709,10 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
       "landed, loop = its K loops, fix = partial written or later partials added, out = "
       "output stored; span = first CTA start to last CTA end\n",
       c.gemm_tflops);
-  std::printf("%-16s %2s %-8s %6s %6s %3s %7s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s %5s %6s\n",
-              "model", "tp", "layer", "N", "K", "M", "ctas/cl", "cublas us", "%peak", "streamk us",
-              "%peak", "speedup", "first", "loop", "fix", "out", "span", "GHz", "clk/u");
+  std::printf("%-16s %2s %-8s %6s %6s %3s %10s %15s %6s %15s %6s %7s %6s %6s %6s %6s %6s %5s %6s\n",
+              "model", "tp", "layer", "N", "K", "M", "ctas/cl/wg", "cublas us", "%peak",
+              "streamk us", "%peak", "speedup", "first", "loop", "fix", "out", "span", "GHz",
+              "clk/u");
   for (const auto& g : shapes) {
     const bool short_shape =
         g.model == std::string("llama-8b-shape") &&
@@ -723,35 +724,39 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n, g.k,
                              DType::kBF16, ws, kernels::kGemmWorkspaceBytes, s);
       };
-      // Check: rows 0 and m - 1 of W slot 0 against a double product of the
-      // bf16 operands.
+      // Each plan is checked before it is timed: rows 0 and m - 1 of W slot 0
+      // against a double product of the bf16 operands.
       args.w = ops.Weights(g.n, g.k, 0);
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
-      SYMTP_RETURN_IF_ERROR(
-          kernels::LaunchStreamKGemm(args, {}, s, flags.as<unsigned int>(), kFlags));
       SYMTP_ASSIGN_OR_RETURN(const EndRowsReference want,
                              EndRowsReference::Compute(abuf.get(), args.w, m, g.n, g.k, s));
-      SYMTP_RETURN_IF_ERROR(want.Check(
-          cbuf.get(), s,
-          absl::StrFormat("stream-K GEMM check for %s tp%d %s M=%d", g.model, g.tp, g.layer, m)));
       const double flop = 2.0 * m * g.n * g.k;
       const auto pct = [&](double us) { return 100 * flop / (us * 1e-6) / 1e12 / c.gemm_tflops; };
       SYMTP_ASSIGN_OR_RETURN(const double cu_us, TimeUs(s, 5, 30, cublas));
       SYMTP_ASSIGN_OR_RETURN(const double cu_graph, GraphUsPerCall(s, 20, 5, cublas));
-      // Pairs sharing token boxes on the default grid, then single CTAs; on
-      // the short shapes also smaller grids and clusters of 4.
-      std::vector<kernels::StreamKGemmPlan> plans = {{2, 0}, {1, 0}};
+      // Pairs sharing token boxes on the default grid, then single CTAs, each
+      // with one and two consumer warpgroups (64- and 128-row W tiles); on the
+      // short shapes also smaller grids and clusters of 4.
+      std::vector<kernels::StreamKGemmPlan> plans = {{2, 0, 1}, {1, 0, 1}, {2, 0, 2}, {1, 0, 2}};
       if (short_shape && m == 256) {
-        for (int64_t g2 : {128, 96, 64}) plans.push_back({2, g2});
-        for (int64_t g1 : {96, 64}) plans.push_back({1, g1});
-        plans.push_back({4, 0});
+        for (int64_t g2 : {128, 96, 64}) plans.push_back({2, g2, 1});
+        for (int64_t g1 : {96, 64}) plans.push_back({1, g1, 1});
+        plans.push_back({4, 0, 1});
+        for (int64_t g2 : {96, 64}) plans.push_back({2, g2, 2});
+        plans.push_back({4, 0, 2});
       }
       for (kernels::StreamKGemmPlan plan : plans) {
         if (plan.ctas == 0) {
-          SYMTP_ASSIGN_OR_RETURN(plan.ctas,
-                                 kernels::StreamKGemmDefaultCtas(m, g.n, g.k, plan.cluster));
+          SYMTP_ASSIGN_OR_RETURN(plan.ctas, kernels::StreamKGemmDefaultCtas(
+                                                m, g.n, g.k, plan.cluster, plan.warpgroups));
         }
         const int64_t ctas = plan.ctas;
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
+        SYMTP_RETURN_IF_ERROR(
+            kernels::LaunchStreamKGemm(args, plan, s, flags.as<unsigned int>(), kFlags));
+        SYMTP_RETURN_IF_ERROR(
+            want.Check(cbuf.get(), s,
+                       absl::StrFormat("stream-K GEMM check for %s tp%d %s M=%d, %s", g.model, g.tp,
+                                       g.layer, m, plan.ToString())));
         auto run = [&](int i) {
           kernels::GemmArgs gi = args;
           gi.w = ops.Weights(g.n, g.k, i);
@@ -800,23 +805,26 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
           }
         }
         std::printf(
-            "%-16s %2d %-8s %6lld %6lld %3lld %5lld/%d %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) %5.1f%% "
+            "%-16s %2d %-8s %6lld %6lld %3lld %6lld/%d/%d %7.1f (%5.1f) %5.1f%% %7.1f (%5.1f) "
+            "%5.1f%% "
             "%6.2fx %6.2f %6.2f %6.2f %6.2f %6.1f %5.2f %6.0f\n",
             g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-            static_cast<long long>(m), static_cast<long long>(ctas), plan.cluster, cu_graph, cu_us,
-            pct(cu_graph), sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph, Median(first),
-            Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz),
-            Median(unit_clocks));
+            static_cast<long long>(m), static_cast<long long>(ctas), plan.cluster, plan.warpgroups,
+            cu_graph, cu_us, pct(cu_graph), sk_graph, sk_us, pct(sk_graph), cu_graph / sk_graph,
+            Median(first), Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0,
+            Median(clock_ghz), Median(unit_clocks));
         js->streamk.push_back(absl::StrFormat(
             "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, "
-            "\"ctas\": %d, \"cluster\": %d, \"cublas_graph_us\": %.2f, \"cublas_us\": %.2f, "
+            "\"ctas\": %d, \"cluster\": %d, \"warpgroups\": %d, \"cublas_graph_us\": %.2f, "
+            "\"cublas_us\": %.2f, "
             "\"streamk_graph_us\": %.2f, \"streamk_us\": %.2f, \"frac_cublas_graph\": %.4f, "
             "\"frac_streamk_graph\": %.4f, \"first_us\": %.3f, \"loop_us\": %.3f, "
             "\"fix_us\": %.3f, \"out_us\": %.3f, \"span_us\": %.3f, \"sm_ghz\": %.3f, "
             "\"unit_clocks\": %.1f}",
-            g.model, g.tp, g.layer, g.n, g.k, m, ctas, plan.cluster, cu_graph, cu_us, sk_graph,
-            sk_us, pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first), Median(loop),
-            Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz), Median(unit_clocks)));
+            g.model, g.tp, g.layer, g.n, g.k, m, ctas, plan.cluster, plan.warpgroups, cu_graph,
+            cu_us, sk_graph, sk_us, pct(cu_graph) / 100, pct(sk_graph) / 100, Median(first),
+            Median(loop), Median(fix), Median(out), (g1 - g0) / 1000.0, Median(clock_ghz),
+            Median(unit_clocks)));
       }
     }
   }

@@ -51,6 +51,10 @@ struct StreamKGemmPlan {
   // CTAs (a multiple of `cluster`); 0: one per SM, as many clusters as the
   // device runs at once, at most `cluster` per unit.
   int64_t ctas = 0;
+  // Consumer warpgroups per CTA, 1 or 2: each runs the products of 64 W rows
+  // against the same token stage (2: 128-row tiles, half the token bytes per
+  // product through shared memory and L2).
+  int warpgroups = 1;
   std::string ToString() const;
 };
 
@@ -60,23 +64,24 @@ struct StreamKGemmPlan {
 // capability 9.0: Sm90GemmDeviceSupported()).
 bool StreamKGemmArgsSupported(const GemmArgs& g);
 
-// Units (64 x cluster-row W tiles x 64-wide K steps) of an n x k product:
-// the work shared out over the grid's clusters.
-int64_t StreamKGemmUnits(int64_t n, int64_t k, int cluster);
+// Units (64 x warpgroups x cluster-row W tiles x 64-wide K steps) of an
+// n x k product: the work shared out over the grid's clusters.
+int64_t StreamKGemmUnits(int64_t n, int64_t k, int cluster, int warpgroups = 1);
 
 // Workspace bytes the partials of `ctas` CTAs take at m tokens.
-size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas);
+size_t StreamKGemmWorkspaceBytes(int64_t m, int64_t ctas, int warpgroups = 1);
 
 // The most CTAs a launch of `cluster`-CTA clusters may take at m tokens on
 // the current device: every CTA must be resident at once (owners wait for
 // later CTAs), so one per SM (cluster 1: a cooperative launch) or as many
 // clusters as cudaOccupancyMaxActiveClusters reports (cluster 2 or 4).
 // Cached per device.
-absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster);
+absl::StatusOr<int64_t> StreamKGemmMaxCtas(int64_t m, int cluster, int warpgroups = 1);
 
 // The grid a plan with ctas = 0 takes: StreamKGemmMaxCtas, at most `cluster`
 // CTAs per unit.
-absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t m, int64_t n, int64_t k, int cluster);
+absl::StatusOr<int64_t> StreamKGemmDefaultCtas(int64_t m, int64_t n, int64_t k, int cluster,
+                                               int warpgroups = 1);
 
 // Enqueues the product on `stream` (capturable). Partials go to g.workspace;
 // `flags` (at least as many as CTAs) must be zero before the first launch and

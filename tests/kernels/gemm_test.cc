@@ -396,12 +396,11 @@ TEST_F(GemmTest, Sm90ProbeStampsEveryCta) {
 }
 
 // The stream-K kernel (gemm_streamk.h): both token widths (M <= 128 and
-// <= 256, partly empty), tails in N (64-, 128- and 256-row tiles) and K (64-wide
-// steps), padded strides, single CTAs and pairs sharing the token boxes
-// (multicast), and grids from one cluster (every tile complete in it)
-// through a few (clusters own complete tiles and start or end inside
-// others) to one per unit (an owner adds the partials of K steps - 1 later
-// CTAs).
+// <= 256, partly empty), tails in N (64- to 512-row tiles) and K (64-wide
+// steps), padded strides, one and two consumer warpgroups, single CTAs and
+// clusters sharing the token boxes (multicast), and grids from one cluster (every tile complete in
+// it) through a few (clusters own complete tiles and start or end inside others) to one per unit
+// (an owner adds the partials of K steps - 1 later CTAs).
 TEST_F(GemmTest, StreamKMatchesReference) {
   if (!Sm90GemmDeviceSupported())
     GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
@@ -413,16 +412,19 @@ TEST_F(GemmTest, StreamKMatchesReference) {
     return LaunchStreamKGemm(g, plan, stream(), counters_.as<unsigned int>(), kCounters);
   };
   for (const auto& [M, N, K, pad] : shapes) {
-    for (const int cluster : {1, 2, 4}) {
-      const int64_t units = StreamKGemmUnits(N, K, cluster);
-      auto fill = StreamKGemmDefaultCtas(M, N, K, cluster);
-      ASSERT_OK(fill);
-      for (const int64_t clusters : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7}, units}) {
-        plan = StreamKGemmPlan{cluster, clusters * cluster};
-        if (plan.ctas > *fill) continue;  // one per unit only fits small products
-        if (clusters != 0 && M * N * K > (int64_t{1} << 30)) continue;  // the CPU reference's time
-        SCOPED_TRACE(::testing::Message() << plan.ToString() << ", " << units << " units");
-        CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+    for (const int wg : {1, 2}) {
+      for (const int cluster : {1, 2, 4}) {
+        const int64_t units = StreamKGemmUnits(N, K, cluster, wg);
+        auto fill = StreamKGemmDefaultCtas(M, N, K, cluster, wg);
+        ASSERT_OK(fill);
+        for (const int64_t clusters : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7}, units}) {
+          plan = StreamKGemmPlan{cluster, clusters * cluster, wg};
+          if (plan.ctas > *fill) continue;  // one per unit only fits small products
+          // The CPU reference's time.
+          if (clusters != 0 && M * N * K > (int64_t{1} << 30)) continue;
+          SCOPED_TRACE(::testing::Message() << plan.ToString() << ", " << units << " units");
+          CheckStrided(M, N, K, K + pad, K + pad, N + pad, DType::kBF16, DType::kBF16);
+        }
       }
     }
   }
@@ -439,21 +441,26 @@ TEST_F(GemmTest, StreamKIsDeterministicAndCapturable) {
   const GemmArgs g = Args(op.da.get(), op.dw.get(), dc.get(), M, N, K);
   GemmArgs g2 = g;
   g2.c = dc2.get();
-  ASSERT_OK(LaunchStreamKGemm(g, {}, stream(), counters_.as<unsigned int>(), kCounters));
-  Sync();
-  const std::vector<float> eager = dc.Download();
-  testing::CheckClose(eager, want, 1e-2, "stream-K gemm, eager");
-  const testing::CapturedGraph graph(stream(), [&]() -> absl::Status {
-    return LaunchStreamKGemm(g2, {}, stream(), counters_.as<unsigned int>(), kCounters);
-  });
-  ASSERT_TRUE(graph.ok());
-  for (int replay = 0; replay < 3; ++replay) {
-    ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
+  for (const int wg : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << wg << " consumer warpgroups");
+    const StreamKGemmPlan plan{2, 0, wg};
+    ASSERT_OK(LaunchStreamKGemm(g, plan, stream(), counters_.as<unsigned int>(), kCounters));
     Sync();
-    // The partials are summed in CTA order: the same bits every launch.
-    const std::vector<float> c2 = dc2.Download();
-    EXPECT_EQ(std::memcmp(eager.data(), c2.data(), c2.size() * sizeof(float)), 0)
-        << "replay " << replay;
+    const std::vector<float> eager = dc.Download();
+    testing::CheckClose(eager, want, 1e-2, "stream-K gemm, eager");
+    const testing::CapturedGraph graph(stream(), [&]() -> absl::Status {
+      return LaunchStreamKGemm(g2, plan, stream(), counters_.as<unsigned int>(), kCounters);
+    });
+    ASSERT_TRUE(graph.ok());
+    for (int replay = 0; replay < 3; ++replay) {
+      ASSERT_EQ(cudaMemsetAsync(dc2.get(), 0xff, M * N * 2, stream()), cudaSuccess);
+      ASSERT_EQ(graph.Launch(stream()), cudaSuccess);
+      Sync();
+      // The partials are summed in CTA order: the same bits every launch.
+      const std::vector<float> c2 = dc2.Download();
+      EXPECT_EQ(std::memcmp(eager.data(), c2.data(), c2.size() * sizeof(float)), 0)
+          << "replay " << replay;
+    }
   }
   ExpectCountersZero();
 }
@@ -462,47 +469,51 @@ TEST_F(GemmTest, StreamKProbeStampsEveryCta) {
   if (!Sm90GemmDeviceSupported())
     GTEST_SKIP() << "the sm_90a GEMM needs a compute capability 9.0 GPU";
   using Probe = StreamKGemmProbe;
-  // 10 clusters of 2 CTAs over 5 tiles of 128 W rows x 16 K steps.
+  // 10 clusters of 2 CTAs over 5 tiles of 128 W rows (3 of 256 with two
+  // warpgroups) x 16 K steps.
   const int64_t M = 200, N = 520, K = 1000, ctas = 20, clusters = 10;
-  const int64_t units = StreamKGemmUnits(N, K, 2);
-  ASSERT_EQ(units, 80);
   int num_sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   auto stamps = cuda::DeviceBuffer::Create(ctas * Probe::kSlots * 8);
   ASSERT_OK(stamps);
-  ASSERT_EQ(cudaMemset(stamps->get(), 0, stamps->bytes()), cudaSuccess);
-  testing::FinishHostCopies();
-  Probe probe;
-  probe.stamps = stamps->as<unsigned long long>();
-  launch_ = [&](const GemmArgs& g) {
-    return LaunchStreamKGemm(g, StreamKGemmPlan{2, ctas}, stream(), counters_.as<unsigned int>(),
-                             kCounters, &probe);
-  };
-  CheckStrided(M, N, K, K, K, N + 8, DType::kBF16, DType::kBF16);
-  std::vector<unsigned long long> st(ctas * Probe::kSlots);
-  ASSERT_EQ(cudaMemcpy(st.data(), stamps->get(), st.size() * 8, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  int64_t total = 0, partials = 0;
-  for (int64_t b = 0; b < ctas; ++b) {
-    const unsigned long long* x = &st[b * Probe::kSlots];
-    SCOPED_TRACE(::testing::Message() << "CTA " << b);
-    ExpectStampsInOrder<Probe>(x,
-                               {Probe::kClockStart, Probe::kFirstStage, Probe::kLoopEnd,
-                                Probe::kPartialsIn, Probe::kClockEnd},
-                               num_sms);
-    // The cluster q = b / 2 of CTA b runs units [q U / G, (q + 1) U / G).
-    const int64_t q = b / 2;
-    EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]),
-              (q + 1) * units / clusters - q * units / clusters);
-    if (b % 2 == 0) total += static_cast<int64_t>(x[Probe::kUnits]);
-    partials += static_cast<int64_t>(x[Probe::kPartialsRead]);
+  for (const int wg : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << wg << " consumer warpgroups");
+    const int64_t units = StreamKGemmUnits(N, K, 2, wg);
+    ASSERT_EQ(units, wg == 1 ? 80 : 48);
+    ASSERT_EQ(cudaMemset(stamps->get(), 0, stamps->bytes()), cudaSuccess);
+    testing::FinishHostCopies();
+    Probe probe;
+    probe.stamps = stamps->as<unsigned long long>();
+    launch_ = [&](const GemmArgs& g) {
+      return LaunchStreamKGemm(g, StreamKGemmPlan{2, ctas, wg}, stream(),
+                               counters_.as<unsigned int>(), kCounters, &probe);
+    };
+    CheckStrided(M, N, K, K, K, N + 8, DType::kBF16, DType::kBF16);
+    std::vector<unsigned long long> st(ctas * Probe::kSlots);
+    ASSERT_EQ(cudaMemcpy(st.data(), stamps->get(), st.size() * 8, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    int64_t total = 0, partials = 0;
+    for (int64_t b = 0; b < ctas; ++b) {
+      const unsigned long long* x = &st[b * Probe::kSlots];
+      SCOPED_TRACE(::testing::Message() << "CTA " << b);
+      ExpectStampsInOrder<Probe>(x,
+                                 {Probe::kClockStart, Probe::kFirstStage, Probe::kLoopEnd,
+                                  Probe::kPartialsIn, Probe::kClockEnd},
+                                 num_sms);
+      // The cluster q = b / 2 of CTA b runs units [q U / G, (q + 1) U / G).
+      const int64_t q = b / 2;
+      EXPECT_EQ(static_cast<int64_t>(x[Probe::kUnits]),
+                (q + 1) * units / clusters - q * units / clusters);
+      if (b % 2 == 0) total += static_cast<int64_t>(x[Probe::kUnits]);
+      partials += static_cast<int64_t>(x[Probe::kPartialsRead]);
+    }
+    EXPECT_EQ(total, units);
+    // Each CTA whose cluster's range starts inside a tile writes one partial,
+    // which the CTA with the same W rows in the tile's owner reads once.
+    int64_t inside = 0;
+    for (int64_t b = 0; b < ctas; ++b) inside += ((b / 2) * units / clusters) % 16 != 0;
+    EXPECT_EQ(partials, inside);
   }
-  EXPECT_EQ(total, units);
-  // Each CTA whose cluster's range starts inside a tile writes one partial,
-  // which the CTA with the same W rows in the tile's owner reads once.
-  int64_t inside = 0;
-  for (int64_t b = 0; b < ctas; ++b) inside += ((b / 2) * units / clusters) % 16 != 0;
-  EXPECT_EQ(partials, inside);
   ExpectCountersZero();
 }
 
@@ -527,10 +538,17 @@ TEST_F(GemmTest, StreamKRejectsWhatItCannotRun) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("multiple")));
   EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{3, 3}, stream(), flags, kCounters),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("cluster 3")));
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{1, 1, 3}, stream(), flags, kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("3 consumer")));
   EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{1, 1}, stream(), nullptr, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("flags")));
   g.workspace_bytes = StreamKGemmWorkspaceBytes(g.m, 2) - 16;
   EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{2, 2}, stream(), flags, kCounters),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("workspace")));
+  // Two warpgroups' partials take twice the bytes.
+  g.workspace_bytes = StreamKGemmWorkspaceBytes(g.m, 2);
+  EXPECT_EQ(StreamKGemmWorkspaceBytes(g.m, 2, 2), 2 * g.workspace_bytes);
+  EXPECT_THAT(LaunchStreamKGemm(g, StreamKGemmPlan{2, 2, 2}, stream(), flags, kCounters),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("workspace")));
 }
 

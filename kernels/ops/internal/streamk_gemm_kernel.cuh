@@ -64,20 +64,27 @@
 
 namespace symtp::kernels::streamk {
 
-inline constexpr int kBW = 64;        // W rows (output columns) per tile: one m64 block
-inline constexpr int kBK = 64;        // K per unit: one 128-byte swizzle row of bf16
-inline constexpr int kThreads = 160;  // consumer warpgroup + producer warp
+inline constexpr int kBW = 64;  // W rows (output columns) per consumer warpgroup: one m64 block
+inline constexpr int kBK = 64;  // K per unit: one 128-byte swizzle row of bf16
 
-template <int kTn>
+// kWG consumer warpgroups (each 64 W rows of the CTA's tile, all kTn tokens)
+// and one producer warp.
+template <int kWG>
+inline constexpr int kThreads = 128 * kWG + 32;
+
+template <int kTn, int kWG>
 struct TileShape {
   static_assert(kTn == 128 || kTn == 256);
+  static_assert(kWG == 1 || kWG == 2);
+  static constexpr int kRows = kBW * kWG;       // W rows per CTA
+  static constexpr int kConsumers = 128 * kWG;  // consumer threads
   static constexpr int kAcc = kTn / 2;  // fp32 accumulators per consumer thread
-  static constexpr int kWBytes = kBW * kBK * 2;
+  static constexpr int kWBytes = kRows * kBK * 2;
   static constexpr int kTBytes = kTn * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kTBytes;
-  // Staged output: kTn token rows of kBW bf16, padded so that the transposed
+  // Staged output: kTn token rows of kRows bf16, padded so that the transposed
   // fragment writes (4 tokens x 8 W rows per warp store) hit distinct banks.
-  static constexpr int kPitch = kBW + 8;
+  static constexpr int kPitch = kRows + 8;
   static constexpr int kStagingBytes = kTn * kPitch * 2;
   static constexpr int kStages = (220 * 1024 - kStagingBytes) / kStageBytes > 8
                                      ? 8
@@ -85,8 +92,8 @@ struct TileShape {
   static constexpr int kRingBytes = kStages * kStageBytes;
   // Ring, staging, full/empty barriers, slack to align the ring to 1024 bytes.
   static constexpr int kSmemBytes = kRingBytes + kStagingBytes + 2 * kStages * 8 + 1024;
-  // A partial: kAcc floats of each of the 128 consumer threads.
-  static constexpr int kPartialBytes = 128 * kAcc * 4;
+  // A partial: kAcc floats of each consumer thread.
+  static constexpr int kPartialBytes = kConsumers * kAcc * 4;
   static_assert(kStages >= 3);
   static_assert(kWBytes % 1024 == 0 && kTBytes % 1024 == 0 && kStagingBytes % 16 == 0);
   static_assert(kSmemBytes <= 227 * 1024);
@@ -97,9 +104,9 @@ struct StreamKParams {
   int64_t ldc = 0;
   int m = 0, n = 0;
   int k_steps = 0;  // S = ceil(K / kBK)
-  int tiles = 0;    // T = ceil(N / (kBW kC)): one per cluster of kC CTAs
+  int tiles = 0;    // T = ceil(N / (kRows kC)): one per cluster of kC CTAs
   // partials[c]: CTA c's first-segment partial when it starts inside a tile,
-  // float4 j of consumer thread t at (j 128 + t); flags[c] = 1 once written,
+  // float4 j of consumer thread t at (j kConsumers + t); flags[c] = 1 once written,
   // reset to 0 by the tile's owner after reading (zero between launches).
   float* partials = nullptr;
   unsigned int* flags = nullptr;
@@ -162,8 +169,11 @@ __device__ __forceinline__ void StoreRelease(unsigned int* p, unsigned int v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// The consumer warpgroup's 128 threads (the producer warp never joins).
-__device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+// The consumer warpgroups' threads (the producer warp never joins).
+template <int kWG>
+__device__ __forceinline__ void ConsumerSync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kWG) : "memory");
+}
 
 // TMA into the same shared offset of every CTA in `mask` of the cluster,
 // completing bytes on the barrier at `bar`'s offset in each.
@@ -197,20 +207,21 @@ __device__ __forceinline__ void Wgmma(float (&d)[kTn / 2], uint64_t desc_w, uint
 
 // Grid: G clusters of kC CTAs along x (G <= units; every CTA resident:
 // kC = 1 a cooperative launch, kC = 2 or 4 at most the clusters the device
-// runs at once); dynamic shared memory TileShape<kTn>::kSmemBytes. With
-// kC > 1 the CTAs of a cluster run the same units on adjacent 64-row W tiles
-// (a 64 kC-row tile) and each loads 1/kC of the token box for all (TMA
+// runs at once); dynamic shared memory TileShape<kTn, kWG>::kSmemBytes. A
+// CTA covers 64 kWG W rows, 64 per consumer warpgroup (both read the same
+// token stage). With kC > 1 the CTAs of a cluster run the same units on
+// adjacent W tiles (a 64 kWG kC-row tile) and each loads 1/kC of the token box for all (TMA
 // multicast): per unit an SM reads 8 + 32 / kC KB from L2 instead of 40 (run
 // k, pairs: units 15-25% faster on the short shapes, no faster on the wide
 // ones).
-template <int kTn, int kC>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kTn, int kC, int kWG>
+__global__ void __launch_bounds__(kThreads<kWG>, 1)
     StreamKGemmKernel(const __grid_constant__ CUtensorMap map_w,
                       const __grid_constant__ CUtensorMap map_t, const StreamKParams p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // built for sm_90a only; the host never launches it elsewhere
 #else
-  using T = TileShape<kTn>;
+  using T = TileShape<kTn, kWG>;
   using namespace sm90::detail;
   using namespace detail;
   using Probe = ::symtp::kernels::StreamKGemmProbe;
@@ -229,8 +240,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t units = static_cast<int64_t>(p.tiles) * S;
   static_assert(kC == 1 || kC == 2 || kC == 4);
   // Stream-K workers are clusters: q of G; this CTA is rank `rank` of its
-  // cluster (W rows 64 rank.. of each 64 kC-row tile) and slot `cta` of the
-  // partials and flags.
+  // cluster (W rows kRows rank.. of each kRows kC-row tile) and slot `cta` of
+  // the partials and flags.
   const int64_t G = gridDim.x / kC, cta = blockIdx.x, q = cta / kC;
   const int rank = static_cast<int>(cta % kC);
   const int64_t u0 = q * units / G, u1 = (q + 1) * units / G;
@@ -247,10 +258,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp[Probe::kPartialsRead] = 0;
   }
 
-  if (threadIdx.x == 128) {
+  if (threadIdx.x == T::kConsumers) {
     for (int s = 0; s < T::kStages; ++s) {
       MbarInit(full(s), 1);
-      MbarInit(empty(s), 4 * kC);  // lane 0 of each consumer warp of the cluster
+      MbarInit(empty(s), 4 * kWG * kC);  // lane 0 of each consumer warp of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
@@ -262,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  if (warp == 4) {
+  if (warp == 4 * kWG) {
     // Producer: one box of W (streamed once: evict first) and one of the
     // tokens (re-read by every CTA: keep) per unit, in the consumers' order.
     if (lane == 0) {
@@ -273,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         MbarWait(empty(s), ((it / T::kStages) & 1) ^ 1);
         MbarExpectTx(full(s), T::kStageBytes);
         const int tile = static_cast<int>(u / S), k = static_cast<int>(u % S);
-        TmaLoad2D(w_tile(s), &map_w, full(s), k * kBK, (tile * kC + rank) * kBW, stream);
+        TmaLoad2D(w_tile(s), &map_w, full(s), k * kBK, (tile * kC + rank) * T::kRows, stream);
         if constexpr (kC == 1) {
           TmaLoad2D(t_tile(s), &map_t, full(s), k * kBK, 0, keep);
         } else {
@@ -288,8 +299,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // Consumers. Accumulator d[4 j + 2 i + c] of thread (warp w, lane l) is
     // D[16 w + l / 4 + 8 i][8 j + 2 (l % 4) + c], D = the tile of C^T
-    // (W row, token).
+    // (W row, token); warp w of warpgroup g works on rows 64 g + 16 w.., so
+    // with w = the CTA's warp index the same formula holds.
     const int ct = threadIdx.x;
+    // This warpgroup's 64 W rows of a stage (8 KB: 128-byte swizzle atoms
+    // stay 1024-byte aligned).
+    const uint32_t w_rows = static_cast<uint32_t>(ct / 128) * (kBW * kBK * 2);
     float acc[T::kAcc];
     // A stage is free once the consumers of every CTA it was multicast to are
     // done with it.
@@ -318,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-          Wgmma<kTn>(acc, SmemDesc(w_tile(s) + kk * 32), SmemDesc(t_tile(s) + kk * 32));
+          Wgmma<kTn>(acc, SmemDesc(w_tile(s) + w_rows + kk * 32), SmemDesc(t_tile(s) + kk * 32));
         }
         WgmmaCommit();
         // Keep this unit's products in flight; the previous unit's are done.
@@ -330,17 +345,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       mark(Probe::kLoopEnd);
       u += ke - ks;
 
-      float4* const mine = reinterpret_cast<float4*>(p.partials) + cta * (T::kAcc / 4) * 128;
+      constexpr int kCt = T::kConsumers;
+      float4* const mine = reinterpret_cast<float4*>(p.partials) + cta * (T::kAcc / 4) * kCt;
       if (ks > 0) {
         // Starts inside the tile (only a CTA's first segment can): the tile's
         // owner, a lower CTA, adds it.
 #pragma unroll
         for (int j = 0; j < T::kAcc / 4; ++j) {
-          __stcg(mine + j * 128 + ct,
+          __stcg(mine + j * kCt + ct,
                  make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
         }
         __threadfence();
-        ConsumerSync();
+        ConsumerSync<kWG>();
         if (ct == 0) StoreRelease(p.flags + cta, 1u);
         mark(Probe::kPartialsIn);
         continue;
@@ -356,12 +372,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             SpinUntil([&] { return LoadAcquire(flag) != 0u; });
             *flag = 0u;  // for the next launch (nothing else reads it in this one)
           }
-          ConsumerSync();
+          ConsumerSync<kWG>();
           const float4* src =
-              reinterpret_cast<const float4*>(p.partials) + peer * (T::kAcc / 4) * 128;
+              reinterpret_cast<const float4*>(p.partials) + peer * (T::kAcc / 4) * kCt;
 #pragma unroll
           for (int j = 0; j < T::kAcc / 4; ++j) {
-            const float4 v = __ldcg(src + j * 128 + ct);
+            const float4 v = __ldcg(src + j * kCt + ct);
             acc[4 * j] += v.x;
             acc[4 * j + 1] += v.y;
             acc[4 * j + 2] += v.z;
@@ -372,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       mark(Probe::kPartialsIn);
 
-      // The whole tile: stage it transposed (token rows of kBW bf16), then
-      // 16-byte stores of each token row's kBW columns.
-      ConsumerSync();  // the previous tile's stores have read the staging
+      // The whole tile: stage it transposed (token rows of kRows bf16), then
+      // 16-byte stores of each token row's kRows columns.
+      ConsumerSync<kWG>();  // the previous tile's stores have read the staging
       {
         const int w = ct / 32, row = 16 * w + lane / 4, col = 2 * (lane % 4);
 #pragma unroll
@@ -389,11 +405,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      ConsumerSync();
-      const int n0 = (tile * kC + rank) * kBW;
+      ConsumerSync<kWG>();
+      const int n0 = (tile * kC + rank) * T::kRows;
       const int rows = p.m < kTn ? p.m : kTn;
-      for (int t = ct; t < rows * (kBW / 8); t += 128) {
-        const int row = t / (kBW / 8), col = n0 + 8 * (t % (kBW / 8));
+      for (int t = ct; t < rows * (T::kRows / 8); t += kCt) {
+        const int row = t / (T::kRows / 8), col = n0 + 8 * (t % (T::kRows / 8));
         const __nv_bfloat16* src = staging + row * T::kPitch + (col - n0);
         __nv_bfloat16* out = p.c + static_cast<int64_t>(row) * p.ldc + col;
         if (col + 8 <= p.n) {
