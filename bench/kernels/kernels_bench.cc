@@ -330,7 +330,8 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(512, 3, s));
   const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
   // The same GEMMs with the algorithm chosen by timing 16 candidates once per
-  // shape (CublasLtHandle::set_autotune_candidates; off by default).
+  // shape (CublasLtHandle::set_autotune_candidates; off by default), each per
+  // call in a CUDA graph (set_autotune_timing's default).
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tuned, kernels::CublasLtHandle::Create());
   tuned.set_autotune_candidates(16);
   // --gemm-exhaustive: a third choice, the fastest of every tile / cluster /
@@ -344,12 +345,14 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   const bool have_sm90 = kernels::Sm90GemmDeviceSupported();
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
-      "heuristic = cuBLASLt's first choice, tuned = fastest of 16 timed once, sm90 = the "
+      "heuristic = cuBLASLt's first choice, tuned = fastest of 16 (exh: of every configuration) "
+      "timed once per shape in CUDA graphs, sm90 = the "
       "hand-written sm_90a kernel (TMA + wgmma, split-K); us = one launch between two events, "
       "graph = per call of 20 captured in a CUDA graph (as decode runs)\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s%s%s\n", "model", "tp",
-              "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
-              "tuned us", "%peak", exhaustive ? "   exh us   %peak" : "",
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s %8s %7s%s%s\n", "model",
+              "tp", "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
+              "tuned us", "%peak", "graph", "%peak",
+              exhaustive ? "   exh us   %peak    graph   %peak" : "",
               have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
@@ -400,9 +403,11 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
       SYMTP_ASSIGN_OR_RETURN(double us_graph, GraphUsPerCall(s, 20, 5, run));
       SYMTP_ASSIGN_OR_RETURN(double us_tuned, TimeUs(s, 5, 30, run_tuned));
-      double us_exh = 0;
+      SYMTP_ASSIGN_OR_RETURN(double us_tuned_graph, GraphUsPerCall(s, 20, 5, run_tuned));
+      double us_exh = 0, us_exh_graph = 0;
       if (exhaustive) {
         SYMTP_ASSIGN_OR_RETURN(us_exh, TimeUs(s, 5, 30, run_exh));
+        SYMTP_ASSIGN_OR_RETURN(us_exh_graph, GraphUsPerCall(s, 20, 5, run_exh));
       }
       double us_sm90 = 0, us_sm90_graph = 0;
       if (have_sm90) {
@@ -422,16 +427,23 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       }
       const double frac_exh =
           exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
+      const double frac_exh_graph =
+          exhaustive ? flop / (us_exh_graph * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
+      const double frac_tuned_graph = flop / (us_tuned_graph * 1e-6) / 1e12 / c.gemm_tflops;
       const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
           "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %9.1f "
-          "%6.1f%%%s%s\n",
+          "%6.1f%% %8.1f %6.1f%%%s%s\n",
           g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
-          100.0 * frac_graph, us_tuned, 100.0 * tflops_tuned / c.gemm_tflops,
-          exhaustive ? absl::StrFormat(" %8.1f %6.1f%%", us_exh, 100.0 * frac_exh).c_str() : "",
+          100.0 * frac_graph, us_tuned, 100.0 * tflops_tuned / c.gemm_tflops, us_tuned_graph,
+          100.0 * frac_tuned_graph,
+          exhaustive ? absl::StrFormat(" %8.1f %6.1f%% %8.1f %6.1f%%", us_exh, 100.0 * frac_exh,
+                                       us_exh_graph, 100.0 * frac_exh_graph)
+                           .c_str()
+                     : "",
           have_sm90 ? absl::StrFormat(" %8.1f %6.1f%% %8.1f %6.1f%% %dx%d%s", us_sm90,
                                       100.0 * frac_sm90, us_sm90_graph, 100.0 * frac_sm90_graph,
                                       128 * plan.m_sub, plan.splits, plan.global_reduce ? "g" : "")
@@ -441,12 +453,15 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
           "%.1f, \"graph_us\": %.2f, \"graph_frac_of_measured_peak\": %.4f, \"tuned_us\": %.2f, "
-          "\"tuned_frac_of_measured_peak\": %.4f%s%s}",
+          "\"tuned_frac_of_measured_peak\": %.4f, \"tuned_graph_us\": %.2f, "
+          "\"tuned_graph_frac_of_measured_peak\": %.4f%s%s}",
           g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_graph,
-          frac_graph, us_tuned, tflops_tuned / c.gemm_tflops,
+          frac_graph, us_tuned, tflops_tuned / c.gemm_tflops, us_tuned_graph, frac_tuned_graph,
           exhaustive ? absl::StrFormat(", \"exhaustive_us\": %.2f, "
-                                       "\"exhaustive_frac_of_measured_peak\": %.4f",
-                                       us_exh, frac_exh)
+                                       "\"exhaustive_frac_of_measured_peak\": %.4f, "
+                                       "\"exhaustive_graph_us\": %.2f, "
+                                       "\"exhaustive_graph_frac_of_measured_peak\": %.4f",
+                                       us_exh, frac_exh, us_exh_graph, frac_exh_graph)
                      : "",
           have_sm90 ? absl::StrFormat(", \"sm90_us\": %.2f, \"sm90_frac_of_measured_peak\": %.4f, "
                                       "\"sm90_graph_us\": %.2f, "

@@ -72,6 +72,7 @@ struct CublasLtHandle::State {
   std::map<PlanKey, Plan> plans;
   int autotune = 1;
   bool exhaustive = false;
+  GemmAutotuneTiming timing = GemmAutotuneTiming::kGraph;
   GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
   cuda::DeviceBuffer sm90_counters;  // GemmKernelChoice::kSm90's global split-K
   int64_t skinny_max_m = 0;
@@ -103,6 +104,12 @@ int CublasLtHandle::autotune_candidates() const { return state_ ? state_->autotu
 void CublasLtHandle::set_autotune_exhaustive(bool on) {
   if (state_) state_->exhaustive = on;
 }
+void CublasLtHandle::set_autotune_timing(GemmAutotuneTiming t) {
+  if (state_) state_->timing = t;
+}
+GemmAutotuneTiming CublasLtHandle::autotune_timing() const {
+  return state_ ? state_->timing : GemmAutotuneTiming::kGraph;
+}
 void CublasLtHandle::set_kernel_choice(GemmKernelChoice c) {
   if (state_) state_->choice = c;
 }
@@ -117,15 +124,22 @@ GemmKernelChoice CublasLtHandle::kernel_choice() const {
 
 namespace {
 
+// Calls per graph when candidates are timed in CUDA graphs.
+constexpr int kGraphCalls = 10;
+
 // Index of the fastest of `cands` on g's operands: each is run once to warm
 // up, then timed 3 times (CUDA events, the stream synchronized) and scored by
-// its best run. A candidate that fails to run is skipped; an event failure
-// is an error.
+// its best run: one eager call each time (kEager), or one replay of a graph
+// of kGraphCalls calls, per call (kGraph; on the legacy default stream, which
+// cannot be captured, eager). A candidate that fails to run or to be
+// captured is skipped; an event or graph launch failure is an error.
 absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
                                      const cublasLtMatmulHeuristicResult_t* cands, int n,
-                                     cudaStream_t stream) {
+                                     GemmAutotuneTiming timing, cudaStream_t stream) {
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(/*timing=*/true));
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(/*timing=*/true));
+  const bool in_graph = timing == GemmAutotuneTiming::kGraph && stream != nullptr &&
+                        stream != cudaStreamLegacy && stream != cudaStreamPerThread;
   const float alpha = 1.f, beta = 0.f;
   int best = 0;
   float best_ms = -1.f;
@@ -137,14 +151,33 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
                             stream) == CUBLAS_STATUS_SUCCESS;
     };
     if (!run()) continue;
+    cuda::GraphExec graph;
+    if (in_graph) {
+      absl::StatusOr<cuda::GraphExec> exec =
+          cuda::GraphExec::Capture(stream, [&]() -> absl::Status {
+            for (int c = 0; c < kGraphCalls; ++c) {
+              if (!run()) return absl::InternalError("cublasLtMatmul failed in capture");
+            }
+            return absl::OkStatus();
+          });
+      if (!exec.ok()) continue;  // not capturable: of no use to decode graphs
+      graph = *std::move(exec);
+      SYMTP_RETURN_IF_ERROR(graph.Launch(stream));  // warm-up (uploads the graph)
+    }
     float ms = -1.f;
     for (int rep = 0; rep < 3 && ms != -2.f; ++rep) {
       CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), stream));
-      const bool ran = run();
+      bool ran = true;
+      if (in_graph) {
+        SYMTP_RETURN_IF_ERROR(graph.Launch(stream));
+      } else {
+        ran = run();
+      }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), stream));
       CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
       float t = 0.f;
       CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, e0.get(), e1.get()));
+      if (in_graph) t /= kGraphCalls;
       ms = !ran ? -2.f : (ms < 0.f || t < ms) ? t : ms;
     }
     if (ms >= 0.f && (best_ms < 0.f || ms < best_ms)) {
@@ -268,7 +301,8 @@ std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
 }
 
 absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t lda, int64_t ldw,
-                               int64_t ldc, int autotune, bool exhaustive, cudaStream_t stream) {
+                               int64_t ldc, int autotune, bool exhaustive,
+                               GemmAutotuneTiming timing, cudaStream_t stream) {
   Plan p;
   auto fail = [&](absl::Status s) {
     DestroyPlan(p);
@@ -371,7 +405,7 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   int pick = 0;
   if (cands.size() > 1) {
     absl::StatusOr<int> fastest =
-        FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), stream);
+        FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), timing, stream);
     if (!fastest.ok()) return fail(fastest.status());
     pick = *fastest;
     SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": " << found
@@ -446,8 +480,8 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
                     g.sm_count_target};
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
-    SYMTP_ASSIGN_OR_RETURN(
-        Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune, st->exhaustive, stream));
+    SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune,
+                                                st->exhaustive, st->timing, stream));
     it = st->plans.emplace(key, plan).first;
   }
   const Plan& p = it->second;

@@ -32,6 +32,12 @@ enum class GemmKernelChoice {
   kSm90,
 };
 
+// How GEMM autotuning times its candidates (CublasLtHandle::set_autotune_timing).
+enum class GemmAutotuneTiming {
+  kGraph,  // per call of a captured CUDA graph (the default)
+  kEager,  // one launch between two events
+};
+
 // Move-only owner of a cublasLtHandle_t and of the matmul plans (descriptors
 // plus the heuristic's algorithm) it has built, cached per shape. Not
 // thread-safe: one handle per thread (per model).
@@ -51,8 +57,8 @@ class CublasLtHandle {
 
   // Algorithm choice for shapes planned from now on: 1 (the default) takes
   // cuBLASLt's first heuristic; N > 1 times up to N of its candidates once,
-  // on the call's own operands (3 runs each, the stream synchronized), and
-  // keeps the fastest. Planning inside a stream capture always takes the
+  // on the call's own operands (3 runs each, the stream synchronized; how:
+  // set_autotune_timing), and keeps the fastest. Planning inside a stream capture always takes the
   // first heuristic. The choice depends on timing, so two processes may pick
   // different algorithms for a shape (bf16 bits may then differ between
   // runs, never within one: the plan is cached).
@@ -64,6 +70,12 @@ class CublasLtHandle {
   // tool for kernels_bench, off by default; on an H200 with cuBLAS 13 that
   // made 8-24 candidates per decode shape). The pick is logged (gemm=info).
   void set_autotune_exhaustive(bool on);
+  // How autotuning times a candidate: per call of a CUDA graph of 10 (kGraph,
+  // the default: as decode steps run them) or one eager call (kEager, which
+  // includes the launch). Candidates that cannot be captured are left out
+  // under kGraph; on the legacy default stream timing is eager.
+  void set_autotune_timing(GemmAutotuneTiming t);
+  GemmAutotuneTiming autotune_timing() const;
   // Default kCublasLt. The sm_90a kernel needs a compute capability 9.0 device and
   // 16-byte aligned operands with strides in multiples of 8 elements; calls it
   // cannot run fall back to cuBLASLt.

@@ -175,15 +175,26 @@ TEST_F(GemmTest, PlansAreCachedAndZeroRowsIsNoop) {
 }
 
 TEST_F(GemmTest, AutotunedPlansMatchTheReference) {
-  // Each shape times up to 8 candidates once (they all write C), then the
-  // checked call runs the fastest: the result must still be right, and the
-  // padding columns untouched by every candidate.
-  handle_.set_autotune_candidates(8);
-  EXPECT_EQ(handle_.autotune_candidates(), 8);
-  Check(256, 1024, 512, DType::kBF16, DType::kBF16, 0);
-  Check(19, 264, 136, DType::kBF16, DType::kBF16, 8);
-  Check(64, 1000, 256, DType::kBF16, DType::kF32, 0);
-  Check(33, 200, 1000, DType::kF32, DType::kF32, 8);
+  // Each shape times up to 8 candidates once (they all write C; in CUDA
+  // graphs of 10 calls or one eager call each), then the checked call runs
+  // the fastest: the result must still be right, and the padding columns
+  // untouched by every candidate.
+  EXPECT_EQ(handle_.autotune_timing(), GemmAutotuneTiming::kGraph);
+  for (const GemmAutotuneTiming timing : {GemmAutotuneTiming::kGraph, GemmAutotuneTiming::kEager}) {
+    SCOPED_TRACE(timing == GemmAutotuneTiming::kGraph ? "graph timing" : "eager timing");
+    auto h = CublasLtHandle::Create();
+    ASSERT_OK(h);
+    handle_ = std::move(*h);  // no plans cached
+    handle_.set_autotune_candidates(8);
+    handle_.set_autotune_timing(timing);
+    EXPECT_EQ(handle_.autotune_candidates(), 8);
+    EXPECT_EQ(handle_.autotune_timing(), timing);
+    Check(256, 1024, 512, DType::kBF16, DType::kBF16, 0);
+    Check(19, 264, 136, DType::kBF16, DType::kBF16, 8);
+    Check(64, 1000, 256, DType::kBF16, DType::kF32, 0);
+    Check(33, 200, 1000, DType::kF32, DType::kF32, 8);
+    EXPECT_EQ(handle_.cached_plans(), 4u);
+  }
 }
 
 TEST_F(GemmTest, AutotuneInsideAStreamCaptureTakesTheHeuristic) {
