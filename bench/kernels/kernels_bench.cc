@@ -325,7 +325,8 @@ absl::StatusOr<DecodeGemmOperands> MakeDecodeGemmOperands(int64_t max_m, uint64_
 }
 
 absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
-                              const Ceilings& c, Json* js, bool exhaustive) {
+                              const Ceilings& c, Json* js, bool exhaustive,
+                              const std::vector<std::string>& match) {
   const auto shapes = DecodeGemmShapes();
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(512, 3, s));
   const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
@@ -357,6 +358,13 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     for (int64_t m : {32, 128, 256, 512}) {
+      // --gemm-match: only rows whose "model tp=N layer M=m" holds one of the strings.
+      const std::string label = absl::StrFormat("%s tp=%d %s M=%d", g.model, g.tp, g.layer, m);
+      if (!match.empty() && std::none_of(match.begin(), match.end(), [&](const std::string& x) {
+            return label.find(x) != std::string::npos;
+          })) {
+        continue;
+      }
       auto run_on = [&](kernels::CublasLtHandle& hh, int i) {
         const char* w = ops.Weights(g.n, g.k, i);
         return kernels::Gemm(hh, abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16, ws,
@@ -1689,6 +1697,7 @@ absl::Status Run(int argc, char** argv) {
   int layers = 4;
   bool skip_model = false;
   bool gemm_exhaustive = false;
+  std::vector<std::string> gemm_match;
   std::string sections = "gemm,attention,prefill,model";
   ModelSelection model_sel;
   for (int i = 1; i < argc; ++i) {
@@ -1701,6 +1710,8 @@ absl::Status Run(int argc, char** argv) {
       skip_model = true;
     } else if (a == "--gemm-exhaustive") {
       gemm_exhaustive = true;
+    } else if (a == "--gemm-match" && i + 1 < argc) {
+      gemm_match = absl::StrSplit(argv[++i], ',');
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
     } else if (a == "--model-batches" && i + 1 < argc) {
@@ -1724,7 +1735,7 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", a,
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-          "[--gemm-exhaustive] [--sections "
+          "[--gemm-exhaustive] [--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] [--sections "
           "gemm,attention,prefill,model,sm90plans,sm90probe,skinny,streamk] "
           "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
     }
@@ -1754,7 +1765,8 @@ absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> want = absl::StrSplit(sections, ',');
   auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
   if (on("gemm"))
-    section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive));
+    section("decode_gemm",
+            BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive, gemm_match));
   if (on("sm90plans")) section("sm90_plans", BenchSm90Plans(ws.get(), stream.get(), c, &js));
   if (on("sm90probe")) {
     section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));

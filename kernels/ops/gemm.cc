@@ -235,8 +235,9 @@ void AppendIfAccepted(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
 }
 
 // Every configuration cuBLASLt accepts for g's plan among the algorithms of
-// the heuristic list: tile x cluster shape x split-K (1-4, fp32 partials) x
-// CTA swizzle, stages left to the library; at most `limit`.
+// the heuristic list: tile x cluster shape (up to 4 x 2 / 2 x 4) x stages (the
+// algorithm's list) x split-K (1-4, fp32 partials) x CTA swizzle; at most
+// `limit`.
 std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
     cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
     const cublasLtMatmulHeuristicResult_t* heur, int found, size_t limit) {
@@ -268,6 +269,15 @@ std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
                                         &bytes);
     }
     if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    std::vector<uint32_t> stages;
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, nullptr, 0,
+                                          &bytes) == CUBLAS_STATUS_SUCCESS &&
+        bytes > 0) {
+      stages.resize(bytes / sizeof(uint32_t));
+      cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), bytes,
+                                        &bytes);
+    }
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
     int32_t splitk_ok = 0;
     uint32_t swizzle_ok = 0;
     cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
@@ -277,21 +287,28 @@ std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
     for (const uint32_t tile : tiles) {
       for (const uint16_t cluster :
            {uint16_t{CUBLASLT_CLUSTER_SHAPE_AUTO}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1},
-            uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1}}) {
-        for (const int32_t split : {1, 2, 3, 4}) {
-          if (split > 1 && splitk_ok == 0) break;
-          for (uint32_t swizzle = 0; swizzle <= (swizzle_ok ? 1u : 0u); ++swizzle) {
-            cublasLtMatmulHeuristicResult_t c{};
-            c.algo = algo;
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                                 sizeof(tile));
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-                                                 &cluster, sizeof(cluster));
-            SetSplitK(&c.algo, split);
-            cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-                                                 &swizzle, sizeof(swizzle));
-            AppendIfAccepted(h, p, g, c, out);
-            if (out.size() >= limit) return out;
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_4x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_1x4x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_4x2x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_2x4x1}}) {
+        for (const uint32_t stage : stages) {
+          for (const int32_t split : {1, 2, 3, 4}) {
+            if (split > 1 && splitk_ok == 0) break;
+            for (uint32_t swizzle = 0; swizzle <= (swizzle_ok ? 1u : 0u); ++swizzle) {
+              cublasLtMatmulHeuristicResult_t c{};
+              c.algo = algo;
+              cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                   sizeof(tile));
+              cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                   &cluster, sizeof(cluster));
+              cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage,
+                                                   sizeof(stage));
+              SetSplitK(&c.algo, split);
+              cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                                   &swizzle, sizeof(swizzle));
+              AppendIfAccepted(h, p, g, c, out);
+              if (out.size() >= limit) return out;
+            }
           }
         }
       }
@@ -399,7 +416,7 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   }
   if (want > 1 && exhaustive) {
     const std::vector<cublasLtMatmulHeuristicResult_t> more =
-        ExhaustiveCandidates(h, p, g, results, found, 768);
+        ExhaustiveCandidates(h, p, g, results, found, 4096);
     cands.insert(cands.end(), more.begin(), more.end());
   }
   int pick = 0;
