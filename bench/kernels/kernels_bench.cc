@@ -1574,6 +1574,7 @@ struct ModelSelection {
   std::vector<int> batches = {32, 64, 128, 256, 512};
   std::vector<std::string> kernels;  // decode kernel names; empty: all three
   std::string graphs = "both";       // on, off or both
+  std::vector<int> gemm_autotune = {1};  // GpuModelOptions::gemm_autotune_candidates, each
 };
 
 absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_t s, Json* js) {
@@ -1583,104 +1584,111 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
   const std::vector<int>& batches = sel.batches;
   std::printf(
       "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
-      "cache zero-filled (timing does not depend on its values)\n",
+      "cache zero-filled (timing does not depend on its values); tune = GEMM autotune "
+      "candidates (1: cuBLASLt's heuristic); gemm / attn / rowpar / other: ms per class from an "
+      "eager profiled step\n",
       cfg.name.c_str(), layers, ctx);
-  std::printf("%6s %-13s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "attention", "batch", "gpu us",
-              "wall us", "gemm", "attn", "rowpar", "other");
+  std::printf("%6s %-13s %4s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "attention", "tune",
+              "batch", "gpu us", "wall us", "gemm", "attn", "rowpar", "other");
   struct Mode {
     bool graphs;
     kernels::DecodeKernel dk;
   };
   using kernels::DecodeKernel;
-  for (const Mode& mode :
-       {Mode{true, DecodeKernel::kTiled}, Mode{false, DecodeKernel::kTiled},
-        Mode{true, DecodeKernel::kWarpStreamed}, Mode{false, DecodeKernel::kWarpStreamed},
-        Mode{true, DecodeKernel::kTensorCore}, Mode{false, DecodeKernel::kTensorCore}}) {
-    const bool graphs = mode.graphs;
-    const char* kname = kernels::DecodeKernelName(mode.dk);
-    if (sel.graphs != "both" && (sel.graphs == "on") != graphs) continue;
-    if (!sel.kernels.empty() &&
-        std::find(sel.kernels.begin(), sel.kernels.end(), kname) == sel.kernels.end()) {
-      continue;
-    }
-    model::GpuModelOptions o;
-    o.attention_decode_kernel = mode.dk;
-    o.dtype = DType::kBF16;
-    o.max_seqs = 512;
-    o.max_batch_tokens = 512;
-    o.num_kv_blocks = 512 * bps + 16;
-    o.cuda_graphs = graphs;
-    o.host_logits = false;
-    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
-    for (int batch : batches) {
-      model::BatchInput in;
-      in.max_blocks_per_seq = bps;
-      in.seq_start.push_back(0);
-      for (int i = 0; i < batch; ++i) {
-        in.tokens.push_back((i * 7919) % cfg.vocab);
-        in.positions.push_back(ctx - 1);
-        in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
-        in.seq_start.push_back(i + 1);
-        in.context_len.push_back(ctx);
-        for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
-        in.sample_index.push_back(i);
+  for (const int tune : sel.gemm_autotune) {
+    for (const Mode& mode :
+         {Mode{true, DecodeKernel::kTiled}, Mode{false, DecodeKernel::kTiled},
+          Mode{true, DecodeKernel::kWarpStreamed}, Mode{false, DecodeKernel::kWarpStreamed},
+          Mode{true, DecodeKernel::kTensorCore}, Mode{false, DecodeKernel::kTensorCore}}) {
+      const bool graphs = mode.graphs;
+      const char* kname = kernels::DecodeKernelName(mode.dk);
+      if (sel.graphs != "both" && (sel.graphs == "on") != graphs) continue;
+      if (!sel.kernels.empty() &&
+          std::find(sel.kernels.begin(), sel.kernels.end(), kname) == sel.kernels.end()) {
+        continue;
       }
-      model::StepOptions so;
-      so.sampling.assign(batch, model::SamplingParams{});
-      so.copy_logits = false;
-      SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(true));
-      SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(true));
-      std::vector<double> gpu_us, wall_us;
-      // Warm-up: at least 4 steps (graph capture happens on the 2nd) and
-      // 200 ms of them: the first batch after GpuModel::Create measured up to
-      // 1.5x slower than the next larger one in every run before session 6,
-      // against the launcher's decode sweep (the GPU coming back up to speed
-      // after the model's set-up, presumably).
-      const int64_t warm_until = MonotonicNs() + 200'000'000;
-      int warm = 0;
-      for (int it = 0; it < warm + 10; ++it) {
-        const int64_t t0 = MonotonicNs();
-        CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), s));
-        SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
-        CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), s));
-        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
-        const int64_t t1 = MonotonicNs();
-        CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
-        if (it == 0) {  // check the outputs once
-          for (int32_t t : m.host_tokens()) {
-            if (t < 0 || t >= cfg.vocab) return absl::InternalError("sampled token out of range");
+      model::GpuModelOptions o;
+      o.attention_decode_kernel = mode.dk;
+      o.dtype = DType::kBF16;
+      o.max_seqs = 512;
+      o.max_batch_tokens = 512;
+      o.num_kv_blocks = 512 * bps + 16;
+      o.cuda_graphs = graphs;
+      o.host_logits = false;
+      o.gemm_autotune_candidates = tune;
+      SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
+      for (int batch : batches) {
+        model::BatchInput in;
+        in.max_blocks_per_seq = bps;
+        in.seq_start.push_back(0);
+        for (int i = 0; i < batch; ++i) {
+          in.tokens.push_back((i * 7919) % cfg.vocab);
+          in.positions.push_back(ctx - 1);
+          in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
+          in.seq_start.push_back(i + 1);
+          in.context_len.push_back(ctx);
+          for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
+          in.sample_index.push_back(i);
+        }
+        model::StepOptions so;
+        so.sampling.assign(batch, model::SamplingParams{});
+        so.copy_logits = false;
+        SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(true));
+        SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(true));
+        std::vector<double> gpu_us, wall_us;
+        // Warm-up: at least 4 steps (graph capture happens on the 2nd) and
+        // 200 ms of them: the first batch after GpuModel::Create measured up to
+        // 1.5x slower than the next larger one in every run before session 6,
+        // against the launcher's decode sweep (the GPU coming back up to speed
+        // after the model's set-up, presumably).
+        const int64_t warm_until = MonotonicNs() + 200'000'000;
+        int warm = 0;
+        for (int it = 0; it < warm + 10; ++it) {
+          const int64_t t0 = MonotonicNs();
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), s));
+          SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), s));
+          SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+          const int64_t t1 = MonotonicNs();
+          CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
+          if (it == 0) {  // check the outputs once
+            for (int32_t t : m.host_tokens()) {
+              if (t < 0 || t >= cfg.vocab) return absl::InternalError("sampled token out of range");
+            }
           }
+          if (it == warm && (it < 4 || (t1 < warm_until && warm < 400))) {
+            ++warm;
+            continue;
+          }
+          float ms = 0;
+          CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+          gpu_us.push_back(1000.0 * ms);
+          wall_us.push_back((t1 - t0) / 1e3);
         }
-        if (it == warm && (it < 4 || (t1 < warm_until && warm < 400))) {
-          ++warm;
-          continue;
+        model::StepProfile prof;
+        if (!graphs) {
+          m.set_profiling(true);
+          SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+          SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+          SYMTP_ASSIGN_OR_RETURN(prof, m.LastStepProfile());
+          m.set_profiling(false);
         }
-        float ms = 0;
-        CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
-        gpu_us.push_back(1000.0 * ms);
-        wall_us.push_back((t1 - t0) / 1e3);
+        const double g = Median(gpu_us), w = Median(wall_us);
+        std::printf("%6s %-13s %4d %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n",
+                    graphs ? "on" : "off", kname, tune, batch, g, w, prof.gemm_ms,
+                    prof.attention_ms, prof.row_parallel_ms, prof.other_ms);
+        const auto st = m.graph_stats();
+        js->model.push_back(absl::StrFormat(
+            "{\"model\": \"%s\", \"layers\": %d, \"dtype\": \"bfloat16\", \"tp\": 1, \"batch\": "
+            "%d, "
+            "\"context\": %d, \"cuda_graphs\": %s, \"attention_decode_kernel\": \"%s\", "
+            "\"gemm_autotune\": %d, "
+            "\"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
+            "\"graph_replays\": %d, \"profile_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
+            "\"row_parallel_gemm\": %.4f, \"other\": %.4f, \"total\": %.4f}}",
+            cfg.name, layers, batch, ctx, graphs ? "true" : "false", kname, tune, g, w, st.replays,
+            prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
       }
-      model::StepProfile prof;
-      if (!graphs) {
-        m.set_profiling(true);
-        SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
-        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
-        SYMTP_ASSIGN_OR_RETURN(prof, m.LastStepProfile());
-        m.set_profiling(false);
-      }
-      const double g = Median(gpu_us), w = Median(wall_us);
-      std::printf("%6s %-13s %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n", graphs ? "on" : "off",
-                  kname, batch, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
-                  prof.other_ms);
-      const auto st = m.graph_stats();
-      js->model.push_back(absl::StrFormat(
-          "{\"model\": \"%s\", \"layers\": %d, \"dtype\": \"bfloat16\", \"tp\": 1, \"batch\": %d, "
-          "\"context\": %d, \"cuda_graphs\": %s, \"attention_decode_kernel\": \"%s\", "
-          "\"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
-          "\"graph_replays\": %d, \"profile_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
-          "\"row_parallel_gemm\": %.4f, \"other\": %.4f, \"total\": %.4f}}",
-          cfg.name, layers, batch, ctx, graphs ? "true" : "false", kname, g, w, st.replays,
-          prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
     }
   }
   return absl::OkStatus();
@@ -1724,6 +1732,16 @@ absl::Status Run(int argc, char** argv) {
         }
         model_sel.batches.push_back(v);
       }
+    } else if (a == "--model-gemm-autotune" && i + 1 < argc) {
+      model_sel.gemm_autotune.clear();
+      for (absl::string_view b : absl::StrSplit(argv[++i], ',')) {
+        int v = 0;
+        if (!absl::SimpleAtoi(b, &v) || v < 1 || v > 32) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--model-gemm-autotune: '", b, "' is not a candidate count in [1, 32]"));
+        }
+        model_sel.gemm_autotune.push_back(v);
+      }
     } else if (a == "--model-kernels" && i + 1 < argc) {
       model_sel.kernels = absl::StrSplit(argv[++i], ',');
     } else if (a == "--model-graphs" && i + 1 < argc) {
@@ -1737,7 +1755,8 @@ absl::Status Run(int argc, char** argv) {
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
           "[--gemm-exhaustive] [--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] [--sections "
           "gemm,attention,prefill,model,sm90plans,sm90probe,skinny,streamk] "
-          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
+          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
+          "[--model-gemm-autotune 1,16]"));
     }
   }
   std::string why;

@@ -394,7 +394,11 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   }
   // Autotuning also tries split-K versions of the first heuristic picks:
   // decode GEMMs with M <= 256 and N of a few thousand make only 24-48 output
-  // tiles for 132 SMs, and the heuristic's list rarely splits them.
+  // tiles for 132 SMs, and the heuristic's list rarely splits them. And the
+  // same picks with other thread-block cluster shapes: on an H200 (cuBLAS 13)
+  // the heuristic's first pick for llama-8b's M = 256 wo / qkv runs 1 x 2
+  // clusters, and the same kernel without clusters is 8-20% faster per call
+  // in a CUDA graph (bench/results/h200-2026-11-24, run z).
   std::vector<cublasLtMatmulHeuristicResult_t> cands(results, results + found);
   if (want > 1) {
     const int base = std::min(found, 4);
@@ -413,6 +417,25 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
         if (SetSplitK(&c.algo, splits)) AppendIfAccepted(h, p, g, c, cands);
       }
     }
+    for (int i = 0; i < base; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      uint16_t own = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                           &own, sizeof(own), &written);
+      for (const uint16_t cluster :
+           {uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_4x1x1},
+            uint16_t{CUBLASLT_CLUSTER_SHAPE_1x4x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}}) {
+        if (cluster == own) continue;
+        cublasLtMatmulHeuristicResult_t c = results[i];
+        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                 &cluster,
+                                                 sizeof(cluster)) == CUBLAS_STATUS_SUCCESS) {
+          AppendIfAccepted(h, p, g, c, cands);
+        }
+      }
+    }
   }
   if (want > 1 && exhaustive) {
     const std::vector<cublasLtMatmulHeuristicResult_t> more =
@@ -427,7 +450,8 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
     pick = *fastest;
     SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": " << found
                              << " heuristic + " << cands.size() - found
-                             << " more candidates, picked #" << pick
+                             << " more candidates, picked #" << pick << " "
+                             << DescribeAlgo(cands[pick].algo)
                              << (pick >= found ? " (not the heuristic's)" : "");
     if (exhaustive) {
       SYMTP_LOG(INFO, "gemm") << "exhaustive autotune C[" << g.m << "," << g.n << "] K=" << g.k
