@@ -127,36 +127,90 @@ namespace {
 // Calls per graph when candidates are timed in CUDA graphs.
 constexpr int kGraphCalls = 10;
 
+// Copies of W that graph timing cycles through so that, as in a decode step
+// (each layer's weights read once), W does not stay in L2 between calls:
+// enough to cover three times the L2 (at most kGraphCalls; one when W alone
+// is larger than twice the L2). Timed on one copy, the picks for llama-8b's
+// M = 256-512 shapes made a decode step 2-6% slower than the heuristic's
+// (bench/results/h200-2026-11-24, run ac).
+struct WeightCopies {
+  cuda::DeviceBuffer extra;  // copies - 1 of W, each `bytes` apart
+  int copies = 1;
+  size_t bytes = 0;
+  const void* Get(const void* w, int i) const {
+    const int c = i % copies;
+    return c == 0 ? w : static_cast<const char*>(extra.get()) + (c - 1) * bytes;
+  }
+};
+
+// W's copies for g (rows of ldw elements); a failed allocation leaves one
+// (the timing is then optimistic for small W, not wrong).
+absl::StatusOr<WeightCopies> MakeWeightCopies(const GemmArgs& g, int64_t ldw, cudaStream_t stream) {
+  WeightCopies wc;
+  int dev = 0, l2 = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const size_t elem = g.in_dtype == DType::kF32 ? 4 : 2;
+  wc.bytes = ((static_cast<size_t>(g.n - 1) * ldw + g.k) * elem + 255) / 256 * 256;
+  if (wc.bytes == 0 || wc.bytes >= 2 * static_cast<size_t>(l2)) return wc;
+  const int want = static_cast<int>(
+      std::min<size_t>(kGraphCalls, (3 * static_cast<size_t>(l2) + wc.bytes - 1) / wc.bytes));
+  if (want < 2) return wc;
+  absl::StatusOr<cuda::DeviceBuffer> extra = cuda::DeviceBuffer::Create((want - 1) * wc.bytes);
+  if (!extra.ok()) {
+    cudaGetLastError();
+    SYMTP_LOG(INFO, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k
+                            << ": no room for " << want - 1 << " copies of W ("
+                            << extra.status().message() << "); timing on one";
+    return wc;
+  }
+  wc.extra = *std::move(extra);
+  const size_t used = (static_cast<size_t>(g.n - 1) * ldw + g.k) * elem;
+  for (int c = 1; c < want; ++c) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(wc.extra.get()) + (c - 1) * wc.bytes,
+                                         g.w, used, cudaMemcpyDeviceToDevice, stream));
+  }
+  wc.copies = want;
+  return wc;
+}
+
 // Index of the fastest of `cands` on g's operands: each is run once to warm
 // up, then timed 3 times (CUDA events, the stream synchronized) and scored by
 // its best run: one eager call each time (kEager), or one replay of a graph
-// of kGraphCalls calls, per call (kGraph; on the legacy default stream, which
-// cannot be captured, eager). A candidate that fails to run or to be
-// captured is skipped; an event or graph launch failure is an error.
+// of kGraphCalls calls cycling through copies of W, per call (kGraph; on the
+// legacy default stream, which cannot be captured, eager). A candidate that
+// fails to run or to be captured is skipped; an event or graph launch
+// failure is an error.
 absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
-                                     const cublasLtMatmulHeuristicResult_t* cands, int n,
-                                     GemmAutotuneTiming timing, cudaStream_t stream) {
+                                     int64_t ldw, const cublasLtMatmulHeuristicResult_t* cands,
+                                     int n, GemmAutotuneTiming timing, cudaStream_t stream) {
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(/*timing=*/true));
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(/*timing=*/true));
   const bool in_graph = timing == GemmAutotuneTiming::kGraph && stream != nullptr &&
                         stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+  WeightCopies wc;
+  if (in_graph) {
+    SYMTP_ASSIGN_OR_RETURN(wc, MakeWeightCopies(g, ldw, stream));
+  }
   const float alpha = 1.f, beta = 0.f;
   int best = 0;
   float best_ms = -1.f;
   for (int i = 0; i < n; ++i) {
     if (cands[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    auto run = [&] {
-      return cublasLtMatmul(h, p.op, &alpha, g.w, p.w, g.a, p.a, &beta, g.c, p.c, g.c, p.c,
+    auto run = [&](const void* w) {
+      return cublasLtMatmul(h, p.op, &alpha, w, p.w, g.a, p.a, &beta, g.c, p.c, g.c, p.c,
                             &cands[i].algo, g.workspace, g.workspace_bytes,
                             stream) == CUBLAS_STATUS_SUCCESS;
     };
-    if (!run()) continue;
+    if (!run(g.w)) continue;
     cuda::GraphExec graph;
     if (in_graph) {
       absl::StatusOr<cuda::GraphExec> exec =
           cuda::GraphExec::Capture(stream, [&]() -> absl::Status {
             for (int c = 0; c < kGraphCalls; ++c) {
-              if (!run()) return absl::InternalError("cublasLtMatmul failed in capture");
+              if (!run(wc.Get(g.w, c))) {
+                return absl::InternalError("cublasLtMatmul failed in capture");
+              }
             }
             return absl::OkStatus();
           });
@@ -171,7 +225,7 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
       if (in_graph) {
         SYMTP_RETURN_IF_ERROR(graph.Launch(stream));
       } else {
-        ran = run();
+        ran = run(g.w);
       }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), stream));
       CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
@@ -398,7 +452,7 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   // same picks with other thread-block cluster shapes: on an H200 (cuBLAS 13)
   // the heuristic's first pick for llama-8b's M = 256 wo / qkv runs 1 x 2
   // clusters, and the same kernel without clusters is 8-20% faster per call
-  // in a CUDA graph (bench/results/h200-2026-11-24, run z).
+  // in a CUDA graph (bench/results/h200-2026-11-24, run ab).
   std::vector<cublasLtMatmulHeuristicResult_t> cands(results, results + found);
   if (want > 1) {
     const int base = std::min(found, 4);
@@ -444,8 +498,8 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   }
   int pick = 0;
   if (cands.size() > 1) {
-    absl::StatusOr<int> fastest =
-        FastestCandidate(h, p, g, cands.data(), static_cast<int>(cands.size()), timing, stream);
+    absl::StatusOr<int> fastest = FastestCandidate(h, p, g, ldw, cands.data(),
+                                                   static_cast<int>(cands.size()), timing, stream);
     if (!fastest.ok()) return fail(fastest.status());
     pick = *fastest;
     SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": " << found
