@@ -275,6 +275,37 @@ bool SetSplitK(cublasLtMatmulAlgo_t* algo, int32_t splits) {
                                               sizeof(scheme)) == CUBLAS_STATUS_SUCCESS;
 }
 
+// `from`'s algorithm id, tile and stages on a fresh cublasLtMatmulAlgoInit
+// configuration with `cluster`, no split-K and no CTA swizzle.
+bool RebuildWithCluster(cublasLtHandle_t h, const GemmArgs& g, const cublasLtMatmulAlgo_t& from,
+                        uint16_t cluster, cublasLtMatmulAlgo_t* out) {
+  int32_t id = -1;
+  uint32_t tile = 0, stages = 0, swizzle = 0;
+  size_t w = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&from, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &w) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(&from, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                           &w) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(&from, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                           sizeof(stages), &w) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  const cudaDataType_t in = CudaType(g.in_dtype), outt = CudaType(g.out_dtype);
+  if (cublasLtMatmulAlgoInit(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, outt, outt, id, out) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                              sizeof(tile)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                              sizeof(stages)) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                              sizeof(cluster)) == CUBLAS_STATUS_SUCCESS &&
+         SetSplitK(out, 1) &&
+         cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                              sizeof(swizzle)) == CUBLAS_STATUS_SUCCESS;
+}
+
 // Appends `c` (an algorithm configured for g's plan) to `out` if cuBLASLt
 // accepts it for this problem within g's workspace.
 void AppendIfAccepted(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
@@ -451,8 +482,9 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   // tiles for 132 SMs, and the heuristic's list rarely splits them. And the
   // same picks with other thread-block cluster shapes: on an H200 (cuBLAS 13)
   // the heuristic's first pick for llama-8b's M = 256 wo / qkv runs 1 x 2
-  // clusters, and the same kernel without clusters is 8-20% faster per call
-  // in a CUDA graph (bench/results/h200-2026-11-24, run ab).
+  // clusters, and the exhaustive search's fastest per call in a CUDA graph
+  // was the same algorithm, tile and stages without clusters, 8-20% faster
+  // (bench/results/h200-2026-11-24, run ab).
   std::vector<cublasLtMatmulHeuristicResult_t> cands(results, results + found);
   if (want > 1) {
     const int base = std::min(found, 4);
@@ -481,11 +513,22 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
            {uint16_t{CUBLASLT_CLUSTER_SHAPE_1x1x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_2x1x1},
             uint16_t{CUBLASLT_CLUSTER_SHAPE_1x2x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_4x1x1},
             uint16_t{CUBLASLT_CLUSTER_SHAPE_1x4x1}, uint16_t{CUBLASLT_CLUSTER_SHAPE_2x2x1}}) {
-        if (cluster == own) continue;
-        cublasLtMatmulHeuristicResult_t c = results[i];
-        if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-                                                 &cluster,
-                                                 sizeof(cluster)) == CUBLAS_STATUS_SUCCESS) {
+        if (cluster != own) {
+          cublasLtMatmulHeuristicResult_t c = results[i];
+          if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                   &cluster,
+                                                   sizeof(cluster)) == CUBLAS_STATUS_SUCCESS) {
+            AppendIfAccepted(h, p, g, c, cands);
+          }
+        }
+        // The pick's algorithm, tile and stages rebuilt from
+        // cublasLtMatmulAlgoInit (its other settings at their defaults, which
+        // the heuristic's own configuration need not share) with this
+        // cluster shape: for llama-8b's M = 256 wo / qkv on an H200 the
+        // fastest per call in a graph of everything the exhaustive search
+        // tried (bench/results/h200-2026-11-24, run ab).
+        cublasLtMatmulHeuristicResult_t c{};
+        if (RebuildWithCluster(h, g, results[i].algo, cluster, &c.algo)) {
           AppendIfAccepted(h, p, g, c, cands);
         }
       }
