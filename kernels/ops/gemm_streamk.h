@@ -1,6 +1,7 @@
 // The stream-K sm_90a GEMM (internal/streamk_gemm_kernel.cuh) for decode
 // batches of up to 256 tokens: bf16 C[M, N] = A[M, K] · W[N, K]ᵀ with tiles
-// of 64 W rows x all tokens (W the wgmma A operand) and the tiles' K steps
+// of 64 or 128 W rows (one or two consumer warpgroups) x all tokens (W the
+// wgmma A operand) and the tiles' K steps
 // shared out evenly over one CTA per SM; partial tiles are summed in CTA
 // order through the workspace, so results are the same every launch.
 // A study kernel: measured slower than cuBLASLt on every decode shape of an

@@ -29,8 +29,14 @@
 // takes 685-746 clocks on 64-128 CTAs (the tensor cores' bound is 512: ~70%,
 // the traffic model's bound 80%) and 810-965 on the full grid; the 64-CTA
 // runs also clock higher (1.7-1.8 GHz) than the 8192^3 ceiling GEMM.
+// Run z (session 13): two consumer warpgroups (kWG = 2, 128 W rows per CTA,
+// one token stage read by both) take 1240-1600 clocks per 128 x 256 x 64
+// unit at M = 256 (bound 1024: 64-83%, against 61-74% for kWG = 1) and come
+// to 0.85-0.93x of cuBLASLt on the long shapes at M = 128, but their
+// partials are twice the bytes: on the short shapes the fix-up (3.1-3.9 us)
+// and first unit (2.1-2.5 us) make them slower than kWG = 1.
 //
-// So here a tile is 64 W rows x all kTn (128 or 256) tokens: one wgmma
+// So here a tile is 64 kWG W rows x all kTn (128 or 256) tokens: one wgmma
 // m64n256k16 (m64n128k16) per 16-wide K slice, W the A operand. There are
 // only N / 64 such tiles, so the grid (one CTA per SM) shares the tiles' K
 // steps out evenly, stream-K: of U = tiles x K steps units, CTA c runs
