@@ -130,9 +130,10 @@ constexpr int kGraphCalls = 10;
 // Copies of W that graph timing cycles through so that, as in a decode step
 // (each layer's weights read once), W does not stay in L2 between calls:
 // enough to cover three times the L2 (at most kGraphCalls; one when W alone
-// is larger than twice the L2). Timed on one copy, the picks for llama-8b's
-// M = 256-512 shapes made a decode step 2-6% slower than the heuristic's
-// (bench/results/h200-2026-11-24, run ac).
+// is larger than twice the L2). With or without the copies, 16 candidates'
+// picks made a 4-layer llama-8b decode step 2-5% slower than the heuristic's
+// (bench/results/h200-2026-11-24, runs ac-ae), which is why autotuning stays
+// off by default.
 struct WeightCopies {
   cuda::DeviceBuffer extra;  // copies - 1 of W, each `bytes` apart
   int copies = 1;
