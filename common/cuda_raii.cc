@@ -1,9 +1,13 @@
 #include "common/cuda_raii.h"
 
+#include <chrono>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace symtp::cuda {
 
@@ -170,6 +174,24 @@ GraphExec& GraphExec::operator=(GraphExec&& o) noexcept {
 absl::Status GraphExec::Launch(cudaStream_t stream) const {
   CUDA_RETURN_IF_ERROR(cudaGraphLaunch(e_, stream));
   return absl::OkStatus();
+}
+
+absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      return Annotate(CudaErrorToStatus(e, "cudaEventQuery", __FILE__, __LINE__), what);
+    }
+    if (deadline.Expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the GPU did not finish in time"));
+    }
+    if (spins < 2000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 }
 
 }  // namespace symtp::cuda

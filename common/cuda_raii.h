@@ -11,6 +11,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 
 namespace symtp::cuda {
 
@@ -145,5 +146,9 @@ class GraphExec {
   explicit GraphExec(cudaGraphExec_t e) : e_(e) {}
   cudaGraphExec_t e_ = nullptr;
 };
+
+// Polls `ev` until it completes or `deadline` passes (spins, then sleeps
+// 50 us): DeadlineExceeded naming `what`, or the event's CUDA error.
+absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what);
 
 }  // namespace symtp::cuda

@@ -284,16 +284,8 @@ std::vector<GemmShape> DecodeGemmShapes() {
 // bf16 C[m, n] = A[m, k] W[n, k]^T with the bench's GEMM workspace.
 kernels::GemmArgs Bf16GemmArgs(const void* a, const void* w, void* c, int64_t m, int64_t n,
                                int64_t k, void* ws) {
-  kernels::GemmArgs g;
-  g.a = a;
-  g.w = w;
-  g.c = c;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.workspace = ws;
-  g.workspace_bytes = kernels::kGemmWorkspaceBytes;
-  return g;
+  return kernels::ContiguousGemmArgs(a, w, c, m, n, k, DType::kBF16, ws,
+                                     kernels::kGemmWorkspaceBytes);
 }
 
 // Operands of the decode GEMM sections: weights rotated through an arena of
@@ -1700,6 +1692,22 @@ std::string JoinArr(const std::vector<std::string>& v) {
   return s + "\n  ]";
 }
 
+// "1,16,1" for a flag: each value in [lo, hi], else InvalidArgument
+// "FLAG: 'x' is not WHAT in [lo, hi]".
+absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const char* text, int lo,
+                                              int hi, const char* what) {
+  std::vector<int> out;
+  for (absl::string_view b : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(b, &v) || v < lo || v > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: '%s' is not %s in [%d, %d]", flag, b, what, lo, hi));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 absl::Status Run(int argc, char** argv) {
   std::string json_path;
   int layers = 4;
@@ -1723,25 +1731,10 @@ absl::Status Run(int argc, char** argv) {
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
     } else if (a == "--model-batches" && i + 1 < argc) {
-      model_sel.batches.clear();
-      for (absl::string_view b : absl::StrSplit(argv[++i], ',')) {
-        int v = 0;
-        if (!absl::SimpleAtoi(b, &v) || v < 1 || v > 512) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--model-batches: '", b, "' is not a batch in [1, 512]"));
-        }
-        model_sel.batches.push_back(v);
-      }
+      SYMTP_ASSIGN_OR_RETURN(model_sel.batches, ParseIntList(a, argv[++i], 1, 512, "a batch"));
     } else if (a == "--model-gemm-autotune" && i + 1 < argc) {
-      model_sel.gemm_autotune.clear();
-      for (absl::string_view b : absl::StrSplit(argv[++i], ',')) {
-        int v = 0;
-        if (!absl::SimpleAtoi(b, &v) || v < 1 || v > 32) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--model-gemm-autotune: '", b, "' is not a candidate count in [1, 32]"));
-        }
-        model_sel.gemm_autotune.push_back(v);
-      }
+      SYMTP_ASSIGN_OR_RETURN(model_sel.gemm_autotune,
+                             ParseIntList(a, argv[++i], 1, 32, "a candidate count"));
     } else if (a == "--model-kernels" && i + 1 < argc) {
       model_sel.kernels = absl::StrSplit(argv[++i], ',');
     } else if (a == "--model-graphs" && i + 1 < argc) {

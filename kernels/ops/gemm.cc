@@ -229,7 +229,8 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
         ran = run(g.w);
       }
       CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), stream));
-      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
+      SYMTP_RETURN_IF_ERROR(
+          cuda::WaitEvent(e1.get(), Deadline::AfterMs(30'000), "GEMM autotune timing"));
       float t = 0.f;
       CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, e0.get(), e1.get()));
       if (in_graph) t /= kGraphCalls;

@@ -116,10 +116,10 @@ struct GemmArgs {
 // bad shape or dtype combination; cuBLAS errors with their status.
 absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& args, cudaStream_t stream);
 
-// Convenience for contiguous operands.
-inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, void* c, int64_t m,
-                         int64_t n, int64_t k, DType dtype, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream) {
+// The arguments of a product of contiguous operands, `dtype` in and out.
+inline GemmArgs ContiguousGemmArgs(const void* a, const void* w, void* c, int64_t m, int64_t n,
+                                   int64_t k, DType dtype, void* workspace,
+                                   size_t workspace_bytes) {
   GemmArgs g;
   g.a = a;
   g.w = w;
@@ -130,7 +130,15 @@ inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, v
   g.in_dtype = g.out_dtype = dtype;
   g.workspace = workspace;
   g.workspace_bytes = workspace_bytes;
-  return Gemm(handle, g, stream);
+  return g;
+}
+
+// Convenience for contiguous operands.
+inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, void* c, int64_t m,
+                         int64_t n, int64_t k, DType dtype, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  return Gemm(handle, ContiguousGemmArgs(a, w, c, m, n, k, dtype, workspace, workspace_bytes),
+              stream);
 }
 
 // A workspace size that lets cuBLASLt pick its fast (split-K) kernels.

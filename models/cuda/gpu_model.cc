@@ -1,13 +1,11 @@
 #include "models/cuda/gpu_model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -57,24 +55,7 @@ T* At(const cuda::PinnedBuffer& b, size_t off) {
 void* Offset(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
 const void* Offset(const void* p, size_t bytes) { return static_cast<const char*>(p) + bytes; }
 
-// Polls `ev` until it completes or the deadline passes (spin, then sleep).
-absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what) {
-  for (int spins = 0;; ++spins) {
-    const cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) {
-      return Annotate(CudaErrorToStatus(e, "cudaEventQuery", __FILE__, __LINE__), what);
-    }
-    if (deadline.Expired()) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": the GPU did not finish in time"));
-    }
-    if (spins < 2000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-}
+using cuda::WaitEvent;
 
 enum OpClass : int { kClsGemm = 0, kClsAttn = 1, kClsRowPar = 2, kClsOther = 3 };
 
@@ -204,17 +185,9 @@ std::vector<int> DefaultGraphSizes() {
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
                                    DType out_dt, cudaStream_t s, int sm_count_target) {
-  kernels::GemmArgs g;
-  g.a = a;
-  g.w = w;
-  g.c = c;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.in_dtype = dt;
+  kernels::GemmArgs g =
+      kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, gemm_ws, opt.gemm_workspace_bytes);
   g.out_dtype = out_dt;
-  g.workspace = gemm_ws;
-  g.workspace_bytes = opt.gemm_workspace_bytes;
   g.sm_count_target = sm_count_target;
   return kernels::Gemm(gemm, g, s);
 }
