@@ -31,6 +31,7 @@
 // it is timed; times are medians of event-timed repetitions after warm-up.
 // Usage: kernels_bench [--json FILE] [--layers N] [--skip-model] [--sections LIST]
 //        [--model-batches LIST] [--model-kernels LIST] [--model-graphs on|off|both]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -1657,6 +1658,14 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
           gpu_us.push_back(1000.0 * ms);
           wall_us.push_back((t1 - t0) / 1e3);
         }
+        // One more step between cudaProfilerStart / Stop (no-ops without a
+        // profiler): tools/device/kernel_durations.sh with
+        // PROFILE_FROM_START=off records only these steps, one per row of the
+        // table, in the table's order.
+        CUDA_RETURN_IF_ERROR(cudaProfilerStart());
+        SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        CUDA_RETURN_IF_ERROR(cudaProfilerStop());
         model::StepProfile prof;
         if (!graphs) {
           m.set_profiling(true);

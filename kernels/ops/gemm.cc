@@ -1,9 +1,9 @@
 #include "kernels/ops/gemm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,13 +21,15 @@ namespace {
 // Row-major C[M,N] = A[M,K] · W[N,K]ᵀ is column-major Cᵀ[N,M] = W' · A' with
 // W' = W viewed column-major [K,N] transposed (op T) and A' = A viewed
 // column-major [K,M] (op N): cuBLAS m = N, n = M, k = K.
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, size_t,
-                           int, int, int, int>;
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmTuningEntry::algo),
+              "a tuning table stores cublasLtMatmulAlgo_t byte for byte");
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  double pick_us = 0, heuristic_us = 0;  // autotuning's times (0: not timed)
+  bool from_table = false;
 };
 
 void DestroyPlan(Plan& p) {
@@ -69,8 +71,10 @@ absl::StatusOr<int64_t> EnsureZeroedCounters(cuda::DeviceBuffer& buf, int64_t ne
 
 struct CublasLtHandle::State {
   cublasLtHandle_t handle = nullptr;
-  std::map<PlanKey, Plan> plans;
+  std::map<GemmTuningKey, Plan> plans;
   int autotune = 1;
+  double margin = 0;
+  std::shared_ptr<const GemmTuningTable> tuning;
   bool exhaustive = false;
   GemmAutotuneTiming timing = GemmAutotuneTiming::kGraph;
   GemmKernelChoice choice = GemmKernelChoice::kCublasLt;
@@ -117,6 +121,29 @@ void CublasLtHandle::set_skinny_max_m(int64_t m) {
   if (state_) state_->skinny_max_m = std::max<int64_t>(0, std::min<int64_t>(m, kSkinnyMaxM));
 }
 int64_t CublasLtHandle::skinny_max_m() const { return state_ ? state_->skinny_max_m : 0; }
+
+void CublasLtHandle::set_autotune_margin(double fraction) {
+  if (state_) state_->margin = std::max(0.0, std::min(fraction, 0.9));
+}
+double CublasLtHandle::autotune_margin() const { return state_ ? state_->margin : 0; }
+
+absl::Status CublasLtHandle::set_tuning_table(std::shared_ptr<const GemmTuningTable> table) {
+  if (!state_) return absl::FailedPreconditionError("set_tuning_table: empty CublasLtHandle");
+  if (table) {
+    SYMTP_ASSIGN_OR_RETURN(const GemmTuningIdentity here, CurrentGemmTuningIdentity());
+    SYMTP_RETURN_IF_ERROR(table->CheckUsableOn(here));
+  }
+  state_->tuning = std::move(table);
+  return absl::OkStatus();
+}
+
+size_t CublasLtHandle::plans_from_table() const {
+  size_t n = 0;
+  if (state_) {
+    for (const auto& [key, plan] : state_->plans) n += plan.from_table ? 1 : 0;
+  }
+  return n;
+}
 
 GemmKernelChoice CublasLtHandle::kernel_choice() const {
   return state_ ? state_->choice : GemmKernelChoice::kCublasLt;
@@ -182,9 +209,14 @@ absl::StatusOr<WeightCopies> MakeWeightCopies(const GemmArgs& g, int64_t ldw, cu
 // legacy default stream, which cannot be captured, eager). A candidate that
 // fails to run or to be captured is skipped; an event or graph launch
 // failure is an error.
-absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
-                                     int64_t ldw, const cublasLtMatmulHeuristicResult_t* cands,
-                                     int n, GemmAutotuneTiming timing, cudaStream_t stream) {
+struct Fastest {
+  int index = 0;
+  float ms = 0, first_ms = 0;  // the pick's and candidate 0's time per call (0: did not run)
+};
+
+absl::StatusOr<Fastest> FastestCandidate(cublasLtHandle_t h, const Plan& p, const GemmArgs& g,
+                                         int64_t ldw, const cublasLtMatmulHeuristicResult_t* cands,
+                                         int n, GemmAutotuneTiming timing, cudaStream_t stream) {
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(/*timing=*/true));
   SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(/*timing=*/true));
   const bool in_graph = timing == GemmAutotuneTiming::kGraph && stream != nullptr &&
@@ -195,7 +227,7 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
   }
   const float alpha = 1.f, beta = 0.f;
   int best = 0;
-  float best_ms = -1.f;
+  float best_ms = -1.f, first_ms = 0.f;
   for (int i = 0; i < n; ++i) {
     if (cands[i].state != CUBLAS_STATUS_SUCCESS) continue;
     auto run = [&](const void* w) {
@@ -236,12 +268,13 @@ absl::StatusOr<int> FastestCandidate(cublasLtHandle_t h, const Plan& p, const Ge
       if (in_graph) t /= kGraphCalls;
       ms = !ran ? -2.f : (ms < 0.f || t < ms) ? t : ms;
     }
+    if (i == 0 && ms >= 0.f) first_ms = ms;
     if (ms >= 0.f && (best_ms < 0.f || ms < best_ms)) {
       best_ms = ms;
       best = i;
     }
   }
-  return best;
+  return Fastest{best, std::max(best_ms, 0.f), first_ms};
 }
 
 // "algo 66 tile 20 stages 0 split 2 cluster 3 swizzle 0" (cuBLASLt's enum
@@ -404,9 +437,12 @@ std::vector<cublasLtMatmulHeuristicResult_t> ExhaustiveCandidates(
   return out;
 }
 
-absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t lda, int64_t ldw,
-                               int64_t ldc, int autotune, bool exhaustive,
-                               GemmAutotuneTiming timing, cudaStream_t stream) {
+absl::StatusOr<Plan> BuildPlan(const CublasLtHandle::State& st, const GemmTuningKey& key,
+                               const GemmArgs& g, cudaStream_t stream) {
+  cublasLtHandle_t h = st.handle;
+  const int64_t lda = key.lda, ldw = key.ldw, ldc = key.ldc;
+  const int autotune = st.autotune;
+  const bool exhaustive = st.exhaustive;
   Plan p;
   auto fail = [&](absl::Status s) {
     DestroyPlan(p);
@@ -446,6 +482,23 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
                                        static_cast<uint64_t>(g.m), ldc),
             "layout C");
   if (!s.ok()) return fail(s);
+  if (const GemmTuningEntry* e = st.tuning ? st.tuning->Find(key) : nullptr) {
+    std::memcpy(&p.algo, e->algo.data(), sizeof(p.algo));
+    cublasLtMatmulHeuristicResult_t r{};
+    const cublasStatus_t cs = cublasLtMatmulAlgoCheck(h, p.op, p.w, p.a, p.c, p.c, &p.algo, &r);
+    if (cs != CUBLAS_STATUS_SUCCESS || r.workspaceSize > g.workspace_bytes) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrFormat("the GEMM tuning table's algorithm for %s (%s) is not usable: %s",
+                          DescribeGemmKey(key), e->description,
+                          cs != CUBLAS_STATUS_SUCCESS
+                              ? std::string(cublasGetStatusString(cs))
+                              : absl::StrFormat("needs %d workspace bytes", r.workspaceSize))));
+    }
+    p.from_table = true;
+    p.pick_us = e->pick_us;
+    p.heuristic_us = e->heuristic_us;
+    return p;
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   s = check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
@@ -543,10 +596,19 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
   }
   int pick = 0;
   if (cands.size() > 1) {
-    absl::StatusOr<int> fastest = FastestCandidate(h, p, g, ldw, cands.data(),
-                                                   static_cast<int>(cands.size()), timing, stream);
+    absl::StatusOr<Fastest> fastest = FastestCandidate(
+        h, p, g, ldw, cands.data(), static_cast<int>(cands.size()), st.timing, stream);
     if (!fastest.ok()) return fail(fastest.status());
-    pick = *fastest;
+    pick = fastest->index;
+    p.heuristic_us = 1000.0 * fastest->first_ms;
+    p.pick_us = 1000.0 * fastest->ms;
+    if (pick != 0 && fastest->first_ms > 0 && fastest->ms > fastest->first_ms * (1 - st.margin)) {
+      SYMTP_LOG(DEBUG, "gemm") << "autotune " << DescribeGemmKey(key) << ": #" << pick << " ("
+                               << p.pick_us << " us) within the margin of the heuristic's first ("
+                               << p.heuristic_us << " us); keeping the first";
+      pick = 0;
+      p.pick_us = p.heuristic_us;
+    }
     SYMTP_LOG(DEBUG, "gemm") << "autotune C[" << g.m << "," << g.n << "] K=" << g.k << ": " << found
                              << " heuristic + " << cands.size() - found
                              << " more candidates, picked #" << pick << " "
@@ -564,6 +626,21 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const GemmArgs& g, int64_t ld
 }
 
 }  // namespace
+
+absl::StatusOr<GemmTuningTable> CublasLtHandle::ExportPlans() const {
+  SYMTP_ASSIGN_OR_RETURN(GemmTuningIdentity id, CurrentGemmTuningIdentity());
+  GemmTuningTable t(std::move(id));
+  if (!state_) return t;
+  for (const auto& [key, plan] : state_->plans) {
+    GemmTuningEntry e;
+    std::memcpy(e.algo.data(), &plan.algo, sizeof(plan.algo));
+    e.pick_us = plan.pick_us;
+    e.heuristic_us = plan.heuristic_us;
+    e.description = DescribeAlgo(plan.algo);
+    t.Put(key, std::move(e));
+  }
+  return t;
+}
 
 absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream) {
   CublasLtHandle::State* st = handle.state();
@@ -605,23 +682,23 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
     }
     return LaunchSm90Gemm(g, plan, stream);
   }
-  const PlanKey key{g.m,
-                    g.n,
-                    g.k,
-                    lda,
-                    ldw,
-                    ldc,
-                    static_cast<int>(g.in_dtype),
-                    static_cast<int>(g.out_dtype),
-                    g.workspace_bytes,
-                    AlignmentOf(g.a),
-                    AlignmentOf(g.w),
-                    AlignmentOf(g.c),
-                    g.sm_count_target};
+  GemmTuningKey key;
+  key.m = g.m;
+  key.n = g.n;
+  key.k = g.k;
+  key.lda = lda;
+  key.ldw = ldw;
+  key.ldc = ldc;
+  key.in_dtype = g.in_dtype;
+  key.out_dtype = g.out_dtype;
+  key.workspace_bytes = g.workspace_bytes;
+  key.align_a = AlignmentOf(g.a);
+  key.align_w = AlignmentOf(g.w);
+  key.align_c = AlignmentOf(g.c);
+  key.sm_count_target = g.sm_count_target;
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
-    SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(st->handle, g, lda, ldw, ldc, st->autotune,
-                                                st->exhaustive, st->timing, stream));
+    SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(*st, key, g, stream));
     it = st->plans.emplace(key, plan).first;
   }
   const Plan& p = it->second;

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/comm.h"
+#include "kernels/ops/gemm_tuning.h"
 
 namespace symtp::kernels {
 
@@ -77,6 +78,23 @@ class CublasLtHandle {
   // under kGraph; on the legacy default stream timing is eager.
   void set_autotune_timing(GemmAutotuneTiming t);
   GemmAutotuneTiming autotune_timing() const;
+  // Autotuning keeps a candidate other than the heuristic's first only when
+  // it is faster by more than this fraction of the first's time (default 0:
+  // any win). Timing noise is ~1-3% per candidate on an H200.
+  void set_autotune_margin(double fraction);
+  double autotune_margin() const;
+  // Algorithms from a tuning table (gemm_tuning.h) for shapes planned from
+  // now on: a shape the table holds runs the table's algorithm, neither the
+  // heuristic nor autotuning; other shapes are planned as before. The table
+  // must have been made with this device and cuBLASLt (FailedPrecondition
+  // otherwise); an algorithm that cuBLASLt rejects for its shape makes that
+  // Gemm call fail with FailedPrecondition. nullptr: no table.
+  absl::Status set_tuning_table(std::shared_ptr<const GemmTuningTable> table);
+  // The algorithm of every cuBLASLt plan built so far, with the times
+  // autotuning measured (0 where it did not), as a table for this device.
+  absl::StatusOr<GemmTuningTable> ExportPlans() const;
+  // Plans whose algorithm came from the tuning table.
+  size_t plans_from_table() const;
   // Default kCublasLt. The sm_90a kernel needs a compute capability 9.0 device and
   // 16-byte aligned operands with strides in multiples of 8 elements; calls it
   // cannot run fall back to cuBLASLt.

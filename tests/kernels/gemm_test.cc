@@ -5,10 +5,14 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "kernels/ops/gemm_skinny.h"
 #include "kernels/ops/gemm_sm90.h"
@@ -18,6 +22,7 @@
 namespace symtp::kernels {
 namespace {
 
+using symtp::testing::StatusIs;
 using testing::DevArray;
 
 // C[i, j] = sum_k A[i, k] W[j, k] in double, row-major M x N.
@@ -589,6 +594,234 @@ TEST_F(GemmTest, Sm90RejectsWhatItCannotRun) {
   // A global split-K without workspace and counters.
   EXPECT_THAT(LaunchSm90Gemm(g, Sm90GemmPlan{2, 2, true}, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("counters")));
+}
+
+// A tuning table made by one handle's autotuning, serialized and parsed back,
+// makes a fresh handle run the same algorithms without timing anything: the
+// same bits of C, every plan from the table.
+TEST_F(GemmTest, TuningTableReplaysAutotunedPicksInAFreshHandle) {
+  handle_.set_autotune_candidates(8);
+  struct Shape {
+    int64_t m, n, k;
+    DType in, out;
+  };
+  const Shape shapes[] = {{256, 1024, 512, DType::kBF16, DType::kBF16},
+                          {64, 1000, 256, DType::kBF16, DType::kF32},
+                          {33, 200, 1000, DType::kF32, DType::kF32}};
+  struct Case {
+    std::vector<float> a, w;
+    DevArray da, dw, dc;
+    std::vector<float> first;
+  };
+  std::vector<Case> cases;
+  auto run = [&](CublasLtHandle& h, Case& c, const Shape& s) -> std::vector<float> {
+    GemmArgs g = Args(c.da.get(), c.dw.get(), c.dc.get(), s.m, s.n, s.k);
+    g.in_dtype = s.in;
+    g.out_dtype = s.out;
+    EXPECT_OK(Gemm(h, g, stream()));
+    Sync();
+    return c.dc.Download();
+  };
+  for (const Shape& s : shapes) {
+    Case c;
+    c.a = testing::RandomFloats(s.m * s.k, s.m + 7 * s.k);
+    c.w = testing::RandomFloats(s.n * s.k, s.n + 5 * s.k);
+    testing::RoundTo(&c.a, s.in);
+    testing::RoundTo(&c.w, s.in);
+    c.da = DevArray(c.a.size(), s.in);
+    c.dw = DevArray(c.w.size(), s.in);
+    c.dc = DevArray(s.m * s.n, s.out);
+    c.da.Upload(c.a);
+    c.dw.Upload(c.w);
+    c.first = run(handle_, c, s);
+    testing::CheckClose(c.first, ReferenceGemm(c.a, s.k, c.w, s.k, s.m, s.n, s.k),
+                        s.out == DType::kBF16  ? 1e-2
+                        : s.in == DType::kBF16 ? 1e-4
+                                               : 1e-5,
+                        "autotuned gemm");
+    cases.push_back(std::move(c));
+  }
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable made, handle_.ExportPlans());
+  ASSERT_EQ(made.size(), 3u);
+  EXPECT_EQ(handle_.plans_from_table(), 0u);
+  for (const auto& [key, e] : made.entries()) {
+    SCOPED_TRACE(DescribeGemmKey(key));
+    EXPECT_FALSE(e.description.empty());
+    // Margin 0: the pick is the fastest timed, so never slower than the first.
+    if (e.pick_us > 0 && e.heuristic_us > 0) EXPECT_LE(e.pick_us, e.heuristic_us);
+  }
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable parsed,
+                       GemmTuningTable::Parse(made.Serialize(), "serialized"));
+  EXPECT_EQ(parsed, made);
+
+  ASSERT_OK_AND_ASSIGN(CublasLtHandle fresh, CublasLtHandle::Create());
+  fresh.set_autotune_candidates(8);  // the table wins over autotuning
+  ASSERT_OK(fresh.set_tuning_table(std::make_shared<GemmTuningTable>(parsed)));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::vector<float> again = run(fresh, cases[i], shapes[i]);
+    ASSERT_EQ(again.size(), cases[i].first.size());
+    EXPECT_EQ(std::memcmp(again.data(), cases[i].first.data(), again.size() * sizeof(float)), 0)
+        << "C differs from the autotuning handle's with the same algorithm";
+  }
+  EXPECT_EQ(fresh.plans_from_table(), 3u);
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable again, fresh.ExportPlans());
+  ASSERT_EQ(again.size(), made.size());
+  for (const auto& [key, e] : made.entries()) {
+    const GemmTuningEntry* f = again.Find(key);
+    ASSERT_NE(f, nullptr) << DescribeGemmKey(key);
+    EXPECT_EQ(f->algo, e.algo) << DescribeGemmKey(key);
+  }
+}
+
+TEST_F(GemmTest, TuningTableFromElsewhereOrWithAForeignAlgorithmIsAnError) {
+  ASSERT_OK_AND_ASSIGN(const GemmTuningIdentity here, CurrentGemmTuningIdentity());
+  EXPECT_GT(here.cublaslt_version, 0);
+  EXPECT_GT(here.sm_count, 0);
+  for (int which = 0; which < 2; ++which) {
+    GemmTuningIdentity other = here;
+    if (which == 0) other.cublaslt_version += 1;
+    if (which == 1) other.device += " (another)";
+    EXPECT_THAT(
+        handle_.set_tuning_table(std::make_shared<GemmTuningTable>(other)),
+        StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("cannot be used on")));
+  }
+  EXPECT_OK(handle_.set_tuning_table(nullptr));
+
+  // A bf16 algorithm filed under an fp32 product of the same shape.
+  const int64_t M = 64, N = 512, K = 256;
+  const Operands op = RandomBf16Operands(M, N, K, 11);
+  DevArray dc(M * N, DType::kBF16);
+  ASSERT_OK(Gemm(handle_, Args(op.da.get(), op.dw.get(), dc.get(), M, N, K), stream()));
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable made, handle_.ExportPlans());
+  ASSERT_EQ(made.size(), 1u);
+  GemmTuningKey key = made.entries().begin()->first;
+  key.in_dtype = key.out_dtype = DType::kF32;
+  auto foreign = std::make_shared<GemmTuningTable>(here);
+  foreign->Put(key, made.entries().begin()->second);
+  ASSERT_OK_AND_ASSIGN(CublasLtHandle fresh, CublasLtHandle::Create());
+  ASSERT_OK(fresh.set_tuning_table(foreign));
+  DevArray a32(M * K, DType::kF32), w32(N * K, DType::kF32), c32(M * N, DType::kF32);
+  a32.Upload(testing::RandomFloats(M * K, 12));
+  w32.Upload(testing::RandomFloats(N * K, 13));
+  GemmArgs g = Args(a32.get(), w32.get(), c32.get(), M, N, K);
+  g.in_dtype = g.out_dtype = DType::kF32;
+  EXPECT_THAT(Gemm(fresh, g, stream()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("not usable")));
+  EXPECT_EQ(fresh.cached_plans(), 0u);
+  // Shapes the table does not hold are planned as before.
+  ASSERT_OK(Gemm(fresh, Args(op.da.get(), op.dw.get(), dc.get(), M, N, K), stream()));
+  Sync();
+  testing::CheckClose(dc.Download(), ReferenceGemm(op.a, K, op.w, K, M, N, K), 1e-2,
+                      "gemm beside a foreign table");
+  EXPECT_EQ(fresh.plans_from_table(), 0u);
+}
+
+// The file format: round trip, atomic save, and every malformed input a
+// clear InvalidArgument (no device needed).
+TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
+  GemmTuningIdentity id;
+  id.device = "NVIDIA H200";
+  id.sm_count = 132;
+  id.cc_major = 9;
+  id.cc_minor = 0;
+  id.cublaslt_version = 130100;
+  GemmTuningTable t(id);
+  GemmTuningKey k1;
+  k1.m = 256;
+  k1.n = 4096;
+  k1.k = 14336;
+  k1.lda = k1.ldw = 14336;
+  k1.ldc = 4096;
+  k1.workspace_bytes = 32u << 20;
+  k1.align_a = k1.align_w = k1.align_c = 256;
+  GemmTuningEntry e1;
+  for (int i = 0; i < 8; ++i) e1.algo[i] = 0x0123456789abcdefull * (i + 1);
+  e1.pick_us = 49.5;
+  e1.heuristic_us = 50.25;
+  e1.description = "algo 66 tile 21 stages 35 split 1 cluster 2 swizzle 0";
+  t.Put(k1, e1);
+  GemmTuningKey k2 = k1;
+  k2.m = 512;
+  k2.in_dtype = DType::kBF16;
+  k2.out_dtype = DType::kF32;
+  k2.sm_count_target = 100;
+  k2.align_c = 16;
+  GemmTuningEntry e2 = e1;
+  e2.algo[7] = ~0ull;
+  e2.pick_us = e2.heuristic_us = 0;
+  e2.description.clear();
+  t.Put(k2, e2);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NE(t.Find(k2), nullptr);
+  EXPECT_EQ(*t.Find(k2), e2);
+  GemmTuningKey k3 = k1;
+  k3.ldw = 14344;
+  EXPECT_EQ(t.Find(k3), nullptr);
+
+  const std::string text = t.Serialize();
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable back, GemmTuningTable::Parse(text, "text"));
+  EXPECT_EQ(back, t);
+  EXPECT_OK(back.CheckUsableOn(id));
+  GemmTuningIdentity other = id;
+  other.cublaslt_version = 130000;
+  EXPECT_THAT(back.CheckUsableOn(other), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                  ::testing::HasSubstr("cuBLASLt 130000")));
+
+  const std::string path = ::testing::TempDir() + "/gemm_tuning_test.txt";
+  ASSERT_OK(t.Save(path));
+  ASSERT_OK_AND_ASSIGN(const GemmTuningTable loaded, GemmTuningTable::Load(path));
+  EXPECT_EQ(loaded, t);
+  EXPECT_THAT(GemmTuningTable::Load(path + ".missing"),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr(".missing")));
+
+  // Each malformed variant of the text fails, naming the line.
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  auto with_line = [&](size_t i, const std::string& replacement) {
+    std::vector<std::string> l = lines;
+    l[i] = replacement;
+    return absl::StrJoin(l, "\n");
+  };
+  std::string gemm_line;
+  size_t gemm_index = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (absl::StartsWith(lines[i], "gemm ")) {
+      gemm_line = lines[i];
+      gemm_index = i;
+      break;
+    }
+  }
+  ASSERT_FALSE(gemm_line.empty());
+  std::vector<std::string> f = absl::StrSplit(gemm_line, ' ');
+  auto field = [&](size_t i, const std::string& v) {
+    std::vector<std::string> g = f;
+    g[i] = v;
+    return with_line(gemm_index, absl::StrJoin(g, " "));
+  };
+  const std::pair<std::string, std::string> bad[] = {
+      {"", "no 'symtp-gemm-tuning 1' header"},
+      {with_line(0, "symtp-gemm-tuning 2"), "format version 2"},
+      {with_line(0, "something else"), "not a symtp GEMM tuning file"},
+      {with_line(1, "# no device"), "gemm record before"},
+      {with_line(2, "cublaslt x"), "cublaslt <version>"},
+      {field(7, "int8"), "unknown dtype"},
+      {field(2, "0"), "not a GEMM shape"},
+      {field(4, "100"), "not a GEMM shape"},
+      {field(10, "48"), "alignment"},
+      {field(14, "12345"), "16 hex digits"},
+      {field(21, "zzzzzzzzzzzzzzzz"), "16 hex digits"},
+      {field(22, "-1"), "pick_us"},
+      {with_line(gemm_index, "gemm 1 2 3"), "at least 24 fields"},
+      {text + gemm_line + "\n", "a second record for the same GEMM"},
+      {text + "conv 1 2 3\n", "unknown record"},
+  };
+  for (const auto& [input, why] : bad) {
+    EXPECT_THAT(
+        GemmTuningTable::Parse(input, "bad.txt"),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 ::testing::AllOf(::testing::HasSubstr("bad.txt"), ::testing::HasSubstr(why))))
+        << input;
+  }
 }
 
 TEST(Sm90GemmPlanTest, FillsOneWave) {
