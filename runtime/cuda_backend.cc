@@ -113,6 +113,12 @@ class CudaBackend : public Backend {
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.gemm_autotune_candidates = opts.gemm_autotune;
+    if (!opts.gemm_tuning_file.empty()) {
+      absl::StatusOr<kernels::GemmTuningTable> table =
+          kernels::GemmTuningTable::Load(opts.gemm_tuning_file);
+      if (!table.ok()) return Annotate(table.status(), "--gemm-tuning-file");
+      mo.gemm_tuning = std::make_shared<const kernels::GemmTuningTable>(*std::move(table));
+    }
     if (opts.gemm_skinny_max_m >= 0) mo.gemm_skinny_max_m = opts.gemm_skinny_max_m;
     mo.comm_stream_high_priority = opts.comm_priority == "high";
     if (opts.attention == "tiled") {

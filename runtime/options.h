@@ -55,6 +55,7 @@ struct JobOptions {
   // CUDA backend.
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
+  std::string gemm_tuning_file;  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h); "": none
   int gemm_skinny_max_m = -1;  // weight-streaming GEMM up to this M (-1: the model's default)
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority

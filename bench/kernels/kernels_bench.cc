@@ -26,6 +26,11 @@
 //                   the time per call (not in the default sections)
 //   transposed      the M = 256 decode GEMMs as C^T = W A^T beside C = A W^T
 //                   (not in the default sections)
+//   modelab         model_decode's step with the heuristic's GEMMs against
+//                   autotuned picks, all and one shape at a time, in
+//                   interleaved rounds; keeps the picks that make the step
+//                   faster (--model-tuning-out FILE: a GEMM tuning table for
+//                   --gemm-tuning-file; not in the default sections)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
@@ -41,7 +46,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -205,7 +212,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
 
 struct Json {
   std::vector<std::string> gemm, attn, prefill_attn, model, sm90_plans, sm90_probe, skinny, streamk,
-      pdl, transposed;
+      pdl, transposed, model_ab;
   std::string ceilings, device;
 };
 
@@ -1568,12 +1575,53 @@ struct ModelSelection {
   std::vector<std::string> kernels;  // decode kernel names; empty: all three
   std::string graphs = "both";       // on, off or both
   std::vector<int> gemm_autotune = {1};  // GpuModelOptions::gemm_autotune_candidates, each
+  // modelab (BenchModelGemmAb):
+  int ab_candidates = 16;     // --model-ab-candidates
+  double ab_pick_margin = 0;  // --model-ab-pick-margin: the autotuner's own margin
+  double ab_margin = 0.005;   // --model-ab-margin: a step gain needed to keep a pick
+  int ab_rounds = 7;          // --model-ab-rounds
+  std::string tuning_out;     // --model-tuning-out
+  int tp = 1;                 // --model-tp: a TP = tp shard (rank 0) alone
 };
+
+// GpuModelOptions of the model_decode / modelab cases: bf16, TP = 1, up to
+// 512 sequences of `ctx` tokens, device tokens only.
+model::GpuModelOptions DecodeBenchOptions(const model::ModelConfig& cfg, int ctx, bool graphs,
+                                          kernels::DecodeKernel dk, int max_seqs) {
+  model::GpuModelOptions o;
+  o.attention_decode_kernel = dk;
+  o.dtype = DType::kBF16;
+  o.max_seqs = 512;
+  o.max_batch_tokens = 512;
+  o.num_kv_blocks = max_seqs * (ctx / cfg.block_size) + 16;
+  o.cuda_graphs = graphs;
+  o.host_logits = false;
+  return o;
+}
+
+// A decode step of `batch` sequences, each at position ctx - 1 with its own
+// ctx / block_size KV blocks.
+model::BatchInput DecodeBenchInput(const model::ModelConfig& cfg, int batch, int ctx) {
+  const int B = cfg.block_size, bps = ctx / B;
+  model::BatchInput in;
+  in.max_blocks_per_seq = bps;
+  in.seq_start.push_back(0);
+  for (int i = 0; i < batch; ++i) {
+    in.tokens.push_back((i * 7919) % cfg.vocab);
+    in.positions.push_back(ctx - 1);
+    in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
+    in.seq_start.push_back(i + 1);
+    in.context_len.push_back(ctx);
+    for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
+    in.sample_index.push_back(i);
+  }
+  return in;
+}
 
 absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_t s, Json* js) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
                          model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
-  const int ctx = 1024, B = cfg.block_size, bps = ctx / B;
+  const int ctx = 1024;
   const std::vector<int>& batches = sel.batches;
   std::printf(
       "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
@@ -1600,29 +1648,11 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
           std::find(sel.kernels.begin(), sel.kernels.end(), kname) == sel.kernels.end()) {
         continue;
       }
-      model::GpuModelOptions o;
-      o.attention_decode_kernel = mode.dk;
-      o.dtype = DType::kBF16;
-      o.max_seqs = 512;
-      o.max_batch_tokens = 512;
-      o.num_kv_blocks = 512 * bps + 16;
-      o.cuda_graphs = graphs;
-      o.host_logits = false;
+      model::GpuModelOptions o = DecodeBenchOptions(cfg, ctx, graphs, mode.dk, 512);
       o.gemm_autotune_candidates = tune;
       SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
       for (int batch : batches) {
-        model::BatchInput in;
-        in.max_blocks_per_seq = bps;
-        in.seq_start.push_back(0);
-        for (int i = 0; i < batch; ++i) {
-          in.tokens.push_back((i * 7919) % cfg.vocab);
-          in.positions.push_back(ctx - 1);
-          in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
-          in.seq_start.push_back(i + 1);
-          in.context_len.push_back(ctx);
-          for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
-          in.sample_index.push_back(i);
-        }
+        const model::BatchInput in = DecodeBenchInput(cfg, batch, ctx);
         model::StepOptions so;
         so.sampling.assign(batch, model::SamplingParams{});
         so.copy_logits = false;
@@ -1695,6 +1725,188 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
   return absl::OkStatus();
 }
 
+// Names a decode GEMM of a TP = tp shard of `cfg` by its N x K.
+std::string GemmLayerName(const model::ModelConfig& cfg, int tp, const kernels::GemmTuningKey& k) {
+  const int64_t q = int64_t{cfg.heads} * cfg.head_dim / tp,
+                kv = int64_t{cfg.kv_heads} * cfg.head_dim / tp, f = cfg.ffn / tp;
+  std::string name = "other";
+  if (k.n == q + 2 * kv && k.k == cfg.hidden) name = "qkv";
+  if (k.n == cfg.hidden && k.k == q) name = "wo";
+  if (k.n == 2 * f && k.k == cfg.hidden) name = "gate_up";
+  if (k.n == cfg.hidden && k.k == f) name = "down";
+  if (k.n == cfg.vocab / tp && k.k == cfg.hidden) name = "lm_head";
+  return absl::StrFormat("%s M=%d", name, k.m);
+}
+
+// --sections modelab: a decode step (GpuModel, graphs on, tensor-core
+// attention) with cuBLASLt's heuristic GEMMs against the same step with
+// autotuned picks, all of them and one GEMM shape at a time (the others
+// the heuristic's, through tuning tables), timed in interleaved rounds so
+// that drift hits every variant alike; a second heuristic model is the
+// noise floor. A pick is kept when its step beats the heuristic's by more
+// than --model-ab-margin; the kept picks are timed once more, against the
+// heuristic, on fresh models, and written (with the heuristic's algorithms
+// for every other shape) to --model-tuning-out.
+absl::Status BenchModelGemmAb(int layers, const ModelSelection& sel, cudaStream_t s, Json* js) {
+  SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
+                         model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
+  const int ctx = 1024, steps = 20;
+  SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity id,
+                         kernels::CurrentGemmTuningIdentity());
+  kernels::GemmTuningTable keep(id);
+  std::printf(
+      "\nGEMM picks in a decode step: %s with %d layers, bf16, TP=%d%s, context %d, graphs on, "
+      "tensor-core attention; step us = median over %d interleaved rounds of the median of %d "
+      "steps (GPU time); autotune %d candidates, margin %.1f%%\n",
+      cfg.name.c_str(), layers, sel.tp,
+      sel.tp > 1 ? " (rank 0's shard alone: no all-reduce, no LM-head all-gather)" : "", ctx,
+      sel.ab_rounds, steps, sel.ab_candidates, 100 * sel.ab_margin);
+  for (const int batch : sel.batches) {
+    const model::BatchInput in = DecodeBenchInput(cfg, batch, ctx);
+    model::StepOptions so;
+    so.sampling.assign(batch, model::SamplingParams{});
+    so.copy_logits = false;
+    struct Variant {
+      std::string name;
+      std::unique_ptr<model::GpuModel> m;
+      std::vector<double> us;                     // per round
+      std::optional<kernels::GemmTuningKey> key;  // the one tuned shape
+    };
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create(true));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create(true));
+    auto step_us = [&](model::GpuModel& m) -> absl::StatusOr<double> {
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(e0.get(), s));
+      SYMTP_RETURN_IF_ERROR(m.Forward(in, s, so));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), s));
+      SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+      SYMTP_RETURN_IF_ERROR(cuda::WaitEvent(e1.get(), Deadline::AfterMs(60'000), "modelab step"));
+      float ms = 0;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+      return 1000.0 * ms;
+    };
+    // A model planned and captured for this batch: 4 steps (planning, and
+    // with it any autotuning, on the first; capture on the second).
+    auto make =
+        [&](std::string name, int tune,
+            std::shared_ptr<const kernels::GemmTuningTable> table) -> absl::StatusOr<Variant> {
+      model::GpuModelOptions o =
+          DecodeBenchOptions(cfg, ctx, /*graphs=*/true, kernels::DecodeKernel::kTensorCore, batch);
+      o.gemm_autotune_candidates = tune;
+      o.gemm_autotune_margin = sel.ab_pick_margin;
+      o.gemm_tuning = std::move(table);
+      o.bench_skip_allreduce = sel.tp > 1;  // rank 0's shard alone
+      SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                             model::GpuModel::Create(cfg, 0, sel.tp, 0, o, nullptr));
+      Variant v;
+      v.name = std::move(name);
+      v.m = std::make_unique<model::GpuModel>(std::move(m));
+      for (int i = 0; i < 4; ++i) SYMTP_RETURN_IF_ERROR(step_us(*v.m).status());
+      for (int32_t t : v.m->host_tokens()) {
+        if (t < 0 || t >= cfg.vocab) return absl::InternalError("sampled token out of range");
+      }
+      if (v.m->graph_stats().captures < 1) {
+        return absl::InternalError(v.name + ": the step was not captured");
+      }
+      return v;
+    };
+    auto rounds = [&](std::vector<Variant>& vs) -> absl::Status {
+      for (int r = 0; r < sel.ab_rounds; ++r) {
+        for (Variant& v : vs) {
+          std::vector<double> t;
+          for (int i = 0; i < steps; ++i) {
+            SYMTP_ASSIGN_OR_RETURN(double us, step_us(*v.m));
+            t.push_back(us);
+          }
+          v.us.push_back(Median(t));
+        }
+      }
+      return absl::OkStatus();
+    };
+    auto report = [&](const char* phase, const std::vector<Variant>& vs) {
+      const double base = Median(vs[0].us);
+      std::printf("%-8s %6s %-34s %10s %9s %9s %8s\n", "phase", "batch", "variant", "step us",
+                  "min", "max", "vs heur");
+      for (const Variant& v : vs) {
+        const double med = Median(v.us);
+        const double lo = *std::min_element(v.us.begin(), v.us.end());
+        const double hi = *std::max_element(v.us.begin(), v.us.end());
+        std::printf("%-8s %6d %-34s %10.1f %9.1f %9.1f %+7.2f%%\n", phase, batch, v.name.c_str(),
+                    med, lo, hi, 100 * (med / base - 1));
+        js->model_ab.push_back(absl::StrFormat(
+            "{\"phase\": \"%s\", \"tp\": %d, \"batch\": %d, \"layers\": %d, "
+            "\"variant\": \"%s\", "
+            "\"step_us_median\": %.1f, \"step_us_min\": %.1f, \"step_us_max\": %.1f, "
+            "\"rounds\": %d, \"vs_heuristic\": %.4f}",
+            phase, sel.tp, batch, layers, v.name, med, lo, hi, static_cast<int>(v.us.size()),
+            med / base - 1));
+      }
+    };
+
+    std::vector<Variant> vs;
+    SYMTP_ASSIGN_OR_RETURN(Variant heur, make("heuristic", 1, nullptr));
+    SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable h_table, heur.m->GemmPlans());
+    vs.push_back(std::move(heur));
+    SYMTP_ASSIGN_OR_RETURN(Variant heur2, make("heuristic (second model)", 1, nullptr));
+    vs.push_back(std::move(heur2));
+    SYMTP_ASSIGN_OR_RETURN(Variant tuned, make(absl::StrCat("autotune ", sel.ab_candidates),
+                                               sel.ab_candidates, nullptr));
+    SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable t_table, tuned.m->GemmPlans());
+    vs.push_back(std::move(tuned));
+    auto h_ptr = std::make_shared<const kernels::GemmTuningTable>(h_table);
+    for (const auto& [key, e] : t_table.entries()) {
+      const kernels::GemmTuningEntry* he = h_table.Find(key);
+      if (he != nullptr && he->algo == e.algo) continue;
+      std::printf("  %-16s heuristic %s (%.2f us) -> pick %s (%.2f us)\n",
+                  GemmLayerName(cfg, sel.tp, key).c_str(), he ? he->description.c_str() : "-",
+                  e.heuristic_us, e.description.c_str(), e.pick_us);
+      auto one = std::make_shared<kernels::GemmTuningTable>(h_table);
+      one->Put(key, e);
+      SYMTP_ASSIGN_OR_RETURN(
+          Variant v,
+          make(absl::StrCat("tuned ", GemmLayerName(cfg, sel.tp, key)), 1, std::move(one)));
+      if (v.m->gemm_plans_from_table() != h_table.size()) {
+        return absl::InternalError(absl::StrFormat("%s: %d of %d GEMM plans from the table", v.name,
+                                                   v.m->gemm_plans_from_table(), h_table.size()));
+      }
+      v.key = key;
+      vs.push_back(std::move(v));
+    }
+    SYMTP_RETURN_IF_ERROR(rounds(vs));
+    report("single", vs);
+    const double base = Median(vs[0].us);
+    auto accepted = std::make_shared<kernels::GemmTuningTable>(h_table);
+    std::string kept;
+    for (const Variant& v : vs) {
+      if (v.key && Median(v.us) < base * (1 - sel.ab_margin)) {
+        accepted->Put(*v.key, *t_table.Find(*v.key));
+        absl::StrAppend(&kept, kept.empty() ? "" : ", ", GemmLayerName(cfg, sel.tp, *v.key));
+      }
+    }
+    std::printf("  kept: %s\n", kept.empty() ? "none" : kept.c_str());
+    vs.clear();  // frees the models
+    // The kept picks on fresh models, against the heuristic once more.
+    std::vector<Variant> check;
+    SYMTP_ASSIGN_OR_RETURN(Variant h2, make("heuristic", 1, nullptr));
+    check.push_back(std::move(h2));
+    SYMTP_ASSIGN_OR_RETURN(Variant k2,
+                           make(absl::StrCat("kept: ", kept.empty() ? "none" : kept), 1, accepted));
+    check.push_back(std::move(k2));
+    SYMTP_ASSIGN_OR_RETURN(Variant all,
+                           make("all autotuned picks (table)", 1,
+                                std::make_shared<const kernels::GemmTuningTable>(t_table)));
+    check.push_back(std::move(all));
+    SYMTP_RETURN_IF_ERROR(rounds(check));
+    report("check", check);
+    for (const auto& [key, e] : accepted->entries()) keep.Put(key, e);
+  }
+  if (!sel.tuning_out.empty()) {
+    SYMTP_RETURN_IF_ERROR(keep.Save(sel.tuning_out));
+    std::printf("wrote %s (%d GEMM shapes)\n", sel.tuning_out.c_str(),
+                static_cast<int>(keep.size()));
+  }
+  return absl::OkStatus();
+}
+
 std::string JoinArr(const std::vector<std::string>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ",\n    " : "\n    ") + v[i];
@@ -1744,6 +1956,33 @@ absl::Status Run(int argc, char** argv) {
     } else if (a == "--model-gemm-autotune" && i + 1 < argc) {
       SYMTP_ASSIGN_OR_RETURN(model_sel.gemm_autotune,
                              ParseIntList(a, argv[++i], 1, 32, "a candidate count"));
+    } else if (a == "--model-ab-candidates" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &model_sel.ab_candidates) || model_sel.ab_candidates < 2 ||
+          model_sel.ab_candidates > 32) {
+        return absl::InvalidArgumentError("--model-ab-candidates: 2..32");
+      }
+    } else if (a == "--model-ab-pick-margin" && i + 1 < argc) {
+      if (!absl::SimpleAtod(argv[++i], &model_sel.ab_pick_margin) ||
+          !(model_sel.ab_pick_margin >= 0 && model_sel.ab_pick_margin < 0.5)) {
+        return absl::InvalidArgumentError("--model-ab-pick-margin: a fraction in [0, 0.5)");
+      }
+    } else if (a == "--model-ab-margin" && i + 1 < argc) {
+      if (!absl::SimpleAtod(argv[++i], &model_sel.ab_margin) ||
+          !(model_sel.ab_margin >= 0 && model_sel.ab_margin < 0.5)) {
+        return absl::InvalidArgumentError("--model-ab-margin: a fraction in [0, 0.5)");
+      }
+    } else if (a == "--model-ab-rounds" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &model_sel.ab_rounds) || model_sel.ab_rounds < 1 ||
+          model_sel.ab_rounds > 100) {
+        return absl::InvalidArgumentError("--model-ab-rounds: 1..100");
+      }
+    } else if (a == "--model-tp" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &model_sel.tp) ||
+          (model_sel.tp != 1 && model_sel.tp != 2 && model_sel.tp != 4 && model_sel.tp != 8)) {
+        return absl::InvalidArgumentError("--model-tp: 1, 2, 4 or 8");
+      }
+    } else if (a == "--model-tuning-out" && i + 1 < argc) {
+      model_sel.tuning_out = argv[++i];
     } else if (a == "--model-kernels" && i + 1 < argc) {
       model_sel.kernels = absl::StrSplit(argv[++i], ',');
     } else if (a == "--model-graphs" && i + 1 < argc) {
@@ -1758,7 +1997,9 @@ absl::Status Run(int argc, char** argv) {
           "[--gemm-exhaustive] [--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] [--sections "
           "gemm,attention,prefill,model,sm90plans,sm90probe,skinny,streamk] "
           "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
-          "[--model-gemm-autotune 1,16]"));
+          "[--model-gemm-autotune 1,16] [--model-ab-candidates 16] [--model-ab-pick-margin 0] "
+          "[--model-ab-margin 0.005] [--model-ab-rounds 7] [--model-tp 1|2|4|8] "
+          "[--model-tuning-out FILE]"));
     }
   }
   std::string why;
@@ -1805,6 +2046,9 @@ absl::Status Run(int argc, char** argv) {
   if (on("model") && !skip_model) {
     section("model_decode", BenchModelDecode(layers, model_sel, stream.get(), &js));
   }
+  if (on("modelab")) {
+    section("model_gemm_ab", BenchModelGemmAb(layers, model_sel, stream.get(), &js));
+  }
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
@@ -1814,11 +2058,11 @@ absl::Status Run(int argc, char** argv) {
         "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
         "  \"model_decode\": %s,\n  \"sm90_plans\": %s,\n  \"sm90_probe\": %s,\n"
         "  \"skinny_gemm\": %s,\n  \"streamk_gemm\": %s,\n  \"pdl_gemm\": %s,\n"
-        "  \"transposed_gemm\": %s\n}\n",
+        "  \"transposed_gemm\": %s,\n  \"model_gemm_ab\": %s\n}\n",
         js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(), JoinArr(js.attn).c_str(),
         JoinArr(js.prefill_attn).c_str(), JoinArr(js.model).c_str(), JoinArr(js.sm90_plans).c_str(),
         JoinArr(js.sm90_probe).c_str(), JoinArr(js.skinny).c_str(), JoinArr(js.streamk).c_str(),
-        JoinArr(js.pdl).c_str(), JoinArr(js.transposed).c_str());
+        JoinArr(js.pdl).c_str(), JoinArr(js.transposed).c_str(), JoinArr(js.model_ab).c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }

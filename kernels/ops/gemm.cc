@@ -1,6 +1,7 @@
 #include "kernels/ops/gemm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -494,6 +495,8 @@ absl::StatusOr<Plan> BuildPlan(const CublasLtHandle::State& st, const GemmTuning
                               ? std::string(cublasGetStatusString(cs))
                               : absl::StrFormat("needs %d workspace bytes", r.workspaceSize))));
     }
+    SYMTP_LOG(INFO, "gemm") << DescribeGemmKey(key) << ": from the tuning table, "
+                            << e->description;
     p.from_table = true;
     p.pick_us = e->pick_us;
     p.heuristic_us = e->heuristic_us;
@@ -634,8 +637,9 @@ absl::StatusOr<GemmTuningTable> CublasLtHandle::ExportPlans() const {
   for (const auto& [key, plan] : state_->plans) {
     GemmTuningEntry e;
     std::memcpy(e.algo.data(), &plan.algo, sizeof(plan.algo));
-    e.pick_us = plan.pick_us;
-    e.heuristic_us = plan.heuristic_us;
+    // To the nanosecond, as the file stores them (Parse(Serialize()) is exact).
+    e.pick_us = std::round(plan.pick_us * 1000) / 1000;
+    e.heuristic_us = std::round(plan.heuristic_us * 1000) / 1000;
     e.description = DescribeAlgo(plan.algo);
     t.Put(key, std::move(e));
   }

@@ -55,8 +55,10 @@ std::string DescribeGemmKey(const GemmTuningKey& key);
 
 struct GemmTuningEntry {
   std::array<uint64_t, 8> algo{};  // cublasLtMatmulAlgo_t's bytes
-  double pick_us = 0;              // this algorithm per call when it was timed; 0: not timed
-  double heuristic_us = 0;         // cuBLASLt's first heuristic pick, same timing; 0: not timed
+  // Per call, to the nanosecond (the file's precision), when autotuning
+  // timed them; 0: not timed.
+  double pick_us = 0;              // this algorithm
+  double heuristic_us = 0;         // cuBLASLt's first heuristic pick
   std::string description;         // "algo 66 tile 18 ...", for people (not read back as data)
   bool operator==(const GemmTuningEntry&) const = default;
 };

@@ -323,7 +323,12 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, sh.num_sampled, VL, H, DType::kF32, s));
-  if (tp > 1) {
+  const float* sample_from = logits;
+  int sample_vocab = V;
+  if (tp > 1 && comm == nullptr) {  // a shard alone (bench_skip_allreduce): its own vocabulary
+    sample_from = logits_local;
+    sample_vocab = VL;
+  } else if (tp > 1) {
     SYMTP_RETURN_IF_ERROR_CTX(
         comm->AllGather(logits_local, gathered, static_cast<size_t>(sh.num_sampled) * VL,
                         DType::kF32, s),
@@ -333,7 +338,8 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   }
   SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
   if (sh.sample) {
-    SYMTP_RETURN_IF_ERROR(kernels::SampleTokens(logits, sh.num_sampled, V, d_params, sampled, s));
+    SYMTP_RETURN_IF_ERROR(
+        kernels::SampleTokens(sample_from, sh.num_sampled, sample_vocab, d_params, sampled, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   }
   return absl::OkStatus();
@@ -815,6 +821,8 @@ absl::Status GpuModel::State::Init() {
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
   gemm.set_autotune_candidates(opt.gemm_autotune_candidates);
+  gemm.set_autotune_margin(opt.gemm_autotune_margin);
+  SYMTP_RETURN_IF_ERROR(gemm.set_tuning_table(opt.gemm_tuning));
   gemm.set_skinny_max_m(opt.gemm_skinny_max_m);
   int side_priority = 0;
   if (opt.comm_stream_high_priority) {
@@ -853,7 +861,7 @@ absl::StatusOr<GpuModel> GpuModel::Create(const ModelConfig& cfg, int tp_rank, i
                                           int device, const GpuModelOptions& options,
                                           kernels::DeviceComm* comm) {
   SYMTP_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(cfg, tp_rank, tp_size));
-  if (comm == nullptr && tp_size != 1) {
+  if (comm == nullptr && tp_size != 1 && !options.bench_skip_allreduce) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: tp_size %d needs a DeviceComm", tp_size));
   }
@@ -957,6 +965,10 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 }
 
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
+absl::StatusOr<kernels::GemmTuningTable> GpuModel::GemmPlans() const {
+  return s_->gemm.ExportPlans();
+}
+size_t GpuModel::gemm_plans_from_table() const { return s_->gemm.plans_from_table(); }
 void GpuModel::FailNextCaptureForTesting(absl::Status status) {
   s_->inject_capture_failure = std::move(status);
 }

@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "kernels/comm.h"
 #include "kernels/ops/attention.h"
+#include "kernels/ops/gemm_tuning.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/sampling.h"
@@ -103,12 +104,22 @@ struct GpuModelOptions {
   // 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N, timed once per
   // shape when first planned (eagerly: the first step of each batch size).
   int gemm_autotune_candidates = 1;
+  // Autotuning keeps a non-heuristic pick only when it is faster by more than
+  // this fraction (kernels::CublasLtHandle::set_autotune_margin).
+  double gemm_autotune_margin = 0;
+  // The algorithms of a GEMM tuning table (kernels/ops/gemm_tuning.h) for
+  // the shapes it holds, ahead of the heuristic and autotuning. It must
+  // have been made on this device and cuBLASLt: Create fails otherwise.
+  std::shared_ptr<const kernels::GemmTuningTable> gemm_tuning;
   // bf16 GEMMs of at most this many rows (<= 32) run the weight-streaming
   // kernel (kernels/ops/gemm_skinny.h) where it supports them; 0: cuBLASLt
   // (the default: that kernel measured slower on an H200).
   int gemm_skinny_max_m = 0;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
-  // TP > 1) to measure how much of them the bucketing hides.
+  // TP > 1) to measure how much of them the bucketing hides. With it, a
+  // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on
+  // one GPU, e.g. to time its GEMM shapes); it then samples from its own
+  // vocabulary shard, skipping the LM-head all-gather.
   bool bench_skip_allreduce = false;
 };
 
@@ -192,6 +203,11 @@ class GpuModel {
   // Of the last profiled step; call after WaitForStep.
   absl::StatusOr<StepProfile> LastStepProfile();
   GraphStats graph_stats() const;
+  // The cuBLASLt algorithm of every GEMM shape planned so far, as a tuning
+  // table (kernels::CublasLtHandle::ExportPlans).
+  absl::StatusOr<kernels::GemmTuningTable> GemmPlans() const;
+  // GEMM plans whose algorithm came from options().gemm_tuning.
+  size_t gemm_plans_from_table() const;
   // Test hook: the next CUDA graph capture fails with `status` after its step
   // has been recorded (the capture is ended and discarded as for any failed
   // capture), so that batch shape runs eagerly from then on.

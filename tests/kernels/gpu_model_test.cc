@@ -421,6 +421,43 @@ TEST_F(GpuModelTest, RejectsBadStepsAndOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("DeviceComm")));
 }
 
+// A TP = 2 shard alone (bench_skip_allreduce, no DeviceComm), as the
+// benchmarks run one rank's kernels on one GPU: it plans the shard's GEMM
+// shapes and samples from its own vocabulary shard.
+TEST_F(GpuModelTest, ShardAloneRunsTheShardsShapes) {
+  const auto cfg = Cfg("tiny");
+  GpuModelOptions o = Opts(DType::kBF16, false);
+  o.bench_skip_allreduce = true;
+  auto gpu = GpuModel::Create(cfg, 1, 2, 0, o, nullptr);
+  ASSERT_OK(gpu);
+  SimBatch sim(cfg, kBlocks, 3);
+  for (int i = 0; i < 3; ++i) sim.AddSequence(10 + i, cfg.vocab);
+  std::vector<int> rows;
+  auto batch = sim.NextStep(64, &rows);
+  ASSERT_OK(batch);
+  StepOptions so;
+  so.sampling.assign(batch->sample_index.size(), model::SamplingParams{});
+  so.copy_logits = false;
+  ASSERT_OK(gpu->Forward(*batch, stream(), so));
+  ASSERT_OK(gpu->WaitForStep(Deadline::AfterMs(60'000)));
+  const auto toks = gpu->host_tokens();
+  ASSERT_EQ(toks.size(), batch->sample_index.size());
+  for (int32_t t : toks) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, cfg.vocab / 2) << "sampled outside the shard's vocabulary";
+  }
+  auto plans = gpu->GemmPlans();
+  ASSERT_OK(plans);
+  bool lm_head = false, wo = false;
+  for (const auto& [key, e] : plans->entries()) {
+    EXPECT_NE(key.n, cfg.vocab) << "a full-vocabulary GEMM in a shard";
+    lm_head |= key.n == cfg.vocab / 2 && key.k == cfg.hidden;
+    wo |= key.n == cfg.hidden && key.k == cfg.heads * cfg.head_dim / 2;
+  }
+  EXPECT_TRUE(lm_head) << "no LM-head shard GEMM planned";
+  EXPECT_TRUE(wo) << "no row-parallel wo shard GEMM planned";
+}
+
 TEST_F(GpuModelTest, ProfiledEagerStepReportsClasses) {
   const auto cfg = Cfg("tiny");
   auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kBF16, false), nullptr);
