@@ -12,19 +12,23 @@
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/gemm_tuning.sh")
 # Variables: TEST_FILTER, AB_BATCHES (default 256,512), AB_ARGS (more
 # kernels_bench flags, e.g. "--model-ab-candidates 8 --model-ab-rounds 9"),
-# LAUNCH_BATCH (default 256), LAYERS (default 4).
+# LAUNCH_BATCH (default 256), LAYERS (default 4). Everything lands in
+# $OUT/gemm_tuning.tar.gz (logs, JSON, the tables).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/out}
+FINAL=$OUT
+OUT=$FINAL/gemm_tuning  # packed into $FINAL/gemm_tuning.tar.gz at the end (few files come back)
 mkdir -p "$OUT"
+trap 'find "$OUT" -name tokens.jsonl -size +8M -delete; tar czf "$FINAL/gemm_tuning.tar.gz" -C "$FINAL" gemm_tuning && rm -rf "$OUT"' EXIT
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 B=build-gpu
 LAYERS=${LAYERS:-4}
 tools/device/build.sh kernels_test kernels_bench symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "== tests"
 timeout 300 $B/tests/kernels/kernels_test --gtest_filter="${TEST_FILTER:-*Tuning*:*Autotune*:GpuModel*}" >"$OUT/tests.log" 2>&1
-echo "kernels_test exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/tests.log" | head -20
+echo "kernels_test exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|^/.*: error" "$OUT/tests.log" | head -20
 for tp in ${AB_TPS:-1}; do
   echo "== modelab tp $tp"
   timeout 400 $B/bench/kernels/kernels_bench --sections modelab --layers "$LAYERS" --model-tp "$tp" \
@@ -48,4 +52,3 @@ done
 echo "plans from the table: $(grep -c "from the tuning table" "$OUT/launch_table.log")"
 grep "from the tuning table" "$OUT/launch_table.log" | sed 's/.*\] //' | head -12
 echo "tokens equal: $(cmp -s "$OUT/launch_heuristic/tokens.jsonl" "$OUT/launch_table/tokens.jsonl" && echo yes || echo no)"
-find "$OUT" -name tokens.jsonl -size +8M -delete
