@@ -1917,7 +1917,7 @@ absl::Status BenchModelGemmAb(int layers, const ModelSelection& sel, const Ceili
                 "written");
     for (const auto& [key, e] : t_table.entries()) {
       const double gflop = 2.0 * key.m * key.n * key.k / 1e9;
-      auto pct = [&](double us) { return us > 0 ? 100 * gflop / us / 1e3 / c.gemm_tflops : 0; };
+      auto pct = [&](double us) { return us > 0 ? 100 * (gflop * 1e3 / us) / c.gemm_tflops : 0; };
       const kernels::GemmTuningEntry* w = best->table->Find(key);
       const char* written = w == nullptr                         ? "-"
                             : w->algo == e.algo                  ? "pick"

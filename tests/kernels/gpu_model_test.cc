@@ -425,7 +425,8 @@ TEST_F(GpuModelTest, RejectsBadStepsAndOptions) {
 // benchmarks run one rank's kernels on one GPU: it plans the shard's GEMM
 // shapes and samples from its own vocabulary shard.
 TEST_F(GpuModelTest, ShardAloneRunsTheShardsShapes) {
-  const auto cfg = Cfg("tiny");
+  // vocab 1000: no other GEMM of the tiny shard has N = 1000 or 500.
+  const auto cfg = Cfg("tiny", "vocab=1000");
   GpuModelOptions o = Opts(DType::kBF16, false);
   o.bench_skip_allreduce = true;
   auto gpu = GpuModel::Create(cfg, 1, 2, 0, o, nullptr);
