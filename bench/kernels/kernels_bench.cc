@@ -1584,16 +1584,17 @@ struct ModelSelection {
   int tp = 1;                 // --model-tp: a TP = tp shard (rank 0) alone
 };
 
-// GpuModelOptions of the model_decode / modelab cases: bf16, TP = 1, up to
-// 512 sequences of `ctx` tokens, device tokens only.
+// GpuModelOptions of the model_decode / modelab cases: bf16, up to 512
+// sequences per step, KV blocks for `kv_seqs` sequences of `ctx` tokens,
+// device tokens only.
 model::GpuModelOptions DecodeBenchOptions(const model::ModelConfig& cfg, int ctx, bool graphs,
-                                          kernels::DecodeKernel dk, int max_seqs) {
+                                          kernels::DecodeKernel dk, int kv_seqs) {
   model::GpuModelOptions o;
   o.attention_decode_kernel = dk;
   o.dtype = DType::kBF16;
   o.max_seqs = 512;
   o.max_batch_tokens = 512;
-  o.num_kv_blocks = max_seqs * (ctx / cfg.block_size) + 16;
+  o.num_kv_blocks = kv_seqs * (ctx / cfg.block_size) + 16;
   o.cuda_graphs = graphs;
   o.host_logits = false;
   return o;

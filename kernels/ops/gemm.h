@@ -62,7 +62,11 @@ class CublasLtHandle {
   // set_autotune_timing), and keeps the fastest. Planning inside a stream capture always takes the
   // first heuristic. The choice depends on timing, so two processes may pick
   // different algorithms for a shape (bf16 bits may then differ between
-  // runs, never within one: the plan is cached).
+  // runs, never within one: the plan is cached); a tuning table
+  // (set_tuning_table) pins the algorithms instead. Autotuned picks that are
+  // each faster per call need not make a decode step faster, and they vary
+  // from run to run (bench/results/h200-2026-11-24, runs ah-al): choose
+  // tables by timing steps (kernels_bench --sections modelab).
   void set_autotune_candidates(int n);
   int autotune_candidates() const;
   // With autotuning on, also time every tile shape, thread-block cluster
