@@ -5,17 +5,18 @@
 #   tools/decode_sweep.sh [--models "llama-8b-shape llama-70b-shape"] [--overrides layers=4]
 #       [--tps "1 2"] [--batches "32 128 256 512"] [--graphs "true false"] [--context 1024]
 #       [--steps 30] [--backend cuda] [--attention "tensor-core"] [--out out/decode]
+#       [--extra "--gemm-tuning-file=FILE"]   (more launcher flags for every run)
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODELS="llama-8b-shape llama-70b-shape" OVERRIDES=layers=4 TPS="1 2" BATCHES="32 128 256 512"
-GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tensor-core
+GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tensor-core EXTRA=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) MODELS=$2; shift 2;; --overrides) OVERRIDES=$2; shift 2;; --tps) TPS=$2; shift 2;;
     --batches) BATCHES=$2; shift 2;; --graphs) GRAPHS=$2; shift 2;; --context) CONTEXT=$2; shift 2;;
     --steps) STEPS=$2; shift 2;; --backend) BACKEND=$2; shift 2;; --out) OUT=$2; shift 2;;
-    --attention) ATTENTION=$2; shift 2;;
+    --attention) ATTENTION=$2; shift 2;; --extra) EXTRA=$2; shift 2;;
     *) echo "decode_sweep.sh: unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -32,7 +33,7 @@ for m in $MODELS; do
         run --backend="$BACKEND" --tp="$tp" --model="$m" --model-overrides="$OVERRIDES" \
           --cuda-graphs="$g" --attention="$att" --steady-batch="$b" --max-batch="$b" --steady-context="$CONTEXT" \
           --steady-steps="$STEPS" --warmup-steps=5 --max-batched-tokens=4096 --prefill-chunk=4096 \
-          --progress=false --out="$dir" 2>"$dir.log" || { echo "decode_sweep: FAILED, see $dir.log" >&2; failed=1; }
+          --progress=false $EXTRA --out="$dir" 2>"$dir.log" || { echo "decode_sweep: FAILED, see $dir.log" >&2; failed=1; }
         rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"
       done
      done

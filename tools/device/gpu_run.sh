@@ -7,7 +7,8 @@
 #   launcher flags (e.g. "--attention=tensor-core") to the overlap and report runs;
 #   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
 #   DECODE_MODELS / DECODE_OVERRIDES / DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the
-#   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32); FAULT_TP the kill test.
+#   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32; DECODE_BATCHES,
+#   DECODE_EXTRA="--gemm-tuning-file=FILE" for launcher flags); FAULT_TP the kill test.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -152,7 +153,8 @@ if has decode; then
   SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$(seq -s " " 1 $TP_MAX)}" \
     ${DECODE_MODELS:+--models "$DECODE_MODELS"} \
     --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tensor-core}" \
-    ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} --out "$R/decode" >"$R/decode.log" 2>&1
+    ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} \
+    ${DECODE_EXTRA:+--extra "$DECODE_EXTRA"} --out "$R/decode" >"$R/decode.log" 2>&1
   tail -40 "$R/decode.log" | tee -a "$LOG"
 fi
 if has fault; then
