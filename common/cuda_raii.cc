@@ -176,6 +176,12 @@ absl::Status GraphExec::Launch(cudaStream_t stream) const {
   return absl::OkStatus();
 }
 
+absl::Status SyncStream(cudaStream_t stream, Deadline deadline, const char* what) {
+  SYMTP_ASSIGN_OR_RETURN(Event ev, Event::Create(/*timing=*/false));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.get(), stream));
+  return WaitEvent(ev.get(), deadline, what);
+}
+
 absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what) {
   for (int spins = 0;; ++spins) {
     const cudaError_t e = cudaEventQuery(ev);

@@ -151,4 +151,8 @@ class GraphExec {
 // 50 us): DeadlineExceeded naming `what`, or the event's CUDA error.
 absl::Status WaitEvent(cudaEvent_t ev, Deadline deadline, const char* what);
 
+// Waits for everything enqueued on `stream` so far, as WaitEvent does (an
+// event recorded on the stream, polled until `deadline`).
+absl::Status SyncStream(cudaStream_t stream, Deadline deadline, const char* what);
+
 }  // namespace symtp::cuda

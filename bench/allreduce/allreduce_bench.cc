@@ -88,15 +88,7 @@ float InputValue(int rank, size_t i) {
   return static_cast<float>(k) / 4.0f;
 }
 
-absl::Status Sync(cudaStream_t s, Deadline d) {
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(s);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-    if (d.Expired()) return absl::DeadlineExceededError("stream did not drain");
-    usleep(20);
-  }
-}
+absl::Status Sync(cudaStream_t s, Deadline d) { return cuda::SyncStream(s, d, "allreduce_bench"); }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -79,6 +79,11 @@ namespace {
 
 using kernels::DType;
 
+// Waits for the stream, bounded (a hung kernel is an error, not a hang).
+absl::Status Sync(cudaStream_t s) {
+  return cuda::SyncStream(s, Deadline::AfterMs(60'000), "kernels_bench");
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -152,7 +157,7 @@ absl::StatusOr<double> TimeUs(cudaStream_t s, int warm, int reps,
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1].get(), s));
   }
   gate.Release();
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SYMTP_RETURN_IF_ERROR(Sync(s));
   if (gate.timed_out()) {
     return absl::InternalError("TimeUs: the timed call synchronized with its own stream");
   }
@@ -250,7 +255,7 @@ absl::StatusOr<Ceilings> MeasureCeilings(kernels::CublasLtHandle& h, void* ws, c
   unsigned char probe[4] = {0, 0, 0, 0};
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(probe, static_cast<char*>(dst.get()) + bytes / 2, 4,
                                        cudaMemcpyDeviceToHost, s));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SYMTP_RETURN_IF_ERROR(Sync(s));
   if (probe[0] != 0x3c || probe[3] != 0x3c) return absl::InternalError("D2D copy check failed");
   std::printf("ceilings: bf16 GEMM 8192^3 %.0f TFLOP/s (%.1f us), D2D copy %.0f GB/s\n",
               c.gemm_tflops, us, c.copy_gbps);
@@ -381,7 +386,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       for (kernels::CublasLtHandle* hh : checked) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
         SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        SYMTP_RETURN_IF_ERROR(Sync(s));
         for (int64_t probe : {int64_t{0}, (m - 1) * g.n + g.n - 1}) {
           const int64_t row = probe / g.n, col = probe % g.n;
           std::vector<uint16_t> ar(g.k), wr(g.k);
@@ -495,7 +500,7 @@ class EndRowsReference {
     std::vector<uint16_t> ah(m * k), wh(n * k);
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ah.data(), a, m * k * 2, cudaMemcpyDeviceToHost, s));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(wh.data(), w, n * k * 2, cudaMemcpyDeviceToHost, s));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    SYMTP_RETURN_IF_ERROR(Sync(s));
     EndRowsReference r;
     r.m_ = m;
     r.n_ = n;
@@ -522,7 +527,7 @@ class EndRowsReference {
   absl::Status Check(const void* c, cudaStream_t s, const std::string& what) const {
     std::vector<uint16_t> ch(m_ * n_);
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ch.data(), c, ch.size() * 2, cudaMemcpyDeviceToHost, s));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    SYMTP_RETURN_IF_ERROR(Sync(s));
     for (int row = 0; row < 2; ++row) {
       const int64_t i = row == 0 ? 0 : m_ - 1;
       for (int64_t j = 0; j < n_; ++j) {
@@ -800,7 +805,7 @@ absl::Status BenchStreamKGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_
         std::vector<unsigned long long> st(ctas * Probe::kSlots);
         CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        SYMTP_RETURN_IF_ERROR(Sync(s));
         std::vector<double> first, loop, fix, out, clock_ghz, unit_clocks;
         unsigned long long g0 = ~0ull, g1 = 0;
         for (int64_t b = 0; b < ctas; ++b) {
@@ -950,7 +955,7 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
       std::vector<uint16_t> v(out_bytes / 2);
       CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(v.data(), cbuf.get(), out_bytes, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      SYMTP_RETURN_IF_ERROR(Sync(s));
       return v;
     };
     auto differing = [](const std::vector<uint16_t>& x, const std::vector<uint16_t>& y) {
@@ -977,7 +982,7 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
       if (changed == 0) return int64_t{-1};
       SYMTP_ASSIGN_OR_RETURN(const cuda::GraphExec exec, cuda::GraphExec::Instantiate(graph));
       SYMTP_RETURN_IF_ERROR(exec.Launch(s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      SYMTP_RETURN_IF_ERROR(Sync(s));
       SYMTP_ASSIGN_OR_RETURN(const std::vector<uint16_t> got, download());
       return differing(got, want);
     };
@@ -994,7 +999,7 @@ absl::Status BenchPdlGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
       } else {
         // Reported, not fatal: the control only shows that the probe can fail.
         std::printf("(stream-K control: %s)\n", control.status().ToString().c_str());
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        SYMTP_RETURN_IF_ERROR(Sync(s));
       }
     }
     // Random activations again for the timed graphs.
@@ -1090,7 +1095,7 @@ absl::Status BenchTransposedGemms(kernels::CublasLtHandle& h, void* ws, cudaStre
           cudaMemcpyAsync(cn.data(), ops.c.get(), cn.size() * 2, cudaMemcpyDeviceToHost, s));
       CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(ct.data(), out_t.get(), ct.size() * 2, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      SYMTP_RETURN_IF_ERROR(Sync(s));
       // Values below 1% of the output's RMS count at that floor (their
       // fp32 sums cancel, so a different summation order moves them more).
       double sq = 0;
@@ -1225,7 +1230,7 @@ absl::Status BenchSm90Probe(kernels::CublasLtHandle& h, void* ws, cudaStream_t s
       std::vector<unsigned long long> st(ctas * Probe::kSlots);
       CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(st.data(), stamps.get(), st.size() * 8, cudaMemcpyDeviceToHost, s));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      SYMTP_RETURN_IF_ERROR(Sync(s));
       unsigned long long g0 = ~0ull, g_last_start = 0, g1 = 0;
       std::vector<double> mhz, first, step, send, wait, sum, out;
       std::string raw;
@@ -1439,7 +1444,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         a.decode_kernel = dk;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        SYMTP_RETURN_IF_ERROR(Sync(s));
         {  // Verify sequence `batch-1`, q head 1, against a CPU softmax.
           const int seq = batch - 1, h = 1, kvh = h / (cf.nq / cf.nkv);
           std::vector<uint16_t> qh(cf.d), o(cf.d);
@@ -1514,7 +1519,7 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, Upload(pos));
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
       std::vector<uint16_t> hk(cache_elems), hv(cache_elems), hq(n * qstride);
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      SYMTP_RETURN_IF_ERROR(Sync(s));
       CUDA_RETURN_IF_ERROR(
           cudaMemcpy(hk.data(), kc.get(), cache_elems * 2, cudaMemcpyDeviceToHost));
       CUDA_RETURN_IF_ERROR(
@@ -1530,7 +1535,7 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
         a.prefill_kernel = pk;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        SYMTP_RETURN_IF_ERROR(Sync(s));
         // Check (token, q head) rows at the start, middle and end.
         for (const auto& [t, h] :
              {std::pair{0, 0}, std::pair{n / 2 + 3, cf.nq - 1}, std::pair{n - 1, 1}}) {
@@ -1674,7 +1679,8 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
           CUDA_RETURN_IF_ERROR(cudaEventRecord(e1.get(), s));
           SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
           const int64_t t1 = MonotonicNs();
-          CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1.get()));
+          SYMTP_RETURN_IF_ERROR(
+              cuda::WaitEvent(e1.get(), Deadline::AfterMs(60'000), "model_decode step"));
           if (it == 0) {  // check the outputs once
             for (int32_t t : m.host_tokens()) {
               if (t < 0 || t >= cfg.vocab) return absl::InternalError("sampled token out of range");
@@ -1950,6 +1956,22 @@ std::string JoinArr(const std::vector<std::string>& v) {
   return s + "\n  ]";
 }
 
+// One integer in [lo, hi] for a flag, else InvalidArgument "FLAG: lo..hi".
+absl::Status ParseIntFlag(const std::string& flag, const char* text, int lo, int hi, int* out) {
+  if (!absl::SimpleAtoi(text, out) || *out < lo || *out > hi) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %d..%d", flag, lo, hi));
+  }
+  return absl::OkStatus();
+}
+
+// A fraction in [0, 0.5) for a flag, else InvalidArgument.
+absl::Status ParseFractionFlag(const std::string& flag, const char* text, double* out) {
+  if (!absl::SimpleAtod(text, out) || !(*out >= 0 && *out < 0.5)) {
+    return absl::InvalidArgumentError(flag + ": a fraction in [0, 0.5)");
+  }
+  return absl::OkStatus();
+}
+
 // "1,16,1" for a flag: each value in [lo, hi], else InvalidArgument
 // "FLAG: 'x' is not WHAT in [lo, hi]".
 absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const char* text, int lo,
@@ -1994,25 +2016,13 @@ absl::Status Run(int argc, char** argv) {
       SYMTP_ASSIGN_OR_RETURN(model_sel.gemm_autotune,
                              ParseIntList(a, argv[++i], 1, 32, "a candidate count"));
     } else if (a == "--model-ab-candidates" && i + 1 < argc) {
-      if (!absl::SimpleAtoi(argv[++i], &model_sel.ab_candidates) || model_sel.ab_candidates < 2 ||
-          model_sel.ab_candidates > 32) {
-        return absl::InvalidArgumentError("--model-ab-candidates: 2..32");
-      }
+      SYMTP_RETURN_IF_ERROR(ParseIntFlag(a, argv[++i], 2, 32, &model_sel.ab_candidates));
     } else if (a == "--model-ab-pick-margin" && i + 1 < argc) {
-      if (!absl::SimpleAtod(argv[++i], &model_sel.ab_pick_margin) ||
-          !(model_sel.ab_pick_margin >= 0 && model_sel.ab_pick_margin < 0.5)) {
-        return absl::InvalidArgumentError("--model-ab-pick-margin: a fraction in [0, 0.5)");
-      }
+      SYMTP_RETURN_IF_ERROR(ParseFractionFlag(a, argv[++i], &model_sel.ab_pick_margin));
     } else if (a == "--model-ab-margin" && i + 1 < argc) {
-      if (!absl::SimpleAtod(argv[++i], &model_sel.ab_margin) ||
-          !(model_sel.ab_margin >= 0 && model_sel.ab_margin < 0.5)) {
-        return absl::InvalidArgumentError("--model-ab-margin: a fraction in [0, 0.5)");
-      }
+      SYMTP_RETURN_IF_ERROR(ParseFractionFlag(a, argv[++i], &model_sel.ab_margin));
     } else if (a == "--model-ab-rounds" && i + 1 < argc) {
-      if (!absl::SimpleAtoi(argv[++i], &model_sel.ab_rounds) || model_sel.ab_rounds < 1 ||
-          model_sel.ab_rounds > 100) {
-        return absl::InvalidArgumentError("--model-ab-rounds: 1..100");
-      }
+      SYMTP_RETURN_IF_ERROR(ParseIntFlag(a, argv[++i], 1, 100, &model_sel.ab_rounds));
     } else if (a == "--model-tp" && i + 1 < argc) {
       if (!absl::SimpleAtoi(argv[++i], &model_sel.tp) ||
           (model_sel.tp != 1 && model_sel.tp != 2 && model_sel.tp != 4 && model_sel.tp != 8)) {

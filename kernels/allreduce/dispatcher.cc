@@ -21,19 +21,6 @@ constexpr int kCalibrateWarmup = 5;
 constexpr int kCalibrateReps = 5;
 constexpr int kCalibrateBatch = 20;
 
-absl::Status SyncWithDeadline(cudaStream_t stream, Deadline deadline) {
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-    if (deadline.Expired()) {
-      return absl::DeadlineExceededError("stream did not drain before the deadline");
-    }
-    timespec ts{0, 20'000};
-    nanosleep(&ts, nullptr);
-  }
-}
-
 struct CalibrationVerdict {
   int32_t ok;
   int32_t code;
@@ -129,7 +116,7 @@ absl::Status AllReduceDispatcher::Calibrate(PeerExchange* exchange, Deadline dea
           CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream.get()));
           for (int i = 0; i < kCalibrateBatch; ++i) SYMTP_RETURN_IF_ERROR(run());
           CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream.get()));
-          SYMTP_RETURN_IF_ERROR(SyncWithDeadline(stream.get(), deadline));
+          SYMTP_RETURN_IF_ERROR(cuda::SyncStream(stream.get(), deadline, "all-reduce calibration"));
           float ms = 0;
           CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
           per_iter.push_back(ms * 1000.0f / kCalibrateBatch);

@@ -69,13 +69,7 @@ uint64_t SeedOf(DType t, size_t count, int salt) {
 
 // Waits for `stream` without ever blocking past `deadline`.
 absl::Status SyncStream(cudaStream_t stream, Deadline deadline) {
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-    if (deadline.Expired()) return absl::DeadlineExceededError("stream did not drain in time");
-    usleep(50);
-  }
+  return cuda::SyncStream(stream, deadline, "test stream");
 }
 
 // A device array with `front` and 8 elements of canary around `count`
