@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,7 @@
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
 #include "common/log.h"
+#include "common/paired_ab.h"
 #include "common/status_macros.h"
 #include "kernels/allreduce/dispatcher.h"
 #include "kernels/allreduce/peer_exchange.h"
@@ -59,6 +62,8 @@ class CudaBackend : public Backend {
                                                              int rank, int device, JobHandle* job) {
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->opts_ = opts;
+    b->rank_ = rank;
+    b->control_ = job->control;
     b->device_ = device < 0 ? rank : device;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(b->device_));
     SYMTP_ASSIGN_OR_RETURN(b->stream_, cuda::Stream::Create());
@@ -138,6 +143,7 @@ class CudaBackend : public Backend {
         model::GpuModel m,
         model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo, b->comm_.get()));
     b->model_.emplace(std::move(m));
+    if (!opts.gemm_tune_out.empty()) SYMTP_RETURN_IF_ERROR(b->StartTuning());
     return b;
   }
 
@@ -165,7 +171,11 @@ class CudaBackend : public Backend {
       return absl::FailedPreconditionError(
           absl::StrCat("Launch with ", in_flight_, " steps in flight"));
     }
+    std::optional<PairedAb::Step> tag;
+    if (tune_) SYMTP_RETURN_IF_ERROR_CTX(TuneBeforeLaunch(in, &tag), "GEMM tuning");
     Slot& sl = slots_[launched_ % kSlots];
+    sl.tune = tag;
+    sl.fed = false;
     step_opts_.sampling.assign(params.begin(), params.end());
     step_opts_.copy_logits = false;
     step_opts_.token_from_prev_sample.assign(prev_sample.begin(), prev_sample.end());
@@ -193,6 +203,7 @@ class CudaBackend : public Backend {
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, sl.start.get(), sl.end.get()));
     t->forward_ns = MonotonicNs() - sl.host_t0;
     t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
+    SYMTP_RETURN_IF_ERROR(FeedTuner(sl));
     t->device_idle_ns = 0;
     // GPU idle between the previous step's last op and this step's first
     // (negative, i.e. 0, when this step was queued before that one ended).
@@ -246,12 +257,19 @@ class CudaBackend : public Backend {
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
   ~CudaBackend() override {
+    if (tune_ && !tune_done_) {
+      SYMTP_LOG(WARN, "worker") << "GEMM tuning did not finish: " << tune_step_ << " of "
+                                << tune_->total_steps() + 1
+                                << " decode steps of the steady batch ran; nothing written to "
+                                << opts_.gemm_tune_out;
+    }
     if (comm_) {
       if (!comm_->Poll().ok()) comm_->Abort();
     }
   }
 
  private:
+  struct Slot;
   CudaBackend() = default;
 
   // Waits for `ev` with the step deadline, polling the communicator so that a
@@ -285,8 +303,201 @@ class CudaBackend : public Backend {
     return WaitWithComm(sync_.get(), "broadcast");
   }
 
+  // ---- In-run GEMM tuning (--gemm-tune-out) ----
+  // Decode steps of the steady batch run in PairedAb's schedule: its setup
+  // window autotunes every decode GEMM shape (arm B's candidates), then
+  // windows alternate between cuBLASLt's heuristic (A) and rank 0's autotuned
+  // picks as a table (B, shared through a file so every rank runs the same
+  // algorithms); every switch re-plans the GEMMs and drops the CUDA graphs
+  // (GpuModel::SetGemmTuning) once the launched steps have completed. After
+  // the last window rank 0 decides (every rank follows it), writes the
+  // winning set to --gemm-tune-out, and the rest of the run keeps it.
+  enum class GemmArm { kHeuristic, kAutotune, kTable };
+
+  absl::Status StartTuning() {
+    PairedAbOptions o;
+    o.setup_steps = opts_.gemm_tune_window;
+    o.window_steps = opts_.gemm_tune_window;
+    o.discard_steps = 3;  // eager (re-plan), capture, first replay
+    o.rounds = opts_.gemm_tune_rounds;
+    o.margin = opts_.gemm_tune_margin;
+    SYMTP_ASSIGN_OR_RETURN(PairedAb ab, PairedAb::Create(o));
+    tune_.emplace(std::move(ab));
+    // Shapes the output file already holds are kept (tune batch sizes one
+    // run at a time into one table); a file that is not a usable table is
+    // an error now, not after the run.
+    std::error_code ec;
+    if (std::filesystem::exists(opts_.gemm_tune_out, ec)) {
+      absl::StatusOr<kernels::GemmTuningTable> t =
+          kernels::GemmTuningTable::Load(opts_.gemm_tune_out);
+      if (!t.ok()) return Annotate(t.status(), "--gemm-tune-out (an existing file)");
+      SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
+                             kernels::CurrentGemmTuningIdentity());
+      SYMTP_RETURN_IF_ERROR_CTX(t->CheckUsableOn(here), "--gemm-tune-out (an existing file)");
+      tune_base_ = *std::move(t);
+    }
+    return absl::OkStatus();
+  }
+
+  // Picks the GEMM arm of the step about to be launched and switches to it.
+  absl::Status TuneBeforeLaunch(const model::BatchInput& in, std::optional<PairedAb::Step>* tag) {
+    // Only decode steps of the whole steady batch advance the schedule;
+    // other steps (prefill, a partial batch) run with what is planned,
+    // untimed.
+    const int S = in.num_seqs();
+    if (S == 0 || in.num_tokens() != S || static_cast<int>(in.sample_index.size()) != S) {
+      return absl::OkStatus();
+    }
+    if (S != opts_.steady_batch) {
+      ++tune_other_batch_steps_;
+      return absl::OkStatus();
+    }
+    const int64_t i = tune_step_++;
+    GemmArm want = final_arm_;
+    if (!tune_done_ && i < tune_->total_steps()) {
+      const PairedAb::Step st = tune_->Plan(i);
+      want = st.setup              ? GemmArm::kAutotune
+             : st.arm == AbArm::kA ? GemmArm::kHeuristic
+                                   : GemmArm::kTable;
+      if (st.timed) *tag = st;
+    } else if (!tune_done_) {
+      SYMTP_RETURN_IF_ERROR(DrainLaunched());
+      SYMTP_RETURN_IF_ERROR(FinishTuning());
+      want = final_arm_;
+    }
+    if (want == applied_) return absl::OkStatus();
+    SYMTP_RETURN_IF_ERROR(DrainLaunched());
+    if (applied_ == GemmArm::kAutotune) SYMTP_RETURN_IF_ERROR(ShareCandidates());
+    if (applied_ == GemmArm::kHeuristic && i > tune_->options().setup_steps) {
+      SYMTP_ASSIGN_OR_RETURN(kernels::GemmTuningTable h, model_->GemmPlans());
+      heuristic_plans_ = std::make_shared<const kernels::GemmTuningTable>(std::move(h));
+    }
+    SYMTP_RETURN_IF_ERROR(
+        model_->SetGemmTuning(want == GemmArm::kTable ? candidates_ : nullptr,
+                              want == GemmArm::kAutotune ? opts_.gemm_tune_candidates : 1));
+    applied_ = want;
+    return absl::OkStatus();
+  }
+
+  // Waits for every launched step (they stay uncollected) and gives the
+  // tuner their times.
+  absl::Status DrainLaunched() {
+    if (launched_ == collected_) return absl::OkStatus();
+    SYMTP_RETURN_IF_ERROR(
+        WaitWithComm(slots_[(launched_ - 1) % kSlots].end.get(), "GEMM tuning: launched steps"));
+    for (int64_t k = collected_; k < launched_; ++k) {
+      SYMTP_RETURN_IF_ERROR(FeedTuner(slots_[k % kSlots]));
+    }
+    return absl::OkStatus();
+  }
+
+  // A completed step's time, once, if the schedule times it.
+  absl::Status FeedTuner(Slot& sl) {
+    if (!tune_ || !sl.tune || sl.fed) return absl::OkStatus();
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, sl.start.get(), sl.end.get()));
+    sl.fed = true;
+    return tune_->Record(*sl.tune, 1e3 * ms);
+  }
+
+  // Rank 0's autotuned plans, saved next to the output; every rank loads
+  // them (same algorithms everywhere, as with --gemm-tuning-file).
+  absl::Status ShareCandidates() {
+    const std::string path = opts_.gemm_tune_out + ".candidates";
+    const Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
+    ShmPeerExchange ex(control_, rank_, opts_.tp);
+    if (rank_ == 0) {
+      SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable picks, model_->GemmPlans());
+      SYMTP_RETURN_IF_ERROR(picks.Save(path));
+    }
+    SYMTP_RETURN_IF_ERROR_CTX(ex.Barrier(d), "sharing the autotuned picks");
+    SYMTP_ASSIGN_OR_RETURN(kernels::GemmTuningTable t, kernels::GemmTuningTable::Load(path));
+    SYMTP_RETURN_IF_ERROR_CTX(ex.Barrier(d), "sharing the autotuned picks (loaded)");
+    if (rank_ == 0) std::filesystem::remove(path);
+    candidates_ = std::make_shared<const kernels::GemmTuningTable>(std::move(t));
+    return absl::OkStatus();
+  }
+
+  // Rank 0's verdict for everyone; rank 0 writes the table and a summary.
+  absl::Status FinishTuning() {
+    tune_done_ = true;
+    const absl::StatusOr<PairedAb::Result> r = tune_->Decide();
+    struct Verdict {
+      int32_t ok = 0;
+      int32_t table_wins = 0;
+    } mine, all[kMaxRanks];
+    mine.ok = r.ok();
+    mine.table_wins = r.ok() && r->winner == AbArm::kB;
+    ShmPeerExchange ex(control_, rank_, opts_.tp);
+    SYMTP_RETURN_IF_ERROR_CTX(ex.AllGather(&mine, sizeof(mine), all,
+                                           Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000)),
+                              "agreeing on the verdict");
+    if (!r.ok()) return r.status();
+    if (!all[0].ok) return absl::FailedPreconditionError("rank 0 could not decide");
+    final_arm_ = all[0].table_wins ? GemmArm::kTable : GemmArm::kHeuristic;
+    if (rank_ != 0) return absl::OkStatus();
+
+    if (!candidates_ || !heuristic_plans_) {
+      return absl::InternalError("GEMM tuning finished without both plan sets");
+    }
+    const kernels::GemmTuningTable& won = all[0].table_wins ? *candidates_ : *heuristic_plans_;
+    kernels::GemmTuningTable out =
+        tune_base_ ? *tune_base_ : kernels::GemmTuningTable(won.identity());
+    for (const auto& [key, e] : won.entries()) out.Put(key, e);
+    SYMTP_RETURN_IF_ERROR(out.Save(opts_.gemm_tune_out));
+    // Which picks differ from the heuristic's algorithms.
+    std::string differ;
+    int n_differ = 0;
+    for (const auto& [key, e] : candidates_->entries()) {
+      const kernels::GemmTuningEntry* h = heuristic_plans_->Find(key);
+      if (h != nullptr && h->algo == e.algo) continue;
+      ++n_differ;
+      absl::StrAppendFormat(&differ,
+                            "%s    {\"shape\": \"%s\", \"pick\": \"%s\", \"pick_us\": %.3f, "
+                            "\"heuristic_us\": %.3f}",
+                            n_differ > 1 ? ",\n" : "", kernels::DescribeGemmKey(key), e.description,
+                            e.pick_us, e.heuristic_us);
+    }
+    const std::string verdict = PairedAb::Describe(*r, opts_.gemm_tune_margin);
+    SYMTP_LOG(INFO, "worker") << "GEMM tuning at batch " << opts_.steady_batch
+                              << ": picks (B) vs heuristic (A): " << verdict << "; " << n_differ
+                              << " of " << candidates_->size()
+                              << " shapes picked another algorithm; wrote "
+                              << (all[0].table_wins ? "the picks" : "the heuristic's algorithms")
+                              << " to " << opts_.gemm_tune_out;
+    std::string rounds;
+    for (size_t k = 0; k < r->ratio.size(); ++k) {
+      absl::StrAppendFormat(&rounds,
+                            "%s    {\"heuristic_us\": %.1f, \"picks_us\": %.1f, \"ratio\": %.5f}",
+                            k ? ",\n" : "", r->a_median[k], r->b_median[k], r->ratio[k]);
+    }
+    std::ofstream js(opts_.gemm_tune_out + ".json");
+    js << absl::StrFormat(
+        "{\n  \"batch\": %d,\n  \"tp\": %d,\n  \"winner\": \"%s\",\n  \"median_ratio\": %.5f,\n"
+        "  \"margin\": %.4f,\n  \"window_steps\": %d,\n  \"timed_steps\": [%d, %d],\n"
+        "  \"steps_of_other_batches\": %d,\n  \"rounds\": [\n%s\n  ],\n  \"differing_picks\": "
+        "[\n%s\n  ],\n"
+        "  \"verdict\": \"%s\"\n}\n",
+        opts_.steady_batch, opts_.tp, all[0].table_wins ? "picks" : "heuristic", r->median_ratio,
+        opts_.gemm_tune_margin, opts_.gemm_tune_window, r->samples_a, r->samples_b,
+        tune_other_batch_steps_, rounds, differ, verdict);
+    if (!js) {
+      return absl::UnavailableError(absl::StrCat("writing ", opts_.gemm_tune_out, ".json failed"));
+    }
+    return absl::OkStatus();
+  }
+
   JobOptions opts_;
   int device_ = 0;
+  int rank_ = 0;
+  ControlBlock* control_ = nullptr;
+  std::optional<PairedAb> tune_;
+  GemmArm applied_ = GemmArm::kHeuristic, final_arm_ = GemmArm::kHeuristic;
+  int64_t tune_step_ = 0;
+  int tune_other_batch_steps_ = 0;
+  bool tune_done_ = false;
+  std::shared_ptr<const kernels::GemmTuningTable> candidates_, heuristic_plans_;
+  std::optional<kernels::GemmTuningTable> tune_base_;
   std::unique_ptr<kernels::DeviceComm> comm_;
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
@@ -298,6 +509,8 @@ class CudaBackend : public Backend {
     int64_t model_step = 0;
     int64_t host_t0 = 0;
     bool sampled = false;
+    std::optional<PairedAb::Step> tune;  // timed by the GEMM tuning
+    bool fed = false;                    // its time went to the tuner
   };
   static constexpr int kSlots = 4;
   static_assert(kSlots >= kMaxInFlight + 2);

@@ -56,6 +56,15 @@ struct JobOptions {
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
   std::string gemm_tuning_file;  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h); "": none
+  // In-run GEMM tuning (steady decode): the workers time windows of decode
+  // steps with cuBLASLt's heuristic against autotuned picks, alternated
+  // (common/paired_ab.h), and rank 0 writes the faster set as a tuning table
+  // here (merged into the file's other shapes). "": off.
+  std::string gemm_tune_out;
+  int gemm_tune_rounds = 4;         // pairs of windows
+  int gemm_tune_window = 12;        // decode steps per window (the first 3 not timed)
+  int gemm_tune_candidates = 16;    // autotuning candidates per shape
+  double gemm_tune_margin = 0.005;  // the picks must make the step this much faster
   int gemm_skinny_max_m = -1;  // weight-streaming GEMM up to this M (-1: the model's default)
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority

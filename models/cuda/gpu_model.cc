@@ -969,6 +969,27 @@ absl::StatusOr<kernels::GemmTuningTable> GpuModel::GemmPlans() const {
   return s_->gemm.ExportPlans();
 }
 size_t GpuModel::gemm_plans_from_table() const { return s_->gemm.plans_from_table(); }
+absl::Status GpuModel::SetGemmTuning(std::shared_ptr<const kernels::GemmTuningTable> table,
+                                     int autotune_candidates) {
+  State& st = *s_;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(st.device));
+  const cudaError_t q = cudaEventQuery(st.step_done.get());
+  if (q == cudaErrorNotReady) {
+    return absl::FailedPreconditionError(
+        "GpuModel::SetGemmTuning: the previous step has not completed");
+  }
+  CUDA_RETURN_IF_ERROR(q);
+  SYMTP_RETURN_IF_ERROR(st.gemm.set_tuning_table(table));
+  // Graphs first (they hold the plans' algorithms), then the plans.
+  st.graphs.clear();
+  st.seen.clear();
+  st.failed.clear();
+  st.gemm.ClearPlans();
+  st.gemm.set_autotune_candidates(autotune_candidates);
+  st.opt.gemm_tuning = std::move(table);
+  st.opt.gemm_autotune_candidates = autotune_candidates;
+  return absl::OkStatus();
+}
 void GpuModel::FailNextCaptureForTesting(absl::Status status) {
   s_->inject_capture_failure = std::move(status);
 }

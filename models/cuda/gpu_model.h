@@ -208,6 +208,16 @@ class GpuModel {
   absl::StatusOr<kernels::GemmTuningTable> GemmPlans() const;
   // GEMM plans whose algorithm came from options().gemm_tuning.
   size_t gemm_plans_from_table() const;
+  // Replaces options().gemm_tuning and gemm_autotune_candidates for the
+  // steps enqueued from now on: every GEMM shape is planned again at its
+  // next use (autotuning then, eagerly) and every captured CUDA graph is
+  // dropped (the next steps of each batch size run eagerly and capture
+  // again). The previous step must have completed (FailedPrecondition
+  // otherwise); a table from another device or cuBLASLt is
+  // FailedPrecondition and changes nothing. For in-process A/B comparisons
+  // of GEMM algorithms (the worker's --gemm-tune-out).
+  absl::Status SetGemmTuning(std::shared_ptr<const kernels::GemmTuningTable> table,
+                             int autotune_candidates);
   // Test hook: the next CUDA graph capture fails with `status` after its step
   // has been recorded (the capture is ended and discarded as for any failed
   // capture), so that batch shape runs eagerly from then on.

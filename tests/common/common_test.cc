@@ -1,9 +1,11 @@
-#include <cerrno>
 #include <fcntl.h>
+
+#include <cerrno>
 
 #include "common/clock.h"
 #include "common/histogram.h"
 #include "common/log.h"
+#include "common/paired_ab.h"
 #include "common/status_macros.h"
 #include "tests/testing/status_matchers.h"
 
@@ -96,6 +98,72 @@ TEST(Log, SpecSelectsPerSubsystemLevel) {
   EXPECT_TRUE(LogEnabled(LogLevel::kError, "sched"));
   SetLogSpec("info");
   EXPECT_FALSE(LogEnabled(LogLevel::kTrace, "ipc"));
+}
+
+// The schedule: setup (B, untimed), then A B | B A | A B ...; the first
+// discard steps of every window untimed.
+TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
+  PairedAbOptions o;
+  o.setup_steps = 2;
+  o.window_steps = 3;
+  o.discard_steps = 1;
+  o.rounds = 2;
+  absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
+  ASSERT_THAT(ab.status(), IsOk());
+  ASSERT_EQ(ab->total_steps(), 2 + 2 * 2 * 3);
+  std::string arms, timed;
+  for (int64_t i = 0; i < ab->total_steps(); ++i) {
+    const PairedAb::Step s = ab->Plan(i);
+    arms += s.setup ? 's' : (s.arm == AbArm::kA ? 'a' : 'b');
+    timed += s.timed ? 't' : '.';
+    EXPECT_EQ(s.window, s.setup ? -1 : static_cast<int>((i - 2) / 3)) << i;
+  }
+  EXPECT_EQ(arms, "ssaaabbbbbbaaa");
+  EXPECT_EQ(timed, "...tt.tt.tt.tt");
+}
+
+// Paired medians per round: a B that is 2% faster in every round wins with a
+// 0.5% margin, a B within the margin (or slower) does not; an empty window
+// is an error, as are values that cannot be times.
+TEST(PairedAb, DecidesByTheMedianOfPairedRoundRatios) {
+  PairedAbOptions o;
+  o.setup_steps = 0;
+  o.window_steps = 4;
+  o.discard_steps = 1;
+  o.rounds = 3;
+  o.margin = 0.005;
+  for (double b_over_a : {0.98, 0.997, 1.03}) {
+    absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
+    ASSERT_THAT(ab.status(), IsOk());
+    for (int64_t i = 0; i < ab->total_steps(); ++i) {
+      const PairedAb::Step s = ab->Plan(i);
+      if (!s.timed) continue;
+      // A drifts upwards over the run (by 1% per window): pairing cancels it.
+      const double a = 1000.0 * (1 + 0.01 * s.window) + (i % 3);
+      ASSERT_THAT(ab->Record(s, s.arm == AbArm::kA ? a : a * b_over_a), IsOk());
+    }
+    absl::StatusOr<PairedAb::Result> r = ab->Decide();
+    ASSERT_THAT(r.status(), IsOk());
+    ASSERT_EQ(r->ratio.size(), 3u);
+    EXPECT_EQ(r->samples_a, 9);
+    EXPECT_EQ(r->samples_b, 9);
+    // Within a round the two windows are one window apart (1% drift): the
+    // ratios straddle b_over_a - 1 by about that drift.
+    EXPECT_NEAR(r->median_ratio, b_over_a - 1, 0.012) << b_over_a;
+    EXPECT_EQ(r->winner, b_over_a < 0.99 ? AbArm::kB : AbArm::kA) << b_over_a;
+    EXPECT_THAT(PairedAb::Describe(*r, o.margin), HasSubstr(b_over_a < 0.99 ? "B wins" : "A wins"));
+  }
+  absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
+  ASSERT_THAT(ab.status(), IsOk());
+  EXPECT_THAT(ab->Decide().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("window 0")));
+  EXPECT_THAT(ab->Record(ab->Plan(0), 5.0),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(ab->Record(ab->Plan(1), -1.0),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  o.discard_steps = 4;
+  EXPECT_THAT(PairedAb::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
 }  // namespace

@@ -279,8 +279,14 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // device samples): logits and tokens must be bitwise equal at every step.
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
+// With retune_step >= 0 the graph model re-plans its GEMMs mid-run
+// (GpuModel::SetGemmTuning): at retune_step from a table of its own plans
+// (the same algorithms, so the same bits), three steps later back to the
+// heuristic; a foreign table in between is refused and changes nothing.
+// Each switch drops the captured graphs, so the decode shape captures again.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
-                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false) {
+                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
+                  int retune_step = -1) {
   auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
   auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
@@ -291,6 +297,7 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
   SimBatch sim(cfg, kBlocks, 3);
   for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
   std::vector<int> prev_rows;
+  int64_t captures_before_retune = 0;
   for (int step = 0; step < 12; ++step) {
     std::vector<int> rows;
     auto batch = sim.NextStep(64, &rows);
@@ -306,6 +313,27 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     if (step > 0) {
       so.token_from_prev_sample.assign(prev_rows.begin(), prev_rows.end());
       std::fill(in.tokens.begin(), in.tokens.end(), 0);
+    }
+    if (step == retune_step) {
+      captures_before_retune = a->graph_stats().captures;
+      auto own = a->GemmPlans();
+      ASSERT_OK(own);
+      ASSERT_GT(own->size(), 0u);
+      ASSERT_OK(a->SetGemmTuning(std::make_shared<const kernels::GemmTuningTable>(*own), 1));
+    } else if (retune_step >= 0 && step == retune_step + 2) {
+      EXPECT_EQ(a->gemm_plans_from_table(), a->GemmPlans()->size());
+      kernels::GemmTuningIdentity other = a->options().gemm_tuning->identity();
+      other.sm_count += 1;
+      auto foreign = std::make_shared<kernels::GemmTuningTable>(other);
+      for (const auto& [key, e] : a->options().gemm_tuning->entries()) foreign->Put(key, e);
+      const int64_t captures = a->graph_stats().captures;
+      EXPECT_EQ(a->SetGemmTuning(foreign, 1).code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(a->graph_stats().captures, captures);
+      EXPECT_EQ(a->gemm_plans_from_table(), a->GemmPlans()->size())
+          << "a refused table cleared plans";
+    } else if (retune_step >= 0 && step == retune_step + 3) {
+      ASSERT_OK(a->SetGemmTuning(nullptr, 1));
+      EXPECT_EQ(a->GemmPlans()->size(), 0u);
     }
     ASSERT_OK(a->Forward(in, stream, so));
     ASSERT_OK(b->Forward(in, stream, so));
@@ -332,6 +360,14 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     return;
   }
   EXPECT_EQ(st.capture_failures, 0);
+  if (retune_step >= 0) {
+    // One decode shape, captured again after each of the two switches.
+    EXPECT_GE(captures_before_retune, 1);
+    EXPECT_EQ(st.captures, captures_before_retune + 2);
+    EXPECT_EQ(a->gemm_plans_from_table(), 0u);
+    EXPECT_GE(st.replays, 3);
+    return;
+  }
   EXPECT_GE(st.captures, 1);
   EXPECT_GE(st.replays, 8);
 }
@@ -354,6 +390,11 @@ TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
 TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
                /*fail_first_capture=*/true);
+}
+
+TEST_F(GpuModelTest, RetunedGemmsRecaptureGraphsAndKeepTheBits) {
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
+               /*fail_first_capture=*/false, /*retune_step=*/7);
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {

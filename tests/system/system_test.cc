@@ -392,8 +392,15 @@ TEST_F(SystemTest, SigintShutsDownCleanly) {
 
 TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
   for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
-           {"launch", "--tp=3"}, {"launch", "--model=nope"}, {"launch", "--frobnicate=1"},
-           {"launch", "--backend=cuda", "--tp=8", "--model=tiny"}}) {
+           {"launch", "--tp=3"},
+           {"launch", "--model=nope"},
+           {"launch", "--frobnicate=1"},
+           {"launch", "--backend=cuda", "--tp=8", "--model=tiny"},
+           // In-run GEMM tuning: GPU only, and only over a long enough steady decode.
+           {"launch", "--backend=cpu", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
+            "--steady-steps=200"},
+           {"launch", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
+            "--steady-steps=50"}}) {
     Proc p = Start(args, prefix_);
     int st = Wait(p, 20'000);
     ASSERT_TRUE(WIFEXITED(st));

@@ -1,0 +1,81 @@
+// PairedAb: which of two configurations ("arms") of a repeated step is
+// faster, measured in place, in the process and configuration that will run.
+//
+// Effects of one or two percent do not survive a comparison between two
+// processes (memory placement, clocks and what else runs differ by about as
+// much), so the arms alternate within one run, in windows of consecutive
+// steps: a setup window that runs arm B untimed (e.g. B's autotuning), then
+// `rounds` pairs of windows, A then B in even rounds and B then A in odd
+// ones (so a drift over the run hits both arms alike). The first
+// `discard_steps` of every window are not timed (switching arms may
+// re-plan, capture graphs or warm caches). Each round gives one paired
+// ratio, median(B's window) / median(A's window) - 1; B wins only when the
+// median of those ratios is below -margin.
+//
+// The schedule is a pure function of the step number, so processes that
+// run the same steps (the ranks of a TP group) switch together without
+// talking.
+//
+// Thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace symtp {
+
+struct PairedAbOptions {
+  int setup_steps = 12;   // arm B, untimed, before round 0 (0: none)
+  int window_steps = 12;  // steps per window
+  int discard_steps = 3;  // leading steps of a window that are not timed
+  int rounds = 4;         // pairs of windows
+  double margin = 0.005;  // B must be faster by more than this fraction
+};
+
+enum class AbArm { kA, kB };
+const char* AbArmName(AbArm arm);  // "A" / "B"
+
+class PairedAb {
+ public:
+  // InvalidArgument unless window_steps > discard_steps >= 0, rounds >= 1,
+  // setup_steps >= 0 and 0 <= margin < 1.
+  static absl::StatusOr<PairedAb> Create(const PairedAbOptions& options);
+
+  struct Step {
+    AbArm arm = AbArm::kA;
+    bool setup = false;  // the setup window (arm B)
+    int window = -1;     // 0 .. 2 * rounds - 1 after the setup; -1 in the setup
+    bool timed = false;  // Record this step's value
+  };
+  // The plan of step `i` (0-based), 0 <= i < total_steps().
+  Step Plan(int64_t i) const;
+  int64_t total_steps() const;
+  const PairedAbOptions& options() const { return opt_; }
+
+  // A timed step's value (e.g. its time). InvalidArgument for an untimed
+  // step, a window out of range or a value that is not finite and > 0.
+  absl::Status Record(const Step& step, double value);
+
+  struct Result {
+    std::vector<double> a_median, b_median;  // per round
+    std::vector<double> ratio;               // per round: b / a - 1
+    double median_ratio = 0;
+    AbArm winner = AbArm::kA;
+    int samples_a = 0, samples_b = 0;
+  };
+  // FailedPrecondition naming the window when a window has no value.
+  absl::StatusOr<Result> Decide() const;
+  // "B vs A: -1.20% (rounds -1.1% -1.3% ...), B wins (margin 0.5%)".
+  static std::string Describe(const Result& r, double margin);
+
+ private:
+  explicit PairedAb(const PairedAbOptions& o);
+  PairedAbOptions opt_;
+  std::vector<std::vector<double>> values_;  // per window
+};
+
+}  // namespace symtp
