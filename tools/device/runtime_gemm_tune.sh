@@ -7,7 +7,8 @@
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/runtime_gemm_tune.sh")
 # Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (4), WINDOW (12),
 # CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, at the first layer count and
-# batch: the noise floor of the in-run comparison), AB_ROUNDS (2).
+# batch: the noise floor of the in-run comparison), AB_ROUNDS (2), TEST_FILTER (kernels_test
+# cases to run first, e.g. '*Retuned*:*Tuning*').
 # Writes $OUT/tune.tar.gz (tables, their .json verdicts, logs, summary.md) and, with AB_ROUNDS,
 # $OUT/sweep.tar.gz.
 set -uo pipefail
@@ -17,10 +18,16 @@ export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_P
 OUT=${OUT:-$PWD/out}
 LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-4}
 WINDOW=${WINDOW:-12} CANDIDATES=${CANDIDATES:-16}
-tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 W=$OUT/tune
 mkdir -p "$W"
 trap 'tar czf "$OUT/tune.tar.gz" -C "$OUT" tune && rm -rf "$W"' EXIT
+if [[ -n ${TEST_FILTER:-} ]]; then  # e.g. '*Retuned*:*Tuning*': kernels_test cases first
+  tools/device/build.sh symtp kernels_test >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  build-gpu/tests/kernels/kernels_test --gtest_filter="$TEST_FILTER" >"$W/tests.log" 2>&1
+  echo "kernels_test $TEST_FILTER: rc $? $(grep -E '^\[  (PASSED|FAILED)' "$W/tests.log" | tr '\n' ' ')"
+else
+  tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
 STEPS=$((WINDOW * (1 + 2 * ROUNDS) + 1 + 20))
 tune() {  # layers batch candidates table log
   timeout 400 build-gpu/tools/symtp launch --backend=cuda --tp="$TP" --model=llama-8b-shape \
