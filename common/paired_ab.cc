@@ -20,7 +20,12 @@ double Median(std::vector<double> v) {
 const char* AbArmName(AbArm arm) { return arm == AbArm::kA ? "A" : "B"; }
 
 PairedAb::PairedAb(const PairedAbOptions& o)
-    : opt_(o), values_(2 * static_cast<size_t>(o.rounds)) {}
+    : opt_(o), values_(4 * static_cast<size_t>(o.rounds)) {}
+
+namespace {
+// Window w's arm: A B B A in every round.
+AbArm WindowArm(int w) { return (w % 4 == 0 || w % 4 == 3) ? AbArm::kA : AbArm::kB; }
+}  // namespace
 
 absl::StatusOr<PairedAb> PairedAb::Create(const PairedAbOptions& o) {
   if (o.discard_steps < 0 || o.window_steps <= o.discard_steps) {
@@ -38,7 +43,7 @@ absl::StatusOr<PairedAb> PairedAb::Create(const PairedAbOptions& o) {
 }
 
 int64_t PairedAb::total_steps() const {
-  return opt_.setup_steps + 2 * static_cast<int64_t>(opt_.rounds) * opt_.window_steps;
+  return opt_.setup_steps + 4 * static_cast<int64_t>(opt_.rounds) * opt_.window_steps;
 }
 
 PairedAb::Step PairedAb::Plan(int64_t i) const {
@@ -50,10 +55,11 @@ PairedAb::Step PairedAb::Plan(int64_t i) const {
   }
   const int64_t j = i - opt_.setup_steps;
   s.window = static_cast<int>(j / opt_.window_steps);
-  const int round = s.window / 2, pos = s.window % 2;
-  // Even rounds: A then B; odd rounds: B then A.
-  s.arm = (pos == round % 2) ? AbArm::kA : AbArm::kB;
-  s.timed = j % opt_.window_steps >= opt_.discard_steps && s.window < 2 * opt_.rounds;
+  s.arm = WindowArm(s.window);
+  // The window before window 0 is the setup (arm B).
+  const AbArm before = s.window == 0 ? AbArm::kB : WindowArm(s.window - 1);
+  s.timed = s.window < 4 * opt_.rounds &&
+            (before == s.arm || j % opt_.window_steps >= opt_.discard_steps);
   return s;
 }
 
@@ -71,17 +77,16 @@ absl::Status PairedAb::Record(const Step& step, double value) {
 
 absl::StatusOr<PairedAb::Result> PairedAb::Decide() const {
   Result r;
-  std::vector<double> ratios;
   for (int round = 0; round < opt_.rounds; ++round) {
     double med[2] = {0, 0};
-    for (int pos = 0; pos < 2; ++pos) {
-      const int w = 2 * round + pos;
-      const AbArm arm = (pos == round % 2) ? AbArm::kA : AbArm::kB;
+    for (int pos = 0; pos < 4; ++pos) {
+      const int w = 4 * round + pos;
+      const AbArm arm = WindowArm(w);
       if (values_[w].empty()) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "A/B: window %d (round %d, arm %s) has no timed step", w, round, AbArmName(arm)));
       }
-      med[arm == AbArm::kA ? 0 : 1] = Median(values_[w]);
+      med[arm == AbArm::kA ? 0 : 1] += 0.5 * Median(values_[w]);
       (arm == AbArm::kA ? r.samples_a : r.samples_b) += static_cast<int>(values_[w].size());
     }
     r.a_median.push_back(med[0]);

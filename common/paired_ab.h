@@ -5,12 +5,14 @@
 // processes (memory placement, clocks and what else runs differ by about as
 // much), so the arms alternate within one run, in windows of consecutive
 // steps: a setup window that runs arm B untimed (e.g. B's autotuning), then
-// `rounds` pairs of windows, A then B in even rounds and B then A in odd
-// ones (so a drift over the run hits both arms alike). The first
-// `discard_steps` of every window are not timed (switching arms may
-// re-plan, capture graphs or warm caches). Each round gives one paired
-// ratio, median(B's window) / median(A's window) - 1; B wins only when the
-// median of those ratios is below -margin.
+// `rounds` rounds of four windows, A B B A, so that a linear drift over a
+// round (a steady decode's context, hence its step time, grows every step:
+// ~1% per 12-step window at batch 256, context 1024) cancels within the
+// round. The first `discard_steps` of a window that follows a switch of arm
+// are not timed (switching may re-plan, capture graphs or warm caches).
+// Each round gives one paired ratio, (median(B1) + median(B2)) /
+// (median(A1) + median(A2)) - 1; B wins only when the median of those
+// ratios is below -margin.
 //
 // The schedule is a pure function of the step number, so processes that
 // run the same steps (the ranks of a TP group) switch together without
@@ -32,7 +34,7 @@ struct PairedAbOptions {
   int setup_steps = 12;   // arm B, untimed, before round 0 (0: none)
   int window_steps = 12;  // steps per window
   int discard_steps = 3;  // leading steps of a window that are not timed
-  int rounds = 4;         // pairs of windows
+  int rounds = 4;         // rounds of four windows (A B B A)
   double margin = 0.005;  // B must be faster by more than this fraction
 };
 
@@ -48,7 +50,7 @@ class PairedAb {
   struct Step {
     AbArm arm = AbArm::kA;
     bool setup = false;  // the setup window (arm B)
-    int window = -1;     // 0 .. 2 * rounds - 1 after the setup; -1 in the setup
+    int window = -1;     // 0 .. 4 * rounds - 1 after the setup; -1 in the setup
     bool timed = false;  // Record this step's value
   };
   // The plan of step `i` (0-based), 0 <= i < total_steps().
@@ -61,7 +63,7 @@ class PairedAb {
   absl::Status Record(const Step& step, double value);
 
   struct Result {
-    std::vector<double> a_median, b_median;  // per round
+    std::vector<double> a_median, b_median;  // per round: the mean of its two windows' medians
     std::vector<double> ratio;               // per round: b / a - 1
     double median_ratio = 0;
     AbArm winner = AbArm::kA;

@@ -306,9 +306,9 @@ class CudaBackend : public Backend {
   // ---- In-run GEMM tuning (--gemm-tune-out) ----
   // Decode steps of the steady batch run in PairedAb's schedule: its setup
   // window autotunes every decode GEMM shape (arm B's candidates), then
-  // windows alternate between cuBLASLt's heuristic (A) and rank 0's autotuned
-  // picks as a table (B, shared through a file so every rank runs the same
-  // algorithms); every switch re-plans the GEMMs and drops the CUDA graphs
+  // rounds of windows A B B A alternate between cuBLASLt's heuristic (A) and
+  // rank 0's autotuned picks as a table (B, shared through a file so every
+  // rank runs the same algorithms); every switch re-plans the GEMMs and drops the CUDA graphs
   // (GpuModel::SetGemmTuning) once the launched steps have completed. After
   // the last window rank 0 decides (every rank follows it), writes the
   // winning set to --gemm-tune-out, and the rest of the run keeps it.

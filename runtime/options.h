@@ -61,7 +61,7 @@ struct JobOptions {
   // (common/paired_ab.h), and rank 0 writes the faster set as a tuning table
   // here (merged into the file's other shapes). "": off.
   std::string gemm_tune_out;
-  int gemm_tune_rounds = 4;         // pairs of windows
+  int gemm_tune_rounds = 6;         // rounds of four windows (A B B A)
   int gemm_tune_window = 12;        // decode steps per window (the first 3 not timed)
   int gemm_tune_candidates = 16;    // autotuning candidates per shape
   double gemm_tune_margin = 0.005;  // the picks must make the step this much faster

@@ -100,8 +100,8 @@ TEST(Log, SpecSelectsPerSubsystemLevel) {
   EXPECT_FALSE(LogEnabled(LogLevel::kTrace, "ipc"));
 }
 
-// The schedule: setup (B, untimed), then A B | B A | A B ...; the first
-// discard steps of every window untimed.
+// The schedule: setup (B, untimed), then A B B A per round; the first
+// discard steps of a window after a switch of arm untimed.
 TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
   PairedAbOptions o;
   o.setup_steps = 2;
@@ -110,7 +110,7 @@ TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
   o.rounds = 2;
   absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
   ASSERT_THAT(ab.status(), IsOk());
-  ASSERT_EQ(ab->total_steps(), 2 + 2 * 2 * 3);
+  ASSERT_EQ(ab->total_steps(), 2 + 2 * 4 * 3);
   std::string arms, timed;
   for (int64_t i = 0; i < ab->total_steps(); ++i) {
     const PairedAb::Step s = ab->Plan(i);
@@ -118,13 +118,14 @@ TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
     timed += s.timed ? 't' : '.';
     EXPECT_EQ(s.window, s.setup ? -1 : static_cast<int>((i - 2) / 3)) << i;
   }
-  EXPECT_EQ(arms, "ssaaabbbbbbaaa");
-  EXPECT_EQ(timed, "...tt.tt.tt.tt");
+  EXPECT_EQ(arms, "ssaaabbbbbbaaaaaabbbbbbaaa");
+  EXPECT_EQ(timed, "...tt.ttttt.ttttt.ttttt.tt");
 }
 
-// Paired medians per round: a B that is 2% faster in every round wins with a
-// 0.5% margin, a B within the margin (or slower) does not; an empty window
-// is an error, as are values that cannot be times.
+// Paired medians per round: a B that is 2% faster wins with a 0.5% margin, a
+// B within the margin (or slower) does not, though every step is 1% slower
+// than the one before (A B B A cancels the drift); an empty window is an
+// error, as are values that cannot be times.
 TEST(PairedAb, DecidesByTheMedianOfPairedRoundRatios) {
   PairedAbOptions o;
   o.setup_steps = 0;
@@ -138,18 +139,19 @@ TEST(PairedAb, DecidesByTheMedianOfPairedRoundRatios) {
     for (int64_t i = 0; i < ab->total_steps(); ++i) {
       const PairedAb::Step s = ab->Plan(i);
       if (!s.timed) continue;
-      // A drifts upwards over the run (by 1% per window): pairing cancels it.
-      const double a = 1000.0 * (1 + 0.01 * s.window) + (i % 3);
+      // Both arms drift upwards over the run, 1% per step.
+      const double a = 1000.0 * (1 + 0.01 * static_cast<double>(i));
       ASSERT_THAT(ab->Record(s, s.arm == AbArm::kA ? a : a * b_over_a), IsOk());
     }
     absl::StatusOr<PairedAb::Result> r = ab->Decide();
     ASSERT_THAT(r.status(), IsOk());
     ASSERT_EQ(r->ratio.size(), 3u);
-    EXPECT_EQ(r->samples_a, 9);
-    EXPECT_EQ(r->samples_b, 9);
-    // Within a round the two windows are one window apart (1% drift): the
-    // ratios straddle b_over_a - 1 by about that drift.
-    EXPECT_NEAR(r->median_ratio, b_over_a - 1, 0.012) << b_over_a;
+    // A's windows time 3 + 3 steps in round 0, then 4 + 3 (the first
+    // follows the previous round's last A window: no switch), B's 3 + 4.
+    EXPECT_EQ(r->samples_a, 6 + 7 + 7);
+    EXPECT_EQ(r->samples_b, 3 * 7);
+    // Linear drift cancels exactly only with equal discards in A1 and A2.
+    for (int k = 1; k < 3; ++k) EXPECT_NEAR(r->ratio[k], b_over_a - 1, 0.002) << b_over_a;
     EXPECT_EQ(r->winner, b_over_a < 0.99 ? AbArm::kB : AbArm::kA) << b_over_a;
     EXPECT_THAT(PairedAb::Describe(*r, o.margin), HasSubstr(b_over_a < 0.99 ? "B wins" : "A wins"));
   }

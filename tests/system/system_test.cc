@@ -398,7 +398,7 @@ TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
            {"launch", "--backend=cuda", "--tp=8", "--model=tiny"},
            // In-run GEMM tuning: GPU only, and only over a long enough steady decode.
            {"launch", "--backend=cpu", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
-            "--steady-steps=200"},
+            "--steady-steps=400"},
            {"launch", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
             "--steady-steps=50"}}) {
     Proc p = Start(args, prefix_);

@@ -5,8 +5,8 @@
 # steady decode with and without that table in separate processes, alternated
 # (tools/device/decode_table_ab.sh).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/runtime_gemm_tune.sh")
-# Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (4), WINDOW (12),
-# CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, at the first layer count and
+# Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (6), WINDOW (12),
+# CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, per layer count at the first
 # batch: the noise floor of the in-run comparison), AB_ROUNDS (2), TEST_FILTER (kernels_test
 # cases to run first, e.g. '*Retuned*:*Tuning*').
 # Writes $OUT/tune.tar.gz (tables, their .json verdicts, logs, summary.md) and, with AB_ROUNDS,
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$PWD/out}
-LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-4}
+LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-6}
 WINDOW=${WINDOW:-12} CANDIDATES=${CANDIDATES:-16}
 W=$OUT/tune
 mkdir -p "$W"
@@ -28,7 +28,7 @@ if [[ -n ${TEST_FILTER:-} ]]; then  # e.g. '*Retuned*:*Tuning*': kernels_test ca
 else
   tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
-STEPS=$((WINDOW * (1 + 2 * ROUNDS) + 1 + 20))
+STEPS=$((WINDOW * (1 + 4 * ROUNDS) + 1 + 20))
 tune() {  # layers batch candidates table log
   timeout 400 build-gpu/tools/symtp launch --backend=cuda --tp="$TP" --model=llama-8b-shape \
     --model-overrides="layers=$1" --steady-batch="$2" --max-batch="$2" --steady-context=1024 \
@@ -36,16 +36,17 @@ tune() {  # layers batch candidates table log
     --progress=false --gemm-tune-out="$4" --gemm-tune-rounds="$ROUNDS" --gemm-tune-window="$WINDOW" \
     --gemm-tune-candidates="$3" --out="$W/run_$(basename "$5" .log)" >"$5" 2>&1
   local rc=$?
+  rm -f "$W/run_$(basename "$5" .log)"/{tokens,prompts}.jsonl
   echo "layers $1 batch $2 candidates $3 (rc $rc): $(grep -h "GEMM tuning at batch" "$5" | sed 's/.*GEMM tuning/GEMM tuning/')"
 }
 {
   echo "# In-run GEMM tuning: llama-8b-shape, TP=$TP, context 1024, $ROUNDS rounds of $WINDOW-step windows"
   echo
-  if [[ ${CONTROL:-1} == 1 ]]; then
-    set -- $LAYERS; L0=$1; set -- $BATCHES; B0=$1
-    tune "$L0" "$B0" 1 "$W/control_L${L0}.txt" "$W/control_L${L0}_b$B0.log"
-  fi
+  set -- $BATCHES; B0=$1
   for L in $LAYERS; do
+    if [[ ${CONTROL:-1} == 1 ]]; then
+      tune "$L" "$B0" 1 "$W/control_L${L}.txt" "$W/control_L${L}_b$B0.log"
+    fi
     for B in $BATCHES; do
       tune "$L" "$B" "$CANDIDATES" "$W/table_L$L.txt" "$W/tune_L${L}_b$B.log"
       cp "$W/table_L$L.txt.json" "$W/table_L${L}_b$B.json" 2>/dev/null
