@@ -32,9 +32,10 @@ absl::StatusOr<PairedAb> PairedAb::Create(const PairedAbOptions& o) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "A/B windows of %d steps time none after discarding %d", o.window_steps, o.discard_steps));
   }
-  if (o.rounds < 1 || o.setup_steps < 0) {
+  if (o.discard_rounds < 0 || o.rounds <= o.discard_rounds || o.setup_steps < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "A/B needs rounds >= 1 and setup steps >= 0, got %d and %d", o.rounds, o.setup_steps));
+        "A/B needs rounds > discarded rounds >= 0 and setup steps >= 0, got %d, %d and %d",
+        o.rounds, o.discard_rounds, o.setup_steps));
   }
   if (!(o.margin >= 0 && o.margin < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("A/B margin must be in [0, 1), got ", o.margin));
@@ -58,7 +59,7 @@ PairedAb::Step PairedAb::Plan(int64_t i) const {
   s.arm = WindowArm(s.window);
   // The window before window 0 is the setup (arm B).
   const AbArm before = s.window == 0 ? AbArm::kB : WindowArm(s.window - 1);
-  s.timed = s.window < 4 * opt_.rounds &&
+  s.timed = s.window < 4 * opt_.rounds && s.window >= 4 * opt_.discard_rounds &&
             (before == s.arm || j % opt_.window_steps >= opt_.discard_steps);
   return s;
 }
@@ -77,7 +78,7 @@ absl::Status PairedAb::Record(const Step& step, double value) {
 
 absl::StatusOr<PairedAb::Result> PairedAb::Decide() const {
   Result r;
-  for (int round = 0; round < opt_.rounds; ++round) {
+  for (int round = opt_.discard_rounds; round < opt_.rounds; ++round) {
     double med[2] = {0, 0};
     for (int pos = 0; pos < 4; ++pos) {
       const int w = 4 * round + pos;

@@ -9,10 +9,13 @@
 // round (a steady decode's context, hence its step time, grows every step:
 // ~1% per 12-step window at batch 256, context 1024) cancels within the
 // round. The first `discard_steps` of a window that follows a switch of arm
-// are not timed (switching may re-plan, capture graphs or warm caches).
-// Each round gives one paired ratio, (median(B1) + median(B2)) /
+// are not timed (switching may re-plan, capture graphs or warm caches), nor
+// are the first `discard_rounds` rounds (each arm's first uses). Each timed
+// round gives one paired ratio, (median(B1) + median(B2)) /
 // (median(A1) + median(A2)) - 1; B wins only when the median of those
-// ratios is below -margin.
+// ratios is below -margin. With windows of one step (arms that switch for
+// free, e.g. GEMM plan sets whose CUDA graphs are all kept), periodic
+// effects (a cost that steps every few steps) hit both arms alike too.
 //
 // The schedule is a pure function of the step number, so processes that
 // run the same steps (the ranks of a TP group) switch together without
@@ -33,7 +36,8 @@ namespace symtp {
 struct PairedAbOptions {
   int setup_steps = 12;   // arm B, untimed, before round 0 (0: none)
   int window_steps = 12;  // steps per window
-  int discard_steps = 3;  // leading steps of a window that are not timed
+  int discard_steps = 3;  // leading steps of a window after a switch that are not timed
+  int discard_rounds = 0;  // leading rounds that are not timed
   int rounds = 4;         // rounds of four windows (A B B A)
   double margin = 0.005;  // B must be faster by more than this fraction
 };
@@ -43,8 +47,8 @@ const char* AbArmName(AbArm arm);  // "A" / "B"
 
 class PairedAb {
  public:
-  // InvalidArgument unless window_steps > discard_steps >= 0, rounds >= 1,
-  // setup_steps >= 0 and 0 <= margin < 1.
+  // InvalidArgument unless window_steps > discard_steps >= 0,
+  // rounds > discard_rounds >= 0, setup_steps >= 0 and 0 <= margin < 1.
   static absl::StatusOr<PairedAb> Create(const PairedAbOptions& options);
 
   struct Step {
@@ -63,8 +67,10 @@ class PairedAb {
   absl::Status Record(const Step& step, double value);
 
   struct Result {
-    std::vector<double> a_median, b_median;  // per round: the mean of its two windows' medians
-    std::vector<double> ratio;               // per round: b / a - 1
+    // Per timed round: the mean of its two windows' medians per arm, and
+    // b / a - 1.
+    std::vector<double> a_median, b_median;
+    std::vector<double> ratio;
     double median_ratio = 0;
     AbArm winner = AbArm::kA;
     int samples_a = 0, samples_b = 0;

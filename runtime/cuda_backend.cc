@@ -304,21 +304,25 @@ class CudaBackend : public Backend {
   }
 
   // ---- In-run GEMM tuning (--gemm-tune-out) ----
-  // Decode steps of the steady batch run in PairedAb's schedule: its setup
-  // window autotunes every decode GEMM shape (arm B's candidates), then
-  // rounds of windows A B B A alternate between cuBLASLt's heuristic (A) and
-  // rank 0's autotuned picks as a table (B, shared through a file so every
-  // rank runs the same algorithms); every switch re-plans the GEMMs and drops the CUDA graphs
-  // (GpuModel::SetGemmTuning) once the launched steps have completed. After
-  // the last window rank 0 decides (every rank follows it), writes the
-  // winning set to --gemm-tune-out, and the rest of the run keeps it.
+  // Decode steps of the steady batch run in PairedAb's schedule, each with
+  // one of the model's GEMM plan sets (GpuModel::AddGemmSet; each set keeps
+  // its own CUDA graphs, so switching costs nothing): the setup steps plan
+  // every decode GEMM shape with autotuning in a set of their own; rank 0's
+  // picks then go to every rank through a file and become set B (planned
+  // from them as a table, so every rank runs the same algorithms); then
+  // rounds A B B A of --gemm-tune-window steps each (default: one step)
+  // alternate between set 0 (cuBLASLt's heuristic, A) and set B, the first
+  // round untimed (each set's eager and capturing steps). After the last
+  // round rank 0 decides (every rank follows it), writes the winning
+  // algorithms to --gemm-tune-out, and the rest of the run keeps that set.
   enum class GemmArm { kHeuristic, kAutotune, kTable };
 
   absl::Status StartTuning() {
     PairedAbOptions o;
-    o.setup_steps = opts_.gemm_tune_window;
+    o.setup_steps = 2;  // eager (plans and autotunes), then one more
     o.window_steps = opts_.gemm_tune_window;
-    o.discard_steps = 3;  // eager (re-plan), capture, first replay
+    o.discard_steps = 0;
+    o.discard_rounds = 1;
     o.rounds = opts_.gemm_tune_rounds;
     o.margin = opts_.gemm_tune_margin;
     SYMTP_ASSIGN_OR_RETURN(PairedAb ab, PairedAb::Create(o));
@@ -339,10 +343,10 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Picks the GEMM arm of the step about to be launched and switches to it.
+  // Picks the GEMM set of the step about to be launched.
   absl::Status TuneBeforeLaunch(const model::BatchInput& in, std::optional<PairedAb::Step>* tag) {
     // Only decode steps of the whole steady batch advance the schedule;
-    // other steps (prefill, a partial batch) run with what is planned,
+    // other steps (prefill, a partial batch) run with the set in use,
     // untimed.
     const int S = in.num_seqs();
     if (S == 0 || in.num_tokens() != S || static_cast<int>(in.sample_index.size()) != S) {
@@ -354,29 +358,36 @@ class CudaBackend : public Backend {
     }
     const int64_t i = tune_step_++;
     GemmArm want = final_arm_;
+    if (i == 0) {
+      SYMTP_ASSIGN_OR_RETURN(autotune_set_,
+                             model_->AddGemmSet(nullptr, opts_.gemm_tune_candidates));
+    }
     if (!tune_done_ && i < tune_->total_steps()) {
       const PairedAb::Step st = tune_->Plan(i);
       want = st.setup              ? GemmArm::kAutotune
              : st.arm == AbArm::kA ? GemmArm::kHeuristic
                                    : GemmArm::kTable;
       if (st.timed) *tag = st;
+      if (!st.setup && autotune_set_ > 0) {
+        // The setup is over: its picks become set B on every rank.
+        SYMTP_RETURN_IF_ERROR(DrainLaunched());
+        SYMTP_RETURN_IF_ERROR(ShareCandidates());
+        SYMTP_RETURN_IF_ERROR(model_->UseGemmSet(0));
+        SYMTP_RETURN_IF_ERROR(model_->DropGemmSet(autotune_set_));
+        autotune_set_ = 0;
+        SYMTP_ASSIGN_OR_RETURN(table_set_, model_->AddGemmSet(candidates_, 1));
+      }
     } else if (!tune_done_) {
       SYMTP_RETURN_IF_ERROR(DrainLaunched());
       SYMTP_RETURN_IF_ERROR(FinishTuning());
       want = final_arm_;
+      SYMTP_RETURN_IF_ERROR(model_->UseGemmSet(want == GemmArm::kTable ? table_set_ : 0));
+      if (want != GemmArm::kTable) SYMTP_RETURN_IF_ERROR(model_->DropGemmSet(table_set_));
+      return absl::OkStatus();
     }
-    if (want == applied_) return absl::OkStatus();
-    SYMTP_RETURN_IF_ERROR(DrainLaunched());
-    if (applied_ == GemmArm::kAutotune) SYMTP_RETURN_IF_ERROR(ShareCandidates());
-    if (applied_ == GemmArm::kHeuristic && i > tune_->options().setup_steps) {
-      SYMTP_ASSIGN_OR_RETURN(kernels::GemmTuningTable h, model_->GemmPlans());
-      heuristic_plans_ = std::make_shared<const kernels::GemmTuningTable>(std::move(h));
-    }
-    SYMTP_RETURN_IF_ERROR(
-        model_->SetGemmTuning(want == GemmArm::kTable ? candidates_ : nullptr,
-                              want == GemmArm::kAutotune ? opts_.gemm_tune_candidates : 1));
-    applied_ = want;
-    return absl::OkStatus();
+    return model_->UseGemmSet(want == GemmArm::kAutotune ? autotune_set_
+                              : want == GemmArm::kTable  ? table_set_
+                                                         : 0);
   }
 
   // Waits for every launched step (they stay uncollected) and gives the
@@ -407,7 +418,8 @@ class CudaBackend : public Backend {
     const Deadline d = Deadline::AfterNs(opts_.step_timeout_ms * 1'000'000);
     ShmPeerExchange ex(control_, rank_, opts_.tp);
     if (rank_ == 0) {
-      SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable picks, model_->GemmPlans());
+      SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable picks,
+                             model_->GemmPlans(autotune_set_));
       SYMTP_RETURN_IF_ERROR(picks.Save(path));
     }
     SYMTP_RETURN_IF_ERROR_CTX(ex.Barrier(d), "sharing the autotuned picks");
@@ -437,9 +449,14 @@ class CudaBackend : public Backend {
     final_arm_ = all[0].table_wins ? GemmArm::kTable : GemmArm::kHeuristic;
     if (rank_ != 0) return absl::OkStatus();
 
-    if (!candidates_ || !heuristic_plans_) {
-      return absl::InternalError("GEMM tuning finished without both plan sets");
+    if (!candidates_) return absl::InternalError("GEMM tuning finished without its picks");
+    // Set 0's algorithms for the shapes tuned (it also planned prefill's).
+    SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable set0, model_->GemmPlans(0));
+    auto heuristic = std::make_shared<kernels::GemmTuningTable>(set0.identity());
+    for (const auto& [key, e] : candidates_->entries()) {
+      if (const kernels::GemmTuningEntry* h = set0.Find(key)) heuristic->Put(key, *h);
     }
+    heuristic_plans_ = heuristic;
     const kernels::GemmTuningTable& won = all[0].table_wins ? *candidates_ : *heuristic_plans_;
     kernels::GemmTuningTable out =
         tune_base_ ? *tune_base_ : kernels::GemmTuningTable(won.identity());
@@ -492,7 +509,8 @@ class CudaBackend : public Backend {
   int rank_ = 0;
   ControlBlock* control_ = nullptr;
   std::optional<PairedAb> tune_;
-  GemmArm applied_ = GemmArm::kHeuristic, final_arm_ = GemmArm::kHeuristic;
+  GemmArm final_arm_ = GemmArm::kHeuristic;
+  int autotune_set_ = 0, table_set_ = 0;  // GpuModel GEMM sets (0: none)
   int64_t tune_step_ = 0;
   int tune_other_batch_steps_ = 0;
   bool tune_done_ = false;

@@ -164,9 +164,9 @@ const std::map<std::string, Flag>& Flags() {
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
       {"gemm-autotune", {Int(&JobOptions::gemm_autotune, 1, 32), Get(&JobOptions::gemm_autotune), "cuda: GEMM algorithm per shape: 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N candidates (and cluster-shape variants), timed once per shape at its first (eager) use, per call in a CUDA graph (bf16 bits may then differ between runs)"}},
       {"gemm-tuning-file", {Str(&JobOptions::gemm_tuning_file), Get(&JobOptions::gemm_tuning_file), "cuda: a GEMM tuning table (kernels_bench --model-tuning-out): every rank runs its algorithms for the shapes it holds (same bits on every rank and run); it must come from this device and cuBLASLt"}},
-      {"gemm-tune-out", {Str(&JobOptions::gemm_tune_out), Get(&JobOptions::gemm_tune_out), "cuda, steady decode: time the decode step with cuBLASLt's heuristic GEMMs against autotuned picks in alternating windows of steps, and write the faster set to this GEMM tuning table (merged with the shapes the file already holds)"}},
-      {"gemm-tune-rounds", {Int(&JobOptions::gemm_tune_rounds, 1, 64), Get(&JobOptions::gemm_tune_rounds), "with --gemm-tune-out: rounds of four windows (heuristic, picks, picks, heuristic)"}},
-      {"gemm-tune-window", {Int(&JobOptions::gemm_tune_window, 4, 1000), Get(&JobOptions::gemm_tune_window), "with --gemm-tune-out: decode steps per window (the first 3 re-plan and capture, untimed)"}},
+      {"gemm-tune-out", {Str(&JobOptions::gemm_tune_out), Get(&JobOptions::gemm_tune_out), "cuda, steady decode: time the decode step with cuBLASLt's heuristic GEMMs against autotuned picks, alternating (A B B A) every --gemm-tune-window steps, and write the faster set to this GEMM tuning table (merged with the shapes the file already holds)"}},
+      {"gemm-tune-rounds", {Int(&JobOptions::gemm_tune_rounds, 2, 4096), Get(&JobOptions::gemm_tune_rounds), "with --gemm-tune-out: rounds of four windows (heuristic, picks, picks, heuristic), the first untimed"}},
+      {"gemm-tune-window", {Int(&JobOptions::gemm_tune_window, 1, 1000), Get(&JobOptions::gemm_tune_window), "with --gemm-tune-out: decode steps per window (1: the GEMM algorithms alternate every step)"}},
       {"gemm-tune-candidates", {Int(&JobOptions::gemm_tune_candidates, 1, 32), Get(&JobOptions::gemm_tune_candidates), "with --gemm-tune-out: autotuning candidates per GEMM shape (1: the heuristic against itself, a noise-floor control)"}},
       {"gemm-tune-margin", {Real(&JobOptions::gemm_tune_margin, 0, 0.5), Get(&JobOptions::gemm_tune_margin), "with --gemm-tune-out: the picks must make the step faster by this fraction (median of the paired windows)"}},
       {"gemm-skinny-max-m", {Int(&JobOptions::gemm_skinny_max_m, -1, 32), Get(&JobOptions::gemm_skinny_max_m), "cuda: bf16 GEMMs of at most this many rows run the weight-streaming kernel (0: always cuBLASLt; -1: the model's default)"}},
@@ -274,13 +274,13 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
           "--gemm-tune-out compares cuBLASLt's heuristic with autotuned picks: give neither "
           "--gemm-tuning-file nor --gemm-autotune");
     }
-    // The schedule (common/paired_ab.h): one setup window, 4 x rounds
-    // windows (A B B A), then the step that decides.
-    const int64_t need = static_cast<int64_t>(o.gemm_tune_window) * (1 + 4 * o.gemm_tune_rounds) + 1;
+    // The schedule (runtime/cuda_backend.cc, common/paired_ab.h): two setup
+    // steps, 4 x rounds windows (A B B A), then the step that decides.
+    const int64_t need = 2 + 4 * static_cast<int64_t>(o.gemm_tune_window) * o.gemm_tune_rounds + 1;
     if (o.steady_batch <= 0 || o.warmup_steps + o.steady_steps < need) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--gemm-tune-out times a steady decode of at least ", need,
-          " steps (--gemm-tune-window x (1 + 4 x --gemm-tune-rounds) + 1): give --steady-batch "
+          " steps (4 x --gemm-tune-window x --gemm-tune-rounds + 3): give --steady-batch "
           "and --warmup-steps + --steady-steps >= ", need));
     }
   }

@@ -56,13 +56,13 @@ struct JobOptions {
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
   std::string gemm_tuning_file;  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h); "": none
-  // In-run GEMM tuning (steady decode): the workers time windows of decode
-  // steps with cuBLASLt's heuristic against autotuned picks, alternated
-  // (common/paired_ab.h), and rank 0 writes the faster set as a tuning table
+  // In-run GEMM tuning (steady decode): the workers time decode steps with
+  // cuBLASLt's heuristic against autotuned picks, alternated (A B B A,
+  // common/paired_ab.h), and rank 0 writes the faster set as a tuning table
   // here (merged into the file's other shapes). "": off.
   std::string gemm_tune_out;
-  int gemm_tune_rounds = 6;         // rounds of four windows (A B B A)
-  int gemm_tune_window = 12;        // decode steps per window (the first 3 not timed)
+  int gemm_tune_rounds = 48;        // rounds of four windows (A B B A), the first untimed
+  int gemm_tune_window = 1;         // decode steps per window
   int gemm_tune_candidates = 16;    // autotuning candidates per shape
   double gemm_tune_margin = 0.005;  // the picks must make the step this much faster
   int gemm_skinny_max_m = -1;  // weight-streaming GEMM up to this M (-1: the model's default)

@@ -203,21 +203,26 @@ class GpuModel {
   // Of the last profiled step; call after WaitForStep.
   absl::StatusOr<StepProfile> LastStepProfile();
   GraphStats graph_stats() const;
-  // The cuBLASLt algorithm of every GEMM shape planned so far, as a tuning
-  // table (kernels::CublasLtHandle::ExportPlans).
-  absl::StatusOr<kernels::GemmTuningTable> GemmPlans() const;
-  // GEMM plans whose algorithm came from options().gemm_tuning.
-  size_t gemm_plans_from_table() const;
-  // Replaces options().gemm_tuning and gemm_autotune_candidates for the
-  // steps enqueued from now on: every GEMM shape is planned again at its
-  // next use (autotuning then, eagerly) and every captured CUDA graph is
-  // dropped (the next steps of each batch size run eagerly and capture
-  // again). The previous step must have completed (FailedPrecondition
-  // otherwise); a table from another device or cuBLASLt is
-  // FailedPrecondition and changes nothing. For in-process A/B comparisons
-  // of GEMM algorithms (the worker's --gemm-tune-out).
-  absl::Status SetGemmTuning(std::shared_ptr<const kernels::GemmTuningTable> table,
-                             int autotune_candidates);
+  // The cuBLASLt algorithm of every GEMM shape planned so far in GEMM set
+  // `set` (see AddGemmSet), as a tuning table (kernels::CublasLtHandle::ExportPlans).
+  absl::StatusOr<kernels::GemmTuningTable> GemmPlans(int set = 0) const;
+  // GEMM plans of set `set` whose algorithm came from its tuning table.
+  size_t gemm_plans_from_table(int set = 0) const;
+  // GEMM plan sets, for in-process A/B comparisons of GEMM algorithms (the
+  // worker's --gemm-tune-out). Set 0 is the model's own (options().gemm_tuning
+  // and autotuning); AddGemmSet makes another, with its own cuBLASLt handle,
+  // `table` (FailedPrecondition if it comes from another device or cuBLASLt)
+  // and autotuning, and returns its id (>= 1). UseGemmSet(id): the steps
+  // enqueued from now on plan and run their GEMMs with that set (planning,
+  // and autotuning, at a shape's first use in that set, eagerly). CUDA graphs
+  // are kept per set, so steps can alternate between sets without capturing
+  // again. DropGemmSet frees a set other than the one in use, and its graphs,
+  // once the previous step has completed (FailedPrecondition otherwise).
+  absl::StatusOr<int> AddGemmSet(std::shared_ptr<const kernels::GemmTuningTable> table,
+                                 int autotune_candidates);
+  absl::Status UseGemmSet(int id);
+  absl::Status DropGemmSet(int id);
+  int gemm_set() const;
   // Test hook: the next CUDA graph capture fails with `status` after its step
   // has been recorded (the capture is ended and discarded as for any failed
   // capture), so that batch shape runs eagerly from then on.

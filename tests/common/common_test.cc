@@ -122,6 +122,44 @@ TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
   EXPECT_EQ(timed, "...tt.ttttt.ttttt.ttttt.tt");
 }
 
+// One-step windows (arms that switch for free) with the first round
+// untimed: A B B A A B B A ..., every step of later rounds timed. A cost
+// that jumps every 16 steps (as when a lockstep decode batch crosses a KV
+// block boundary) biases only the rounds it falls in; the median of the
+// rounds is the effect of B.
+TEST(PairedAb, OneStepWindowsSkipTheFirstRoundAndShrugOffPeriodicJumps) {
+  PairedAbOptions o;
+  o.setup_steps = 1;
+  o.window_steps = 1;
+  o.discard_steps = 0;
+  o.rounds = 17;
+  o.discard_rounds = 1;
+  absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
+  ASSERT_THAT(ab.status(), IsOk());
+  std::string arms, timed;
+  for (int64_t i = 0; i < ab->total_steps(); ++i) {
+    const PairedAb::Step s = ab->Plan(i);
+    if (i < 13) {
+      arms += s.setup ? 's' : (s.arm == AbArm::kA ? 'a' : 'b');
+      timed += s.timed ? 't' : '.';
+    }
+    if (!s.timed) continue;
+    const double a = 1000.0 + 30.0 * static_cast<double>((i + 6) / 16);
+    ASSERT_THAT(ab->Record(s, s.arm == AbArm::kA ? a : a - 10), IsOk());
+  }
+  EXPECT_EQ(arms, "sabbaabbaabba");
+  EXPECT_EQ(timed, ".....tttttttt");
+  absl::StatusOr<PairedAb::Result> r = ab->Decide();
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_EQ(r->ratio.size(), 16u);
+  EXPECT_LT(r->median_ratio, -0.0090);
+  EXPECT_GT(r->median_ratio, -0.0101);
+  EXPECT_EQ(r->winner, AbArm::kB);
+  o.discard_rounds = 17;
+  EXPECT_THAT(PairedAb::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
 // Paired medians per round: a B that is 2% faster wins with a 0.5% margin, a
 // B within the margin (or slower) does not, though every step is 1% slower
 // than the one before (A B B A cancels the drift); an empty window is an
@@ -133,6 +171,7 @@ TEST(PairedAb, DecidesByTheMedianOfPairedRoundRatios) {
   o.discard_steps = 1;
   o.rounds = 3;
   o.margin = 0.005;
+  o.discard_rounds = 0;
   for (double b_over_a : {0.98, 0.997, 1.03}) {
     absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
     ASSERT_THAT(ab.status(), IsOk());

@@ -279,11 +279,12 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // device samples): logits and tokens must be bitwise equal at every step.
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
-// With retune_step >= 0 the graph model re-plans its GEMMs mid-run
-// (GpuModel::SetGemmTuning): at retune_step from a table of its own plans
-// (the same algorithms, so the same bits), three steps later back to the
-// heuristic; a foreign table in between is refused and changes nothing.
-// Each switch drops the captured graphs, so the decode shape captures again.
+// With retune_step >= 0 the graph model switches GEMM plan sets mid-run
+// (GpuModel::AddGemmSet / UseGemmSet): at retune_step to a set planned from
+// a table of its own plans (the same algorithms, so the same bits), which
+// captures its own graph; three steps later back to set 0, whose graph is
+// replayed again; a foreign table in between is refused; at the end the
+// added set is dropped.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
                   DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
                   int retune_step = -1) {
@@ -298,6 +299,8 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
   for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
   std::vector<int> prev_rows;
   int64_t captures_before_retune = 0;
+  std::shared_ptr<kernels::GemmTuningTable> own_table;
+  int added_set = -1;
   for (int step = 0; step < 12; ++step) {
     std::vector<int> rows;
     auto batch = sim.NextStep(64, &rows);
@@ -319,21 +322,23 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
       auto own = a->GemmPlans();
       ASSERT_OK(own);
       ASSERT_GT(own->size(), 0u);
-      ASSERT_OK(a->SetGemmTuning(std::make_shared<const kernels::GemmTuningTable>(*own), 1));
+      own_table = std::make_shared<kernels::GemmTuningTable>(*own);
+      auto set = a->AddGemmSet(own_table, 1);
+      ASSERT_OK(set);
+      added_set = *set;
+      ASSERT_OK(a->UseGemmSet(added_set));
     } else if (retune_step >= 0 && step == retune_step + 2) {
-      EXPECT_EQ(a->gemm_plans_from_table(), a->GemmPlans()->size());
-      kernels::GemmTuningIdentity other = a->options().gemm_tuning->identity();
+      EXPECT_GT(a->gemm_plans_from_table(added_set), 0u);
+      EXPECT_EQ(a->gemm_plans_from_table(added_set), a->GemmPlans(added_set)->size());
+      kernels::GemmTuningIdentity other = own_table->identity();
       other.sm_count += 1;
       auto foreign = std::make_shared<kernels::GemmTuningTable>(other);
-      for (const auto& [key, e] : a->options().gemm_tuning->entries()) foreign->Put(key, e);
-      const int64_t captures = a->graph_stats().captures;
-      EXPECT_EQ(a->SetGemmTuning(foreign, 1).code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_EQ(a->graph_stats().captures, captures);
-      EXPECT_EQ(a->gemm_plans_from_table(), a->GemmPlans()->size())
-          << "a refused table cleared plans";
+      for (const auto& [key, e] : own_table->entries()) foreign->Put(key, e);
+      EXPECT_EQ(a->AddGemmSet(foreign, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(a->DropGemmSet(added_set).code(), absl::StatusCode::kInvalidArgument)
+          << "dropped the set in use";
     } else if (retune_step >= 0 && step == retune_step + 3) {
-      ASSERT_OK(a->SetGemmTuning(nullptr, 1));
-      EXPECT_EQ(a->GemmPlans()->size(), 0u);
+      ASSERT_OK(a->UseGemmSet(0));
     }
     ASSERT_OK(a->Forward(in, stream, so));
     ASSERT_OK(b->Forward(in, stream, so));
@@ -361,11 +366,15 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
   }
   EXPECT_EQ(st.capture_failures, 0);
   if (retune_step >= 0) {
-    // One decode shape, captured again after each of the two switches.
+    // One decode shape: set 0's graph, then the added set's; back on set
+    // 0 its graph replays without a capture.
     EXPECT_GE(captures_before_retune, 1);
-    EXPECT_EQ(st.captures, captures_before_retune + 2);
+    EXPECT_EQ(st.captures, captures_before_retune + 1);
     EXPECT_EQ(a->gemm_plans_from_table(), 0u);
-    EXPECT_GE(st.replays, 3);
+    EXPECT_GE(st.replays, 5);
+    ASSERT_OK(a->DropGemmSet(added_set));
+    EXPECT_FALSE(a->GemmPlans(added_set).ok());
+    EXPECT_EQ(a->UseGemmSet(added_set).code(), absl::StatusCode::kInvalidArgument);
     return;
   }
   EXPECT_GE(st.captures, 1);
@@ -392,7 +401,7 @@ TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
                /*fail_first_capture=*/true);
 }
 
-TEST_F(GpuModelTest, RetunedGemmsRecaptureGraphsAndKeepTheBits) {
+TEST_F(GpuModelTest, GemmPlanSetsKeepTheirGraphsAndTheBits) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
                /*fail_first_capture=*/false, /*retune_step=*/7);
 }

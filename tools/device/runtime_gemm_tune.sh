@@ -5,7 +5,7 @@
 # steady decode with and without that table in separate processes, alternated
 # (tools/device/decode_table_ab.sh).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/runtime_gemm_tune.sh")
-# Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (6), WINDOW (12),
+# Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (48), WINDOW (1),
 # CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, per layer count at the first
 # batch: the noise floor of the in-run comparison), AB_ROUNDS (2), TEST_FILTER (kernels_test
 # cases to run first, e.g. '*Retuned*:*Tuning*').
@@ -16,8 +16,8 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$PWD/out}
-LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-6}
-WINDOW=${WINDOW:-12} CANDIDATES=${CANDIDATES:-16}
+LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-48}
+WINDOW=${WINDOW:-1} CANDIDATES=${CANDIDATES:-16}
 W=$OUT/tune
 mkdir -p "$W"
 trap 'tar czf "$OUT/tune.tar.gz" -C "$OUT" tune && rm -rf "$W"' EXIT
@@ -28,7 +28,7 @@ if [[ -n ${TEST_FILTER:-} ]]; then  # e.g. '*Retuned*:*Tuning*': kernels_test ca
 else
   tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
-STEPS=$((WINDOW * (1 + 4 * ROUNDS) + 1 + 20))
+STEPS=$((4 * WINDOW * ROUNDS + 3 + 20))
 tune() {  # layers batch candidates table log
   timeout 400 build-gpu/tools/symtp launch --backend=cuda --tp="$TP" --model=llama-8b-shape \
     --model-overrides="layers=$1" --steady-batch="$2" --max-batch="$2" --steady-context=1024 \
