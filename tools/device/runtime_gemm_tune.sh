@@ -9,7 +9,7 @@
 # CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, per layer count at the first
 # batch: the noise floor of the in-run comparison), AB_ROUNDS (2), TEST_FILTER (kernels_test
 # cases to run first, e.g. '*Retuned*:*Tuning*').
-# Writes $OUT/tune.tar.gz (tables, their .json verdicts, logs, summary.md) and, with AB_ROUNDS,
+# TAG (tune: the folder and tarball name). Writes $OUT/$TAG.tar.gz (tables, their .json verdicts, logs, summary.md) and, with AB_ROUNDS,
 # $OUT/sweep.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,9 +18,10 @@ export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_P
 OUT=${OUT:-$PWD/out}
 LAYERS=${LAYERS:-4 32} BATCHES=${BATCHES:-256 512} TP=${TP:-1} ROUNDS=${ROUNDS:-48}
 WINDOW=${WINDOW:-1} CANDIDATES=${CANDIDATES:-16}
-W=$OUT/tune
+TAG=${TAG:-tune}
+W=$OUT/$TAG
 mkdir -p "$W"
-trap 'tar czf "$OUT/tune.tar.gz" -C "$OUT" tune && rm -rf "$W"' EXIT
+trap 'tar czf "$OUT/$TAG.tar.gz" -C "$OUT" "$TAG" && rm -rf "$W"' EXIT
 if [[ -n ${TEST_FILTER:-} ]]; then  # e.g. '*Retuned*:*Tuning*': kernels_test cases first
   tools/device/build.sh symtp kernels_test >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   build-gpu/tests/kernels/kernels_test --gtest_filter="$TEST_FILTER" >"$W/tests.log" 2>&1
