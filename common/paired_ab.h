@@ -61,6 +61,8 @@ class PairedAb {
   Step Plan(int64_t i) const;
   int64_t total_steps() const;
   const PairedAbOptions& options() const { return opt_; }
+  // The values recorded per window (in the order recorded).
+  const std::vector<std::vector<double>>& values() const { return values_; }
 
   // A timed step's value (e.g. its time). InvalidArgument for an untimed
   // step, a window out of range or a value that is not finite and > 0.

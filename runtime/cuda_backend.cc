@@ -488,16 +488,30 @@ class CudaBackend : public Backend {
                             "%s    {\"heuristic_us\": %.1f, \"picks_us\": %.1f, \"ratio\": %.5f}",
                             k ? ",\n" : "", r->a_median[k], r->b_median[k], r->ratio[k]);
     }
+    // Every timed step, per window: to check afterwards what the verdict
+    // rests on (e.g. B after A against B after B).
+    std::string windows;
+    for (size_t w = 0; w < tune_->values().size(); ++w) {
+      if (tune_->values()[w].empty()) continue;
+      absl::StrAppendFormat(
+          &windows, "%s[\"%s\"", windows.empty() ? "" : ", ",
+          AbArmName(tune_
+                        ->Plan(tune_->options().setup_steps +
+                               static_cast<int64_t>(w) * tune_->options().window_steps)
+                        .arm));
+      for (double v : tune_->values()[w]) absl::StrAppendFormat(&windows, ", %.1f", v);
+      windows += "]";
+    }
     std::ofstream js(opts_.gemm_tune_out + ".json");
     js << absl::StrFormat(
         "{\n  \"batch\": %d,\n  \"tp\": %d,\n  \"winner\": \"%s\",\n  \"median_ratio\": %.5f,\n"
         "  \"margin\": %.4f,\n  \"window_steps\": %d,\n  \"timed_steps\": [%d, %d],\n"
         "  \"steps_of_other_batches\": %d,\n  \"rounds\": [\n%s\n  ],\n  \"differing_picks\": "
         "[\n%s\n  ],\n"
-        "  \"verdict\": \"%s\"\n}\n",
+        "  \"verdict\": \"%s\",\n  \"windows\": [%s]\n}\n",
         opts_.steady_batch, opts_.tp, all[0].table_wins ? "picks" : "heuristic", r->median_ratio,
         opts_.gemm_tune_margin, opts_.gemm_tune_window, r->samples_a, r->samples_b,
-        tune_other_batch_steps_, rounds, differ, verdict);
+        tune_other_batch_steps_, rounds, differ, verdict, windows);
     if (!js) {
       return absl::UnavailableError(absl::StrCat("writing ", opts_.gemm_tune_out, ".json failed"));
     }
