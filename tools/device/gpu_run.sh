@@ -110,6 +110,16 @@ if has launch; then
   d=$R/launch/cuda_bf16_tp${TP_MAX}_tiled
   timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX --attention=tiled $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=$TP_MAX --attention=tiled exit $? tokens==tensor-core(bf16, default): $(cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl" && echo yes || echo no: bf16 rounding may differ)" | tee -a "$LOG"
+  # In-run GEMM tuning at TP_MAX (rank 0's picks shared with every rank), then a run that
+  # loads the table it wrote.
+  d=$R/launch/cuda_bf16_tp${TP_MAX}_gemm_tune
+  S="--model=tiny --steady-batch=8 --max-batch=8 --steady-context=64 --steady-steps=120 --progress=false"
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $S --gemm-tune-out="$d.table" \
+    --gemm-tune-rounds=16 --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX --gemm-tune-out exit $?: $(grep -o 'GEMM tuning at batch.*wins' "$d.log" | cut -c1-60)...$(grep -o '[A-B] wins' "$d.log"); table: $(grep -c '^gemm ' "$d.table" 2>/dev/null) shapes" | tee -a "$LOG"
+  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $S --gemm-tuning-file="$d.table" \
+    --out="$d.replay" >"$d.replay.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX --gemm-tuning-file (that table) exit $?: $(grep -c 'from the tuning table' "$d.replay.log") plans from it" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has ardecode; then
