@@ -452,12 +452,11 @@ class CudaBackend : public Backend {
     if (!candidates_) return absl::InternalError("GEMM tuning finished without its picks");
     // Set 0's algorithms for the shapes tuned (it also planned prefill's).
     SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningTable set0, model_->GemmPlans(0));
-    auto heuristic = std::make_shared<kernels::GemmTuningTable>(set0.identity());
+    kernels::GemmTuningTable heuristic(set0.identity());
     for (const auto& [key, e] : candidates_->entries()) {
-      if (const kernels::GemmTuningEntry* h = set0.Find(key)) heuristic->Put(key, *h);
+      if (const kernels::GemmTuningEntry* h = set0.Find(key)) heuristic.Put(key, *h);
     }
-    heuristic_plans_ = heuristic;
-    const kernels::GemmTuningTable& won = all[0].table_wins ? *candidates_ : *heuristic_plans_;
+    const kernels::GemmTuningTable& won = all[0].table_wins ? *candidates_ : heuristic;
     kernels::GemmTuningTable out =
         tune_base_ ? *tune_base_ : kernels::GemmTuningTable(won.identity());
     for (const auto& [key, e] : won.entries()) out.Put(key, e);
@@ -466,7 +465,7 @@ class CudaBackend : public Backend {
     std::string differ;
     int n_differ = 0;
     for (const auto& [key, e] : candidates_->entries()) {
-      const kernels::GemmTuningEntry* h = heuristic_plans_->Find(key);
+      const kernels::GemmTuningEntry* h = heuristic.Find(key);
       if (h != nullptr && h->algo == e.algo) continue;
       ++n_differ;
       absl::StrAppendFormat(&differ,
@@ -528,7 +527,7 @@ class CudaBackend : public Backend {
   int64_t tune_step_ = 0;
   int tune_other_batch_steps_ = 0;
   bool tune_done_ = false;
-  std::shared_ptr<const kernels::GemmTuningTable> candidates_, heuristic_plans_;
+  std::shared_ptr<const kernels::GemmTuningTable> candidates_;
   std::optional<kernels::GemmTuningTable> tune_base_;
   std::unique_ptr<kernels::DeviceComm> comm_;
   std::optional<model::GpuModel> model_;

@@ -59,7 +59,8 @@ struct JobOptions {
   // In-run GEMM tuning (steady decode): the workers time decode steps with
   // cuBLASLt's heuristic against autotuned picks, alternated (A B B A,
   // common/paired_ab.h), and rank 0 writes the faster set as a tuning table
-  // here (merged into the file's other shapes). "": off.
+  // here (merged into the file's other shapes); the run's step statistics
+  // mix both sets. "": off.
   std::string gemm_tune_out;
   int gemm_tune_rounds = 48;        // rounds of four windows (A B B A), the first untimed
   int gemm_tune_window = 1;         // decode steps per window
