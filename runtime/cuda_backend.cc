@@ -476,8 +476,8 @@ class CudaBackend : public Backend {
     }
     const std::string verdict = PairedAb::Describe(*r, opts_.gemm_tune_margin);
     SYMTP_LOG(INFO, "worker") << "GEMM tuning at batch " << opts_.steady_batch
-                              << ": picks (B) vs heuristic (A): " << verdict << "; " << n_differ
-                              << " of " << candidates_->size()
+                              << ": picks (B) vs heuristic (A), at one clock: " << verdict << "; "
+                              << n_differ << " of " << candidates_->size()
                               << " shapes picked another algorithm; wrote "
                               << (all[0].table_wins ? "the picks" : "the heuristic's algorithms")
                               << " to " << opts_.gemm_tune_out;

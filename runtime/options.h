@@ -60,7 +60,11 @@ struct JobOptions {
   // cuBLASLt's heuristic against autotuned picks, alternated (A B B A,
   // common/paired_ab.h), and rank 0 writes the faster set as a tuning table
   // here (merged into the file's other shapes); the run's step statistics
-  // mix both sets. "": off.
+  // mix both sets. Arms that alternate every step run at one GPU clock: where
+  // the GPU sits at its power cap, a run with only the picks gains less
+  // (their speed lowers the clock; bench/results/h200-2026-11-24, run aw), so
+  // check a table in separate runs (tools/device/runtime_gemm_tune.sh does).
+  // "": off.
   std::string gemm_tune_out;
   int gemm_tune_rounds = 48;        // rounds of four windows (A B B A), the first untimed
   int gemm_tune_window = 1;         // decode steps per window
