@@ -138,12 +138,6 @@ absl::Status CublasLtHandle::set_tuning_table(std::shared_ptr<const GemmTuningTa
   return absl::OkStatus();
 }
 
-void CublasLtHandle::ClearPlans() {
-  if (!state_) return;
-  for (auto& [key, plan] : state_->plans) DestroyPlan(plan);
-  state_->plans.clear();
-}
-
 size_t CublasLtHandle::plans_from_table() const {
   size_t n = 0;
   if (state_) {

@@ -99,11 +99,6 @@ class CublasLtHandle {
   absl::StatusOr<GemmTuningTable> ExportPlans() const;
   // Plans whose algorithm came from the tuning table.
   size_t plans_from_table() const;
-  // Forgets every plan, so that each shape is planned again (with the
-  // autotuning and table settings of that time) at its next call. No call
-  // may be in flight or captured in a graph that will still be launched:
-  // graphs hold the plans' algorithms.
-  void ClearPlans();
   // Default kCublasLt. The sm_90a kernel needs a compute capability 9.0 device and
   // 16-byte aligned operands with strides in multiples of 8 elements; calls it
   // cannot run fall back to cuBLASLt.

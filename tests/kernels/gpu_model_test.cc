@@ -327,6 +327,7 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
       ASSERT_OK(set);
       added_set = *set;
       ASSERT_OK(a->UseGemmSet(added_set));
+      EXPECT_EQ(a->gemm_set(), added_set);
     } else if (retune_step >= 0 && step == retune_step + 2) {
       EXPECT_GT(a->gemm_plans_from_table(added_set), 0u);
       EXPECT_EQ(a->gemm_plans_from_table(added_set), a->GemmPlans(added_set)->size());
