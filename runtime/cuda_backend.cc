@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
+#include "common/gpu_power.h"
 #include "common/log.h"
 #include "common/paired_ab.h"
 #include "common/status_macros.h"
@@ -340,6 +341,15 @@ class CudaBackend : public Backend {
       SYMTP_RETURN_IF_ERROR_CTX(t->CheckUsableOn(here), "--gemm-tune-out (an existing file)");
       tune_base_ = *std::move(t);
     }
+    // The power state during the comparison (NVML; without it, no readings).
+    char bus[32] = {};
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof(bus), device_));
+    absl::StatusOr<GpuPowerProbe> probe = GpuPowerProbe::Open(bus);
+    if (probe.ok()) {
+      power_probe_.emplace(*std::move(probe));
+    } else {
+      SYMTP_LOG(INFO, "worker") << "GEMM tuning without power readings: " << probe.status();
+    }
     return absl::OkStatus();
   }
 
@@ -368,6 +378,17 @@ class CudaBackend : public Backend {
              : st.arm == AbArm::kA ? GemmArm::kHeuristic
                                    : GemmArm::kTable;
       if (st.timed) *tag = st;
+      // Every fourth timed step: is the GPU at its power cap?
+      if (st.timed && power_probe_ && (i & 3) == 0) {
+        absl::StatusOr<GpuPowerSample> ps = power_probe_->Read();
+        if (ps.ok()) {
+          ++power_samples_;
+          power_capped_ += ps->power_capped() ? 1 : 0;
+          sm_mhz_sum_ += ps->sm_clock_mhz;
+          power_w_sum_ += ps->power_w;
+          power_limit_w_ = ps->power_limit_w;
+        }
+      }
       if (!st.setup && autotune_set_ > 0) {
         // The setup is over: its picks become set B on every rank.
         SYMTP_RETURN_IF_ERROR(DrainLaunched());
@@ -475,12 +496,29 @@ class CudaBackend : public Backend {
                             e.pick_us, e.heuristic_us);
     }
     const std::string verdict = PairedAb::Describe(*r, opts_.gemm_tune_margin);
+    // Arms that alternate every few steps run at one clock: at a power cap a
+    // run with only the winner may gain less (its speed lowers the clock).
+    std::string power = "no readings", power_json = "null";
+    const bool capped = power_samples_ > 0 && 2 * power_capped_ >= power_samples_;
+    if (power_samples_ > 0) {
+      const double n = power_samples_;
+      power = absl::StrFormat(
+          "SM clock %.0f MHz, %.0f of %.0f W, at the power cap in %d of %d readings%s",
+          sm_mhz_sum_ / n, power_w_sum_ / n, power_limit_w_, power_capped_, power_samples_,
+          capped ? ": both arms ran at one power-capped clock, so a run with only the faster set "
+                   "may gain less (check with separate runs)"
+                 : "");
+      power_json = absl::StrFormat(
+          "{\"sm_clock_mhz\": %.0f, \"power_w\": %.1f, \"power_limit_w\": %.1f, "
+          "\"power_capped_readings\": %d, \"readings\": %d}",
+          sm_mhz_sum_ / n, power_w_sum_ / n, power_limit_w_, power_capped_, power_samples_);
+    }
     SYMTP_LOG(INFO, "worker") << "GEMM tuning at batch " << opts_.steady_batch
                               << ": picks (B) vs heuristic (A), at one clock: " << verdict << "; "
                               << n_differ << " of " << candidates_->size()
                               << " shapes picked another algorithm; wrote "
                               << (all[0].table_wins ? "the picks" : "the heuristic's algorithms")
-                              << " to " << opts_.gemm_tune_out;
+                              << " to " << opts_.gemm_tune_out << "; power: " << power;
     std::string rounds;
     for (size_t k = 0; k < r->ratio.size(); ++k) {
       absl::StrAppendFormat(&rounds,
@@ -507,10 +545,10 @@ class CudaBackend : public Backend {
         "  \"margin\": %.4f,\n  \"window_steps\": %d,\n  \"timed_steps\": [%d, %d],\n"
         "  \"steps_of_other_batches\": %d,\n  \"rounds\": [\n%s\n  ],\n  \"differing_picks\": "
         "[\n%s\n  ],\n"
-        "  \"verdict\": \"%s\",\n  \"windows\": [%s]\n}\n",
+        "  \"verdict\": \"%s\",\n  \"power\": %s,\n  \"windows\": [%s]\n}\n",
         opts_.steady_batch, opts_.tp, all[0].table_wins ? "picks" : "heuristic", r->median_ratio,
         opts_.gemm_tune_margin, opts_.gemm_tune_window, r->samples_a, r->samples_b,
-        tune_other_batch_steps_, rounds, differ, verdict, windows);
+        tune_other_batch_steps_, rounds, differ, verdict, power_json, windows);
     if (!js) {
       return absl::UnavailableError(absl::StrCat("writing ", opts_.gemm_tune_out, ".json failed"));
     }
@@ -529,6 +567,9 @@ class CudaBackend : public Backend {
   bool tune_done_ = false;
   std::shared_ptr<const kernels::GemmTuningTable> candidates_;
   std::optional<kernels::GemmTuningTable> tune_base_;
+  std::optional<GpuPowerProbe> power_probe_;
+  int power_samples_ = 0, power_capped_ = 0;
+  double sm_mhz_sum_ = 0, power_w_sum_ = 0, power_limit_w_ = 0;
   std::unique_ptr<kernels::DeviceComm> comm_;
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;

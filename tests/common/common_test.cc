@@ -3,6 +3,7 @@
 #include <cerrno>
 
 #include "common/clock.h"
+#include "common/gpu_power.h"
 #include "common/histogram.h"
 #include "common/log.h"
 #include "common/paired_ab.h"
@@ -205,6 +206,20 @@ TEST(PairedAb, DecidesByTheMedianOfPairedRoundRatios) {
   o.discard_steps = 4;
   EXPECT_THAT(PairedAb::Create(o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+// Without the NVIDIA driver the probe is an error naming the library; with
+// it, a bus id that names no device is NotFound (or NVML cannot start:
+// Unavailable). Reading a real device is a GPU test (kernels_test).
+TEST(GpuPowerProbe, OpenIsAnErrorWithoutTheDriverOrForAnUnknownBusId) {
+  absl::StatusOr<GpuPowerProbe> p = GpuPowerProbe::Open("ffff:ff:1f.7");
+  ASSERT_FALSE(p.ok());
+  if (p.status().code() == absl::StatusCode::kUnavailable) {
+    EXPECT_THAT(std::string(p.status().message()),
+                ::testing::AnyOf(HasSubstr("libnvidia-ml.so.1"), HasSubstr("nvmlInit")));
+  } else {
+    EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ffff:ff:1f.7")));
+  }
 }
 
 }  // namespace

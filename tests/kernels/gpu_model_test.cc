@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "common/gpu_power.h"
 #include "models/cpu_model.h"
 #include "models/sampling.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -405,6 +406,24 @@ TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
 TEST_F(GpuModelTest, GemmPlanSetsKeepTheirGraphsAndTheBits) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
                /*fail_first_capture=*/false, /*retune_step=*/7);
+}
+
+// NVML through the driver: this device's clock, draw and limit.
+TEST_F(GpuModelTest, PowerProbeReadsThisDevicesClockAndPowerLimit) {
+  char bus[32] = {};
+  ASSERT_EQ(cudaDeviceGetPCIBusId(bus, sizeof(bus), 0), cudaSuccess);
+  absl::StatusOr<GpuPowerProbe> p = GpuPowerProbe::Open(bus);
+  ASSERT_OK(p);
+  absl::StatusOr<GpuPowerSample> s = p->Read();
+  ASSERT_OK(s);
+  EXPECT_GT(s->sm_clock_mhz, 0u);
+  EXPECT_LT(s->sm_clock_mhz, 5000u);
+  EXPECT_GT(s->power_limit_w, 10.0);
+  EXPECT_GT(s->power_w, 1.0);
+  EXPECT_LT(s->power_w, 2 * s->power_limit_w);
+  std::printf("[ metric ] %s: SM %u MHz, %.0f W of %.0f W, throttle reasons 0x%llx\n", bus,
+              s->sm_clock_mhz, s->power_w, s->power_limit_w,
+              static_cast<unsigned long long>(s->throttle_reasons));
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
