@@ -194,9 +194,10 @@ absl::Status GemmTuningTable::Save(const std::string& path) const {
     out << Serialize();
     out.flush();
     if (!out) {
+      const int err = errno;  // before remove() can overwrite it
       std::remove(tmp.c_str());
       return absl::UnavailableError(
-          absl::StrFormat("writing GEMM tuning file %s failed: %s", tmp, std::strerror(errno)));
+          absl::StrFormat("writing GEMM tuning file %s failed: %s", tmp, std::strerror(err)));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
