@@ -774,6 +774,11 @@ TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
   EXPECT_EQ(loaded, t);
   EXPECT_THAT(GemmTuningTable::Load(path + ".missing"),
               StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr(".missing")));
+  // A directory that does not exist: the error names the file and the cause.
+  EXPECT_THAT(t.Save(::testing::TempDir() + "/no_such_dir/t.txt"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       ::testing::AllOf(::testing::HasSubstr("no_such_dir/t.txt.tmp"),
+                                        ::testing::HasSubstr("No such file or directory"))));
 
   // Each malformed variant of the text fails, naming the line.
   const std::vector<std::string> lines = absl::StrSplit(text, '\n');
