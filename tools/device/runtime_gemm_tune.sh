@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # GEMM tuning inside the runtime (--gemm-tune-out): per layer count, a steady decode per batch
-# size whose workers alternate windows of steps between cuBLASLt's heuristic and autotuned picks
+# size whose workers alternate cuBLASLt's heuristic and autotuned picks step by step (A B B A)
 # and write the faster set into one table per layer count; then (AB_ROUNDS > 0) the runtime's
 # steady decode with and without that table in separate processes, alternated
-# (tools/device/decode_table_ab.sh).
+# (tools/device/decode_table_ab.sh): the figure that counts where the GPU runs at its power
+# cap, since alternating arms share one clock (bench/results/h200-2026-11-24, runs aw, ax).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/runtime_gemm_tune.sh")
 # Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (48), WINDOW (1),
 # CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, per layer count at the first
 # batch: the noise floor of the in-run comparison), AB_ROUNDS (2), TEST_FILTER (kernels_test
-# cases to run first, e.g. '*Retuned*:*Tuning*').
-# TAG (tune: the folder and tarball name). Writes $OUT/$TAG.tar.gz (tables, their .json verdicts, logs, summary.md) and, with AB_ROUNDS,
-# $OUT/sweep.tar.gz.
+# cases to run first, e.g. '*GemmPlanSets*:*Tuning*'), TAG (tune: the folder and tarball
+# name). Writes $OUT/$TAG.tar.gz (tables, their .json verdicts, logs, summary.md) and, with
+# AB_ROUNDS, $OUT/sweep_L<layers>.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
