@@ -7,6 +7,13 @@
 
 namespace symtp {
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 LatencyHistogram::LatencyHistogram(size_t max_samples)
     : max_samples_(max_samples == 0 ? 1 : max_samples) {}
 

@@ -8,6 +8,10 @@
 
 namespace symtp {
 
+// The middle value (the mean of the two middle ones for an even count); 0
+// when empty.
+double Median(std::vector<double> v);
+
 struct LatencySummary {
   int64_t count = 0;
   double mean = 0, min = 0, max = 0;

@@ -5,27 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/histogram.h"
 
 namespace symtp {
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 const char* AbArmName(AbArm arm) { return arm == AbArm::kA ? "A" : "B"; }
 
 PairedAb::PairedAb(const PairedAbOptions& o)
     : opt_(o), values_(4 * static_cast<size_t>(o.rounds)) {}
 
-namespace {
-// Window w's arm: A B B A in every round.
-AbArm WindowArm(int w) { return (w % 4 == 0 || w % 4 == 3) ? AbArm::kA : AbArm::kB; }
-}  // namespace
+AbArm PairedAb::WindowArm(int w) { return (w % 4 == 0 || w % 4 == 3) ? AbArm::kA : AbArm::kB; }
 
 absl::StatusOr<PairedAb> PairedAb::Create(const PairedAbOptions& o) {
   if (o.discard_steps < 0 || o.window_steps <= o.discard_steps) {

@@ -61,6 +61,8 @@ class PairedAb {
   Step Plan(int64_t i) const;
   int64_t total_steps() const;
   const PairedAbOptions& options() const { return opt_; }
+  // Window w's arm (A B B A in every round).
+  static AbArm WindowArm(int w);
   // The values recorded per window (in the order recorded).
   const std::vector<std::vector<double>>& values() const { return values_; }
 

@@ -320,7 +320,7 @@ class CudaBackend : public Backend {
 
   absl::Status StartTuning() {
     PairedAbOptions o;
-    o.setup_steps = 2;  // eager (plans and autotunes), then one more
+    o.setup_steps = JobOptions::kGemmTuneSetupSteps;
     o.window_steps = opts_.gemm_tune_window;
     o.discard_steps = 0;
     o.discard_rounds = 1;
@@ -530,12 +530,8 @@ class CudaBackend : public Backend {
     std::string windows;
     for (size_t w = 0; w < tune_->values().size(); ++w) {
       if (tune_->values()[w].empty()) continue;
-      absl::StrAppendFormat(
-          &windows, "%s[\"%s\"", windows.empty() ? "" : ", ",
-          AbArmName(tune_
-                        ->Plan(tune_->options().setup_steps +
-                               static_cast<int64_t>(w) * tune_->options().window_steps)
-                        .arm));
+      absl::StrAppendFormat(&windows, "%s[\"%s\"", windows.empty() ? "" : ", ",
+                            AbArmName(PairedAb::WindowArm(static_cast<int>(w))));
       for (double v : tune_->values()[w]) absl::StrAppendFormat(&windows, ", %.1f", v);
       windows += "]";
     }

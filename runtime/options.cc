@@ -276,7 +276,8 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
     }
     // The schedule (runtime/cuda_backend.cc, common/paired_ab.h): two setup
     // steps, 4 x rounds windows (A B B A), then the step that decides.
-    const int64_t need = 2 + 4 * static_cast<int64_t>(o.gemm_tune_window) * o.gemm_tune_rounds + 1;
+    const int64_t need = JobOptions::kGemmTuneSetupSteps +
+                         4 * static_cast<int64_t>(o.gemm_tune_window) * o.gemm_tune_rounds + 1;
     if (o.steady_batch <= 0 || o.warmup_steps + o.steady_steps < need) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--gemm-tune-out times a steady decode of at least ", need,

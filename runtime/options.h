@@ -66,6 +66,7 @@ struct JobOptions {
   // check a table in separate runs (tools/device/runtime_gemm_tune.sh does).
   // "": off.
   std::string gemm_tune_out;
+  static constexpr int kGemmTuneSetupSteps = 2;  // autotuning's eager step, then one more
   int gemm_tune_rounds = 48;        // rounds of four windows (A B B A), the first untimed
   int gemm_tune_window = 1;         // decode steps per window
   int gemm_tune_candidates = 16;    // autotuning candidates per shape

@@ -63,6 +63,7 @@
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
+#include "common/histogram.h"
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/gemm.h"
@@ -82,12 +83,6 @@ using kernels::DType;
 // Waits for the stream, bounded (a hung kernel is an error, not a hang).
 absl::Status Sync(cudaStream_t s) {
   return cuda::SyncStream(s, Deadline::AfterMs(60'000), "kernels_bench");
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // A host function that holds its stream until Release() (or a 10 s

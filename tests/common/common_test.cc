@@ -1,6 +1,8 @@
 #include <fcntl.h>
 
 #include <cerrno>
+#include <string>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/gpu_power.h"
@@ -101,6 +103,18 @@ TEST(Log, SpecSelectsPerSubsystemLevel) {
   EXPECT_FALSE(LogEnabled(LogLevel::kTrace, "ipc"));
 }
 
+// The first n steps of a schedule: arms ('s' setup, 'a', 'b') and whether
+// each is timed ('t' or '.').
+std::pair<std::string, std::string> Schedule(const PairedAb& ab, int64_t n) {
+  std::string arms, timed;
+  for (int64_t i = 0; i < n; ++i) {
+    const PairedAb::Step s = ab.Plan(i);
+    arms += s.setup ? 's' : (s.arm == AbArm::kA ? 'a' : 'b');
+    timed += s.timed ? 't' : '.';
+  }
+  return {arms, timed};
+}
+
 // The schedule: setup (B, untimed), then A B B A per round; the first
 // discard steps of a window after a switch of arm untimed.
 TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
@@ -112,13 +126,11 @@ TEST(PairedAb, ScheduleAlternatesArmsAndDiscardsWindowHeads) {
   absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
   ASSERT_THAT(ab.status(), IsOk());
   ASSERT_EQ(ab->total_steps(), 2 + 2 * 4 * 3);
-  std::string arms, timed;
   for (int64_t i = 0; i < ab->total_steps(); ++i) {
     const PairedAb::Step s = ab->Plan(i);
-    arms += s.setup ? 's' : (s.arm == AbArm::kA ? 'a' : 'b');
-    timed += s.timed ? 't' : '.';
     EXPECT_EQ(s.window, s.setup ? -1 : static_cast<int>((i - 2) / 3)) << i;
   }
+  const auto [arms, timed] = Schedule(*ab, ab->total_steps());
   EXPECT_EQ(arms, "ssaaabbbbbbaaaaaabbbbbbaaa");
   EXPECT_EQ(timed, "...tt.ttttt.ttttt.ttttt.tt");
 }
@@ -137,13 +149,9 @@ TEST(PairedAb, OneStepWindowsSkipTheFirstRoundAndShrugOffPeriodicJumps) {
   o.discard_rounds = 1;
   absl::StatusOr<PairedAb> ab = PairedAb::Create(o);
   ASSERT_THAT(ab.status(), IsOk());
-  std::string arms, timed;
+  const auto [arms, timed] = Schedule(*ab, 13);
   for (int64_t i = 0; i < ab->total_steps(); ++i) {
     const PairedAb::Step s = ab->Plan(i);
-    if (i < 13) {
-      arms += s.setup ? 's' : (s.arm == AbArm::kA ? 'a' : 'b');
-      timed += s.timed ? 't' : '.';
-    }
     if (!s.timed) continue;
     const double a = 1000.0 + 30.0 * static_cast<double>((i + 6) / 16);
     ASSERT_THAT(ab->Record(s, s.arm == AbArm::kA ? a : a - 10), IsOk());
