@@ -29,6 +29,40 @@
 namespace symtp::runtime {
 namespace {
 
+// --gemm-tuning-file: a file, "none", or "auto": the shipped table made on
+// this device and cuBLASLt (kernels::FindGemmTuningTable), if any, unless the
+// run tunes or autotunes GEMMs itself (those compare against the heuristic).
+absl::StatusOr<std::shared_ptr<const kernels::GemmTuningTable>> ResolveGemmTuning(
+    const JobOptions& opts, int rank) {
+  const std::string& f = opts.gemm_tuning_file;
+  if (f == "none") return nullptr;
+  if (f != "auto") {
+    absl::StatusOr<kernels::GemmTuningTable> table = kernels::GemmTuningTable::Load(f);
+    if (!table.ok()) return Annotate(table.status(), "--gemm-tuning-file");
+    return std::make_shared<const kernels::GemmTuningTable>(*std::move(table));
+  }
+  if (!opts.gemm_tune_out.empty() || opts.gemm_autotune > 1) return nullptr;
+  SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
+                         kernels::CurrentGemmTuningIdentity());
+  const std::string dir = kernels::DefaultGemmTuningDir();
+  absl::StatusOr<std::optional<kernels::FoundGemmTuningTable>> found =
+      kernels::FindGemmTuningTable(dir, here);
+  if (!found.ok()) return Annotate(found.status(), "--gemm-tuning-file=auto");
+  if (!found->has_value()) {
+    if (rank == 0) {
+      SYMTP_LOG(INFO, "worker") << "--gemm-tuning-file=auto: no table in " << dir << " for "
+                                << kernels::DescribeIdentity(here) << ": cuBLASLt's heuristic";
+    }
+    return nullptr;
+  }
+  if (rank == 0) {
+    SYMTP_LOG(INFO, "worker") << "--gemm-tuning-file=auto: " << (*found)->path << " ("
+                              << (*found)->table.size() << " GEMM shapes, made on "
+                              << kernels::DescribeIdentity(here) << ")";
+  }
+  return std::make_shared<const kernels::GemmTuningTable>(std::move((*found)->table));
+}
+
 // PeerExchange over the control block's exchange area: every worker writes
 // its bytes into its row, a barrier, everyone copies all rows, a barrier.
 class ShmPeerExchange : public kernels::PeerExchange {
@@ -119,12 +153,7 @@ class CudaBackend : public Backend {
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.gemm_autotune_candidates = opts.gemm_autotune;
-    if (!opts.gemm_tuning_file.empty()) {
-      absl::StatusOr<kernels::GemmTuningTable> table =
-          kernels::GemmTuningTable::Load(opts.gemm_tuning_file);
-      if (!table.ok()) return Annotate(table.status(), "--gemm-tuning-file");
-      mo.gemm_tuning = std::make_shared<const kernels::GemmTuningTable>(*std::move(table));
-    }
+    SYMTP_ASSIGN_OR_RETURN(mo.gemm_tuning, ResolveGemmTuning(opts, rank));
     if (opts.gemm_skinny_max_m >= 0) mo.gemm_skinny_max_m = opts.gemm_skinny_max_m;
     mo.comm_stream_high_priority = opts.comm_priority == "high";
     if (opts.attention == "tiled") {

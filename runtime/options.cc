@@ -163,7 +163,7 @@ const std::map<std::string, Flag>& Flags() {
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
       {"gemm-autotune", {Int(&JobOptions::gemm_autotune, 1, 32), Get(&JobOptions::gemm_autotune), "cuda: GEMM algorithm per shape: 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N candidates (and cluster-shape variants), timed once per shape at its first (eager) use, per call in a CUDA graph (bf16 bits may then differ between runs)"}},
-      {"gemm-tuning-file", {Str(&JobOptions::gemm_tuning_file), Get(&JobOptions::gemm_tuning_file), "cuda: a GEMM tuning table (kernels_bench --model-tuning-out): every rank runs its algorithms for the shapes it holds (same bits on every rank and run); it must come from this device and cuBLASLt"}},
+      {"gemm-tuning-file", {Str(&JobOptions::gemm_tuning_file), Get(&JobOptions::gemm_tuning_file), "cuda: GEMM algorithms per shape: a GEMM tuning table (--gemm-tune-out): every rank runs its algorithms for the shapes it holds (same bits on every rank and run); it must come from this device and cuBLASLt; auto: the table in configs/gemm_tuning made on this device and cuBLASLt, if any ($SYMTP_GEMM_TUNING_DIR overrides the folder); none: cuBLASLt's heuristic"}},
       {"gemm-tune-out", {Str(&JobOptions::gemm_tune_out), Get(&JobOptions::gemm_tune_out), "cuda, steady decode: time the decode step with cuBLASLt's heuristic GEMMs against autotuned picks, alternating (A B B A) every --gemm-tune-window steps, and write the faster set to this GEMM tuning table (merged with the shapes the file already holds)"}},
       {"gemm-tune-rounds", {Int(&JobOptions::gemm_tune_rounds, 2, 4096), Get(&JobOptions::gemm_tune_rounds), "with --gemm-tune-out: rounds of four windows (heuristic, picks, picks, heuristic), the first untimed"}},
       {"gemm-tune-window", {Int(&JobOptions::gemm_tune_window, 1, 1000), Get(&JobOptions::gemm_tune_window), "with --gemm-tune-out: decode steps per window (1: the GEMM algorithms alternate every step)"}},
@@ -269,7 +269,7 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
     if (o.resolved_backend == "cpu") {
       return absl::InvalidArgumentError("--gemm-tune-out tunes GPU GEMMs: it needs --backend=cuda");
     }
-    if (!o.gemm_tuning_file.empty() || o.gemm_autotune > 1) {
+    if ((o.gemm_tuning_file != "auto" && o.gemm_tuning_file != "none") || o.gemm_autotune > 1) {
       return absl::InvalidArgumentError(
           "--gemm-tune-out compares cuBLASLt's heuristic with autotuned picks: give neither "
           "--gemm-tuning-file nor --gemm-autotune");
@@ -284,6 +284,9 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
           " steps (4 x --gemm-tune-window x --gemm-tune-rounds + 3): give --steady-batch "
           "and --warmup-steps + --steady-steps >= ", need));
     }
+  }
+  if (o.gemm_tuning_file.empty()) {
+    return absl::InvalidArgumentError("--gemm-tuning-file: a file, auto or none");
   }
   if (o.kv_cache_fraction > 0 && o.resolved_backend == "cpu") {
     return absl::InvalidArgumentError(

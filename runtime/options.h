@@ -55,7 +55,10 @@ struct JobOptions {
   // CUDA backend.
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
-  std::string gemm_tuning_file;  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h); "": none
+  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h): a file, "auto" (the
+  // shipped table made on this device and cuBLASLt, if any; none while
+  // tuning or autotuning) or "none" (cuBLASLt's heuristic).
+  std::string gemm_tuning_file = "auto";
   // In-run GEMM tuning (steady decode): the workers time decode steps with
   // cuBLASLt's heuristic against autotuned picks, alternated (A B B A,
   // common/paired_ab.h), and rank 0 writes the faster set as a tuning table

@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -229,6 +232,47 @@ absl::Status GemmTuningTable::CheckUsableOn(const GemmTuningIdentity& here) cons
       "GEMM tuning table made on %s cannot be used on %s (cuBLASLt algorithms are valid only "
       "for the version and device they were chosen on; make a new table)",
       DescribeIdentity(identity_), DescribeIdentity(here)));
+}
+
+std::string DefaultGemmTuningDir() {
+  if (const char* env = std::getenv("SYMTP_GEMM_TUNING_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return SYMTP_GEMM_TUNING_DIR;
+}
+
+absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
+    const std::string& dir, const GemmTuningIdentity& here) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrFormat("cannot list GEMM tuning tables in %s: %s", dir, ec.message()));
+  }
+  std::vector<std::string> files;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const fs::directory_entry& e = *it;
+    if (e.path().extension() == ".txt" && e.is_regular_file(ec)) files.push_back(e.path().string());
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrFormat("listing GEMM tuning tables in %s failed: %s", dir, ec.message()));
+  }
+  std::sort(files.begin(), files.end());
+  std::optional<FoundGemmTuningTable> found;
+  for (const std::string& f : files) {
+    SYMTP_ASSIGN_OR_RETURN(GemmTuningTable t, GemmTuningTable::Load(f));
+    if (t.identity() != here) continue;
+    if (found) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("GEMM tuning tables %s and %s are both for %s: keep one", found->path, f,
+                          DescribeIdentity(here)));
+    }
+    found = FoundGemmTuningTable{f, std::move(t)};
+  }
+  return found;
 }
 
 }  // namespace symtp::kernels

@@ -29,6 +29,7 @@
 #include <compare>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -112,5 +113,24 @@ class GemmTuningTable {
   GemmTuningIdentity identity_;
   std::map<GemmTuningKey, GemmTuningEntry> entries_;
 };
+
+// Shipped tables (`configs/gemm_tuning/`, one file per device and cuBLASLt
+// version, made by the runtime's in-run tuning): `--gemm-tuning-file=auto`
+// runs the one made where it runs, and cuBLASLt's heuristic where none was.
+struct FoundGemmTuningTable {
+  std::string path;
+  GemmTuningTable table;
+};
+
+// $SYMTP_GEMM_TUNING_DIR when set, else the source tree's configs/gemm_tuning
+// (compiled in).
+std::string DefaultGemmTuningDir();
+
+// The table in `dir` (every `*.txt` file, each of which must parse) whose
+// identity is `here`; nullopt when none is. NotFound when `dir` cannot be
+// listed, InvalidArgument naming the file for a malformed one,
+// FailedPrecondition when two files claim `here`.
+absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
+    const std::string& dir, const GemmTuningIdentity& here);
 
 }  // namespace symtp::kernels

@@ -3,9 +3,12 @@
 #include "kernels/ops/gemm.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -717,6 +720,55 @@ TEST_F(GemmTest, TuningTableFromElsewhereOrWithAForeignAlgorithmIsAnError) {
   EXPECT_EQ(fresh.plans_from_table(), 0u);
 }
 
+// On this device, auto finds a shipped table exactly when one was made on
+// this device and cuBLASLt, and its algorithms plan here.
+TEST_F(GemmTest, AutoFindsTheShippedTableIffOneWasMadeHere) {
+  ASSERT_OK_AND_ASSIGN(const GemmTuningIdentity here, CurrentGemmTuningIdentity());
+  const std::string dir = DefaultGemmTuningDir();
+  bool made_here = false;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".txt") continue;
+    ASSERT_OK_AND_ASSIGN(const GemmTuningTable t, GemmTuningTable::Load(f.path().string()));
+    made_here = made_here || t.identity() == here;
+  }
+  ASSERT_OK_AND_ASSIGN(std::optional<FoundGemmTuningTable> found, FindGemmTuningTable(dir, here));
+  ASSERT_EQ(found.has_value(), made_here) << DescribeIdentity(here);
+  if (!found) return;
+  EXPECT_OK(found->table.CheckUsableOn(here));
+  // Its algorithms run here: each of the table's smaller GEMMs (W up to 32 M
+  // elements) against cuBLASLt's heuristic on random operands.
+  ASSERT_OK_AND_ASSIGN(CublasLtHandle tuned, CublasLtHandle::Create());
+  ASSERT_OK(tuned.set_tuning_table(std::make_shared<GemmTuningTable>(found->table)));
+  size_t checked = 0;
+  for (const auto& [key, e] : found->table.entries()) {
+    if (key.n * key.k > (32 << 20) || key.in_dtype != DType::kBF16 || key.lda != key.k ||
+        key.ldw != key.k || key.ldc != key.n || key.workspace_bytes != ws_.bytes()) {
+      continue;
+    }
+    SCOPED_TRACE(DescribeGemmKey(key));
+    std::vector<float> a = testing::RandomFloats(key.m * key.k, key.n + 3 * key.k);
+    std::vector<float> w = testing::RandomFloats(key.n * key.k, key.m + 5 * key.k);
+    testing::RoundTo(&a, DType::kBF16);
+    testing::RoundTo(&w, DType::kBF16);
+    DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16);
+    DevArray dc(key.m * key.n, key.out_dtype), dh(key.m * key.n, key.out_dtype);
+    da.Upload(a);
+    dw.Upload(w);
+    GemmArgs g = Args(da.get(), dw.get(), dc.get(), key.m, key.n, key.k);
+    g.out_dtype = key.out_dtype;
+    ASSERT_OK(Gemm(tuned, g, stream()));
+    g.c = dh.get();
+    ASSERT_OK(Gemm(handle_, g, stream()));
+    Sync();
+    const std::vector<float> heuristic = dh.Download();
+    testing::CheckClose(dc.Download(), std::vector<double>(heuristic.begin(), heuristic.end()),
+                        1e-2, "shipped table's algorithm against the heuristic's");
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u);
+  EXPECT_EQ(tuned.plans_from_table(), checked);
+}
+
 // The file format: round trip, atomic save, and every malformed input a
 // clear InvalidArgument (no device needed).
 TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
@@ -827,6 +879,85 @@ TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
                  ::testing::AllOf(::testing::HasSubstr("bad.txt"), ::testing::HasSubstr(why))))
         << input;
   }
+}
+
+// --gemm-tuning-file=auto's lookup: the one table of a folder made for this
+// device and cuBLASLt; none, two, a malformed file or no folder each say so.
+TEST(GemmTuningTableTest, FindTakesTheTableMadeHere) {
+  auto identity = [](const std::string& device, int64_t cublaslt) {
+    GemmTuningIdentity id;
+    id.device = device;
+    id.sm_count = 132;
+    id.cc_major = 9;
+    id.cc_minor = 0;
+    id.cublaslt_version = cublaslt;
+    return id;
+  };
+  const GemmTuningIdentity h200 = identity("NVIDIA H200", 130100);
+  const GemmTuningIdentity h100 = identity("NVIDIA H100 80GB HBM3", 130100);
+  GemmTuningKey key;
+  key.m = 256;
+  key.n = 3072;
+  key.k = key.lda = key.ldw = 4096;
+  key.ldc = 3072;
+  key.align_a = key.align_w = key.align_c = 256;
+  GemmTuningEntry e;
+  e.algo[0] = 0x42;
+  const std::string dir = ::testing::TempDir() + "/gemm_tuning_find";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  GemmTuningTable a(h100), b(h200);
+  a.Put(key, e);
+  e.algo[0] = 0x43;
+  b.Put(key, e);
+  ASSERT_OK(a.Save(dir + "/a.txt"));
+  ASSERT_OK(b.Save(dir + "/b.txt"));
+  {
+    std::ofstream notes(dir + "/README.md");  // not a table: not read
+    notes << "not a table\n";
+  }
+  ASSERT_OK_AND_ASSIGN(std::optional<FoundGemmTuningTable> found, FindGemmTuningTable(dir, h200));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->path, dir + "/b.txt");
+  EXPECT_EQ(found->table, b);
+  ASSERT_OK_AND_ASSIGN(found, FindGemmTuningTable(dir, h100));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->table, a);
+  ASSERT_OK_AND_ASSIGN(found, FindGemmTuningTable(dir, identity("NVIDIA H200", 130000)));
+  EXPECT_FALSE(found.has_value());
+
+  ASSERT_OK(b.Save(dir + "/c.txt"));
+  EXPECT_THAT(
+      FindGemmTuningTable(dir, h200),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               ::testing::AllOf(::testing::HasSubstr("b.txt"), ::testing::HasSubstr("c.txt"))));
+  std::filesystem::remove(dir + "/c.txt");
+  {
+    std::ofstream bad(dir + "/d.txt");
+    bad << "symtp-gemm-tuning 1\ngemm 1 2 3\n";
+  }
+  EXPECT_THAT(FindGemmTuningTable(dir, h100),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("d.txt")));
+  EXPECT_THAT(FindGemmTuningTable(dir + "/missing", h200),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("missing")));
+}
+
+// The tables the repository ships (configs/gemm_tuning) parse, each for its
+// own device and cuBLASLt, and the lookup finds each one by its identity.
+TEST(GemmTuningTableTest, ShippedTablesParseAndEachIsFoundByItsIdentity) {
+  const std::string dir = DefaultGemmTuningDir();
+  int tables = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".txt") continue;
+    ++tables;
+    ASSERT_OK_AND_ASSIGN(const GemmTuningTable t, GemmTuningTable::Load(f.path().string()));
+    EXPECT_GT(t.size(), 0u) << f.path();
+    ASSERT_OK_AND_ASSIGN(std::optional<FoundGemmTuningTable> found,
+                         FindGemmTuningTable(dir, t.identity()));
+    ASSERT_TRUE(found.has_value()) << f.path();
+    EXPECT_EQ(found->path, f.path().string());
+  }
+  EXPECT_GT(tables, 0) << dir;
 }
 
 TEST(Sm90GemmPlanTest, FillsOneWave) {

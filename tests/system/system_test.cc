@@ -391,16 +391,20 @@ TEST_F(SystemTest, SigintShutsDownCleanly) {
 }
 
 TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
-  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
-           {"launch", "--tp=3"},
-           {"launch", "--model=nope"},
-           {"launch", "--frobnicate=1"},
-           {"launch", "--backend=cuda", "--tp=8", "--model=tiny"},
+  // Each case's arguments and what its one line must say.
+  for (const auto& [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"launch", "--tp=3"}, "--tp"},
+           {{"launch", "--model=nope"}, "nope"},
+           {{"launch", "--frobnicate=1"}, "frobnicate"},
+           {{"launch", "--backend=cuda", "--tp=8", "--model=tiny"}, "GPU"},
            // In-run GEMM tuning: GPU only, and only over a long enough steady decode.
-           {"launch", "--backend=cpu", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
-            "--steady-steps=400"},
-           {"launch", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
-            "--steady-steps=50"}}) {
+           {{"launch", "--backend=cpu", "--gemm-tune-out=t.txt", "--steady-batch=4",
+             "--max-batch=4", "--steady-steps=400"},
+            "--backend=cuda"},
+           {{"launch", "--gemm-tune-out=t.txt", "--steady-batch=4", "--max-batch=4",
+             "--steady-steps=50"},
+            "steady decode"},
+           {{"launch", "--gemm-tuning-file="}, "--gemm-tuning-file"}}) {
     Proc p = Start(args, prefix_);
     int st = Wait(p, 20'000);
     ASSERT_TRUE(WIFEXITED(st));
@@ -408,6 +412,7 @@ TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
     std::string err = ReadFile(p.err_path);
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
     EXPECT_THAT(err, HasSubstr("symtp: "));
+    EXPECT_THAT(err, HasSubstr(why)) << args[1];
   }
   EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
 }

@@ -21,7 +21,7 @@ trap 'tar czf "$OUT/$SD.tar.gz" -C "$OUT" "$SD" && rm -rf "$W"' EXIT
 for L in ${LAYERS:-4 32}; do
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for t in heuristic table; do
-      extra=""
+      extra="--gemm-tuning-file=none"  # the heuristic, not the shipped table (auto)
       [[ $t == table ]] && extra="--gemm-tuning-file=$T"
       d=$W/L${L}_${t}_$r
       SYMTP_BIN=build-gpu/tools/symtp timeout 250 tools/decode_sweep.sh --models llama-8b-shape \

@@ -120,6 +120,13 @@ if has launch; then
   timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $S --gemm-tuning-file="$d.table" \
     --out="$d.replay" >"$d.replay.log" 2>&1
   echo "cuda bf16 tp=$TP_MAX --gemm-tuning-file (that table) exit $?: $(grep -c 'from the tuning table' "$d.replay.log") plans from it" | tee -a "$LOG"
+  # The default --gemm-tuning-file=auto: the shipped table for this device (configs/gemm_tuning),
+  # if one was made here; llama-8b-shape at batch 256 has five of its shapes per TP size.
+  d=$R/launch/cuda_bf16_tp${TP_MAX}_auto_table
+  timeout 180 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX --model=llama-8b-shape \
+    --model-overrides=layers=2 --steady-batch=256 --max-batch=256 --steady-context=64 \
+    --steady-steps=10 --progress=false --out="$d" >"$d.log" 2>&1
+  echo "cuda bf16 tp=$TP_MAX llama-8b-shape batch 256, default --gemm-tuning-file=auto exit $?: $(grep -o 'gemm-tuning-file=auto: .*' "$d.log" | head -1); $(grep -c 'from the tuning table' "$d.log") plans from it" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has ardecode; then
