@@ -326,7 +326,8 @@ absl::StatusOr<DecodeGemmOperands> MakeDecodeGemmOperands(int64_t max_m, uint64_
 
 absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t s,
                               const Ceilings& c, Json* js, bool exhaustive,
-                              const std::vector<std::string>& match) {
+                              const std::vector<std::string>& match,
+                              std::shared_ptr<const kernels::GemmTuningTable> table) {
   const auto shapes = DecodeGemmShapes();
   SYMTP_ASSIGN_OR_RETURN(DecodeGemmOperands ops, MakeDecodeGemmOperands(512, 3, s));
   const cuda::DeviceBuffer &wbuf = ops.w, &abuf = ops.a, &cbuf = ops.c;
@@ -344,17 +345,25 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle sm90, kernels::CublasLtHandle::Create());
   sm90.set_kernel_choice(kernels::GemmKernelChoice::kSm90);
   const bool have_sm90 = kernels::Sm90GemmDeviceSupported();
+  // --gemm-table: the algorithms of a GEMM tuning table (the runtime's), per
+  // call in a graph; shapes it does not hold run the heuristic (src "-").
+  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle tab, kernels::CublasLtHandle::Create());
+  if (table) SYMTP_RETURN_IF_ERROR(tab.set_tuning_table(table));
   std::printf(
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T; "
       "heuristic = cuBLASLt's first choice, tuned = fastest of 16 (exh: of every configuration) "
       "timed once per shape in CUDA graphs, sm90 = the "
       "hand-written sm_90a kernel (TMA + wgmma, split-K); us = one launch between two events, "
-      "graph = per call of 20 captured in a CUDA graph (as decode runs)\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s %8s %7s%s%s\n", "model",
+      "graph = per call of 20 captured in a CUDA graph (as decode runs)%s\n",
+      table ? "; table = the GEMM tuning table's algorithm per call in a graph (src T: from the "
+              "table, -: not in it, the heuristic)"
+            : "");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %9s %7s %8s %7s%s%s%s\n", "model",
               "tp", "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
               "tuned us", "%peak", "graph", "%peak",
               exhaustive ? "   exh us   %peak    graph   %peak" : "",
-              have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "");
+              have_sm90 ? "  sm90 us   %peak    graph   %peak split" : "",
+              table ? "    table   %peak src" : "");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     for (int64_t m : {32, 128, 256, 512}) {
@@ -374,10 +383,13 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       auto run_tuned = [&](int i) { return run_on(tuned, i); };
       auto run_exh = [&](int i) { return run_on(exh, i); };
       auto run_sm90 = [&](int i) { return run_on(sm90, i); };
+      auto run_tab = [&](int i) { return run_on(tab, i); };
       // Verify two output elements against a CPU dot product first (both choices).
       std::vector<kernels::CublasLtHandle*> checked = {&h, &tuned};
       if (exhaustive) checked.push_back(&exh);
       if (have_sm90) checked.push_back(&sm90);
+      const size_t from_table_before = tab.plans_from_table();
+      if (table) checked.push_back(&tab);
       for (kernels::CublasLtHandle* hh : checked) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));
         SYMTP_RETURN_IF_ERROR(run_on(*hh, 0));
@@ -403,6 +415,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                 hh == &tuned  ? " (tuned)"
                                 : hh == &exh  ? " (exhaustive)"
                                 : hh == &sm90 ? " (sm90)"
+                                : hh == &tab  ? " (table)"
                                               : "",
                                 Bf16ToFloat(cv), ref));
           }
@@ -422,7 +435,13 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
         SYMTP_ASSIGN_OR_RETURN(us_sm90, TimeUs(s, 5, 30, run_sm90));
         SYMTP_ASSIGN_OR_RETURN(us_sm90_graph, GraphUsPerCall(s, 20, 5, run_sm90));
       }
+      double us_tab_graph = 0;
+      if (table) {
+        SYMTP_ASSIGN_OR_RETURN(us_tab_graph, GraphUsPerCall(s, 20, 5, run_tab));
+      }
+      const bool tab_plan = tab.plans_from_table() > from_table_before;
       const double flop = 2.0 * m * g.n * g.k;
+      const double frac_tab_graph = table ? flop / (us_tab_graph * 1e-6) / 1e12 / c.gemm_tflops : 0;
       const double frac_graph = flop / (us_graph * 1e-6) / 1e12 / c.gemm_tflops;
       const double frac_sm90_graph =
           have_sm90 ? flop / (us_sm90_graph * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
@@ -443,7 +462,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
           "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %9.1f "
-          "%6.1f%% %8.1f %6.1f%%%s%s\n",
+          "%6.1f%% %8.1f %6.1f%%%s%s%s\n",
           g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
           100.0 * frac_graph, us_tuned, 100.0 * tflops_tuned / c.gemm_tflops, us_tuned_graph,
@@ -456,13 +475,17 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                       100.0 * frac_sm90, us_sm90_graph, 100.0 * frac_sm90_graph,
                                       128 * plan.m_sub, plan.splits, plan.global_reduce ? "g" : "")
                           .c_str()
-                    : "");
+                    : "",
+          table ? absl::StrFormat(" %8.1f %6.1f%% %s", us_tab_graph, 100.0 * frac_tab_graph,
+                                  tab_plan ? "T" : "-")
+                      .c_str()
+                : "");
       js->gemm.push_back(absl::StrFormat(
           "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
           "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
           "%.1f, \"graph_us\": %.2f, \"graph_frac_of_measured_peak\": %.4f, \"tuned_us\": %.2f, "
           "\"tuned_frac_of_measured_peak\": %.4f, \"tuned_graph_us\": %.2f, "
-          "\"tuned_graph_frac_of_measured_peak\": %.4f%s%s}",
+          "\"tuned_graph_frac_of_measured_peak\": %.4f%s%s%s}",
           g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_graph,
           frac_graph, us_tuned, tflops_tuned / c.gemm_tflops, us_tuned_graph, frac_tuned_graph,
           exhaustive ? absl::StrFormat(", \"exhaustive_us\": %.2f, "
@@ -479,7 +502,12 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                                       us_sm90, frac_sm90, us_sm90_graph, frac_sm90_graph,
                                       128 * plan.m_sub, plan.splits,
                                       plan.global_reduce ? "true" : "false")
-                    : ""));
+                    : "",
+          table ? absl::StrFormat(", \"table_graph_us\": %.2f, "
+                                  "\"table_graph_frac_of_measured_peak\": %.4f, "
+                                  "\"table_plan\": %s",
+                                  us_tab_graph, frac_tab_graph, tab_plan ? "true" : "false")
+                : ""));
     }
   }
   return absl::OkStatus();
@@ -1989,6 +2017,7 @@ absl::Status Run(int argc, char** argv) {
   bool skip_model = false;
   bool gemm_exhaustive = false;
   std::vector<std::string> gemm_match;
+  std::string gemm_table;  // --gemm-table FILE|auto
   std::string sections = "gemm,attention,prefill,model";
   ModelSelection model_sel;
   for (int i = 1; i < argc; ++i) {
@@ -2003,6 +2032,8 @@ absl::Status Run(int argc, char** argv) {
       gemm_exhaustive = true;
     } else if (a == "--gemm-match" && i + 1 < argc) {
       gemm_match = absl::StrSplit(argv[++i], ',');
+    } else if (a == "--gemm-table" && i + 1 < argc) {
+      gemm_table = argv[++i];
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
     } else if (a == "--model-batches" && i + 1 < argc) {
@@ -2036,7 +2067,8 @@ absl::Status Run(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", a,
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-          "[--gemm-exhaustive] [--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] [--sections "
+          "[--gemm-exhaustive] [--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] "
+          "[--gemm-table FILE|auto] [--sections "
           "gemm,attention,prefill,model,sm90plans,sm90probe,skinny,streamk] "
           "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
           "[--model-gemm-autotune 1,16] [--model-ab-candidates 16] [--model-ab-pick-margin 0] "
@@ -2059,6 +2091,24 @@ absl::Status Run(int argc, char** argv) {
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
                          cuda::DeviceBuffer::Create(kernels::kGemmWorkspaceBytes));
   SYMTP_ASSIGN_OR_RETURN(Ceilings c, MeasureCeilings(h, ws.get(), stream.get(), &js));
+  // --gemm-table: a file, or auto (the runtime's default: the shipped table
+  // made on this device and cuBLASLt, if any).
+  std::shared_ptr<const kernels::GemmTuningTable> table;
+  if (gemm_table == "auto") {
+    SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
+                           kernels::CurrentGemmTuningIdentity());
+    SYMTP_ASSIGN_OR_RETURN(std::optional<kernels::FoundGemmTuningTable> found,
+                           kernels::FindGemmTuningTable(kernels::DefaultGemmTuningDir(), here));
+    if (!found) {
+      return absl::NotFoundError("--gemm-table auto: no shipped table for " +
+                                 kernels::DescribeIdentity(here));
+    }
+    std::printf("GEMM tuning table: %s (%zu shapes)\n", found->path.c_str(), found->table.size());
+    table = std::make_shared<const kernels::GemmTuningTable>(std::move(found->table));
+  } else if (!gemm_table.empty()) {
+    SYMTP_ASSIGN_OR_RETURN(kernels::GemmTuningTable t, kernels::GemmTuningTable::Load(gemm_table));
+    table = std::make_shared<const kernels::GemmTuningTable>(std::move(t));
+  }
   // The sections are independent: one failing does not hide the others.
   absl::Status first_error;
   auto section = [&](const char* name, absl::Status st) {
@@ -2069,8 +2119,8 @@ absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> want = absl::StrSplit(sections, ',');
   auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
   if (on("gemm"))
-    section("decode_gemm",
-            BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive, gemm_match));
+    section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_exhaustive,
+                                            gemm_match, table));
   if (on("sm90plans")) section("sm90_plans", BenchSm90Plans(ws.get(), stream.get(), c, &js));
   if (on("sm90probe")) {
     section("sm90_probe", BenchSm90Probe(h, ws.get(), stream.get(), c, &js));
