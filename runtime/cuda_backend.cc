@@ -46,7 +46,7 @@ absl::StatusOr<std::shared_ptr<const kernels::GemmTuningTable>> ResolveGemmTunin
                          kernels::CurrentGemmTuningIdentity());
   const std::string dir = kernels::DefaultGemmTuningDir();
   absl::StatusOr<std::optional<kernels::FoundGemmTuningTable>> found =
-      kernels::FindGemmTuningTable(dir, here);
+      kernels::FindShippedGemmTuningTable(here);
   if (!found.ok()) return Annotate(found.status(), "--gemm-tuning-file=auto");
   if (!found->has_value()) {
     if (rank == 0) {

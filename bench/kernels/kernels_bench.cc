@@ -2098,7 +2098,7 @@ absl::Status Run(int argc, char** argv) {
     SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
                            kernels::CurrentGemmTuningIdentity());
     SYMTP_ASSIGN_OR_RETURN(std::optional<kernels::FoundGemmTuningTable> found,
-                           kernels::FindGemmTuningTable(kernels::DefaultGemmTuningDir(), here));
+                           kernels::FindShippedGemmTuningTable(here));
     if (!found) {
       return absl::NotFoundError("--gemm-table auto: no shipped table for " +
                                  kernels::DescribeIdentity(here));

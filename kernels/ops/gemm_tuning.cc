@@ -234,11 +234,16 @@ absl::Status GemmTuningTable::CheckUsableOn(const GemmTuningIdentity& here) cons
       DescribeIdentity(identity_), DescribeIdentity(here)));
 }
 
+namespace {
+const char* GemmTuningDirFromEnv() {
+  const char* env = std::getenv("SYMTP_GEMM_TUNING_DIR");
+  return env != nullptr && *env != '\0' ? env : nullptr;
+}
+}  // namespace
+
 std::string DefaultGemmTuningDir() {
-  if (const char* env = std::getenv("SYMTP_GEMM_TUNING_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return SYMTP_GEMM_TUNING_DIR;
+  const char* env = GemmTuningDirFromEnv();
+  return env != nullptr ? env : SYMTP_GEMM_TUNING_DIR;
 }
 
 absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
@@ -273,6 +278,16 @@ absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
     found = FoundGemmTuningTable{f, std::move(t)};
   }
   return found;
+}
+
+absl::StatusOr<std::optional<FoundGemmTuningTable>> FindShippedGemmTuningTable(
+    const GemmTuningIdentity& here) {
+  const std::string dir = DefaultGemmTuningDir();
+  std::error_code ec;
+  if (GemmTuningDirFromEnv() == nullptr && !std::filesystem::exists(dir, ec)) {
+    return std::nullopt;
+  }
+  return FindGemmTuningTable(dir, here);
 }
 
 }  // namespace symtp::kernels

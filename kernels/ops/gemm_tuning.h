@@ -133,4 +133,11 @@ std::string DefaultGemmTuningDir();
 absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
     const std::string& dir, const GemmTuningIdentity& here);
 
+// --gemm-tuning-file=auto's lookup: FindGemmTuningTable in
+// DefaultGemmTuningDir(). A compiled-in folder that is gone (a binary moved
+// away from its source tree) means no table; a $SYMTP_GEMM_TUNING_DIR that
+// cannot be listed is an error (NotFound), as is any malformed table.
+absl::StatusOr<std::optional<FoundGemmTuningTable>> FindShippedGemmTuningTable(
+    const GemmTuningIdentity& here);
+
 }  // namespace symtp::kernels

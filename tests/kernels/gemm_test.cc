@@ -942,6 +942,43 @@ TEST(GemmTuningTableTest, FindTakesTheTableMadeHere) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("missing")));
 }
 
+// auto's folder: $SYMTP_GEMM_TUNING_DIR when set (a folder it cannot list is
+// an error), else the shipped one.
+TEST(GemmTuningTableTest, ShippedLookupFollowsTheEnvironment) {
+  GemmTuningIdentity id;
+  id.device = "Test GPU";
+  id.sm_count = 4;
+  id.cc_major = 9;
+  id.cc_minor = 0;
+  id.cublaslt_version = 1;
+  GemmTuningKey key;
+  key.m = key.n = key.k = key.lda = key.ldw = key.ldc = 64;
+  key.align_a = key.align_w = key.align_c = 256;
+  GemmTuningTable t(id);
+  t.Put(key, GemmTuningEntry{});
+  const std::string dir = ::testing::TempDir() + "/gemm_tuning_env";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_OK(t.Save(dir + "/test.txt"));
+  const char* before = std::getenv("SYMTP_GEMM_TUNING_DIR");
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(setenv("SYMTP_GEMM_TUNING_DIR", dir.c_str(), 1), 0);
+  EXPECT_EQ(DefaultGemmTuningDir(), dir);
+  absl::StatusOr<std::optional<FoundGemmTuningTable>> found = FindShippedGemmTuningTable(id);
+  ASSERT_OK(found.status());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->table, t);
+  ASSERT_EQ(setenv("SYMTP_GEMM_TUNING_DIR", (dir + "/missing").c_str(), 1), 0);
+  EXPECT_THAT(FindShippedGemmTuningTable(id),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("missing")));
+  ASSERT_EQ(unsetenv("SYMTP_GEMM_TUNING_DIR"), 0);
+  EXPECT_NE(DefaultGemmTuningDir(), dir);
+  found = FindShippedGemmTuningTable(id);  // the shipped folder: nothing for a test GPU
+  ASSERT_OK(found.status());
+  EXPECT_FALSE(found->has_value());
+  if (before != nullptr) setenv("SYMTP_GEMM_TUNING_DIR", saved.c_str(), 1);
+}
+
 // The tables the repository ships (configs/gemm_tuning) parse, each for its
 // own device and cuBLASLt, and the lookup finds each one by its identity.
 TEST(GemmTuningTableTest, ShippedTablesParseAndEachIsFoundByItsIdentity) {
