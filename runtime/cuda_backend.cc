@@ -29,38 +29,27 @@
 namespace symtp::runtime {
 namespace {
 
-// --gemm-tuning-file: a file, "none", or "auto": the shipped table made on
-// this device and cuBLASLt (kernels::FindGemmTuningTable), if any, unless the
-// run tunes or autotunes GEMMs itself (those compare against the heuristic).
+// --gemm-tuning-file (kernels::ResolveGemmTuningFile), except that "auto"
+// gives no table to a run that tunes or autotunes GEMMs itself (those
+// compare against the heuristic).
 absl::StatusOr<std::shared_ptr<const kernels::GemmTuningTable>> ResolveGemmTuning(
     const JobOptions& opts, int rank) {
   const std::string& f = opts.gemm_tuning_file;
-  if (f == "none") return nullptr;
-  if (f != "auto") {
-    absl::StatusOr<kernels::GemmTuningTable> table = kernels::GemmTuningTable::Load(f);
-    if (!table.ok()) return Annotate(table.status(), "--gemm-tuning-file");
-    return std::make_shared<const kernels::GemmTuningTable>(*std::move(table));
+  const bool automatic = f == "auto";
+  if (automatic && (!opts.gemm_tune_out.empty() || opts.gemm_autotune > 1)) return nullptr;
+  SYMTP_ASSIGN_OR_RETURN(std::optional<kernels::FoundGemmTuningTable> found,
+                         kernels::ResolveGemmTuningFile(f));
+  if (automatic && rank == 0) {
+    SYMTP_LOG(INFO, "worker") << "--gemm-tuning-file=auto: "
+                              << (found ? absl::StrCat(found->path, " (", found->table.size(),
+                                                       " GEMM shapes)")
+                                        : absl::StrCat("no table in ",
+                                                       kernels::DefaultGemmTuningDir(),
+                                                       " for this device and cuBLASLt: "
+                                                       "cuBLASLt's heuristic"));
   }
-  if (!opts.gemm_tune_out.empty() || opts.gemm_autotune > 1) return nullptr;
-  SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
-                         kernels::CurrentGemmTuningIdentity());
-  const std::string dir = kernels::DefaultGemmTuningDir();
-  absl::StatusOr<std::optional<kernels::FoundGemmTuningTable>> found =
-      kernels::FindShippedGemmTuningTable(here);
-  if (!found.ok()) return Annotate(found.status(), "--gemm-tuning-file=auto");
-  if (!found->has_value()) {
-    if (rank == 0) {
-      SYMTP_LOG(INFO, "worker") << "--gemm-tuning-file=auto: no table in " << dir << " for "
-                                << kernels::DescribeIdentity(here) << ": cuBLASLt's heuristic";
-    }
-    return nullptr;
-  }
-  if (rank == 0) {
-    SYMTP_LOG(INFO, "worker") << "--gemm-tuning-file=auto: " << (*found)->path << " ("
-                              << (*found)->table.size() << " GEMM shapes, made on "
-                              << kernels::DescribeIdentity(here) << ")";
-  }
-  return std::make_shared<const kernels::GemmTuningTable>(std::move((*found)->table));
+  if (!found) return nullptr;
+  return std::make_shared<const kernels::GemmTuningTable>(std::move(found->table));
 }
 
 // PeerExchange over the control block's exchange area: every worker writes

@@ -441,22 +441,20 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       }
       const bool tab_plan = tab.plans_from_table() > from_table_before;
       const double flop = 2.0 * m * g.n * g.k;
-      const double frac_tab_graph = table ? flop / (us_tab_graph * 1e-6) / 1e12 / c.gemm_tflops : 0;
-      const double frac_graph = flop / (us_graph * 1e-6) / 1e12 / c.gemm_tflops;
-      const double frac_sm90_graph =
-          have_sm90 ? flop / (us_sm90_graph * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
-      const double frac_sm90 =
-          have_sm90 ? 2.0 * m * g.n * g.k / (us_sm90 * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
+      // Fraction of the measured bf16 rate at `us` per call.
+      auto frac = [&](double us_call) { return flop / (us_call * 1e-6) / 1e12 / c.gemm_tflops; };
+      const double frac_tab_graph = table ? frac(us_tab_graph) : 0;
+      const double frac_graph = frac(us_graph);
+      const double frac_sm90_graph = have_sm90 ? frac(us_sm90_graph) : 0.0;
+      const double frac_sm90 = have_sm90 ? frac(us_sm90) : 0.0;
       kernels::Sm90GemmPlan plan;
       if (have_sm90) {
         SYMTP_ASSIGN_OR_RETURN(
             plan, kernels::PlanSm90GemmForDevice(m, g.n, g.k, kernels::kGemmWorkspaceBytes));
       }
-      const double frac_exh =
-          exhaustive ? 2.0 * m * g.n * g.k / (us_exh * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
-      const double frac_exh_graph =
-          exhaustive ? flop / (us_exh_graph * 1e-6) / 1e12 / c.gemm_tflops : 0.0;
-      const double frac_tuned_graph = flop / (us_tuned_graph * 1e-6) / 1e12 / c.gemm_tflops;
+      const double frac_exh = exhaustive ? frac(us_exh) : 0.0;
+      const double frac_exh_graph = exhaustive ? frac(us_exh_graph) : 0.0;
+      const double frac_tuned_graph = frac(us_tuned_graph);
       const double tflops_tuned = 2.0 * m * g.n * g.k / (us_tuned * 1e-6) / 1e12;
       const double tflops = 2.0 * m * g.n * g.k / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
@@ -2094,20 +2092,12 @@ absl::Status Run(int argc, char** argv) {
   // --gemm-table: a file, or auto (the runtime's default: the shipped table
   // made on this device and cuBLASLt, if any).
   std::shared_ptr<const kernels::GemmTuningTable> table;
-  if (gemm_table == "auto") {
-    SYMTP_ASSIGN_OR_RETURN(const kernels::GemmTuningIdentity here,
-                           kernels::CurrentGemmTuningIdentity());
+  if (!gemm_table.empty()) {
     SYMTP_ASSIGN_OR_RETURN(std::optional<kernels::FoundGemmTuningTable> found,
-                           kernels::FindShippedGemmTuningTable(here));
-    if (!found) {
-      return absl::NotFoundError("--gemm-table auto: no shipped table for " +
-                                 kernels::DescribeIdentity(here));
-    }
+                           kernels::ResolveGemmTuningFile(gemm_table));
+    if (!found) return absl::NotFoundError("--gemm-table " + gemm_table + ": no table");
     std::printf("GEMM tuning table: %s (%zu shapes)\n", found->path.c_str(), found->table.size());
     table = std::make_shared<const kernels::GemmTuningTable>(std::move(found->table));
-  } else if (!gemm_table.empty()) {
-    SYMTP_ASSIGN_OR_RETURN(kernels::GemmTuningTable t, kernels::GemmTuningTable::Load(gemm_table));
-    table = std::make_shared<const kernels::GemmTuningTable>(std::move(t));
   }
   // The sections are independent: one failing does not hide the others.
   absl::Status first_error;

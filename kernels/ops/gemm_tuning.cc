@@ -290,4 +290,19 @@ absl::StatusOr<std::optional<FoundGemmTuningTable>> FindShippedGemmTuningTable(
   return FindGemmTuningTable(dir, here);
 }
 
+absl::StatusOr<std::optional<FoundGemmTuningTable>> ResolveGemmTuningFile(
+    const std::string& value) {
+  if (value == "none") return std::nullopt;
+  if (value == "auto") {
+    absl::StatusOr<GemmTuningIdentity> here = CurrentGemmTuningIdentity();
+    if (!here.ok()) return Annotate(here.status(), "--gemm-tuning-file=auto");
+    absl::StatusOr<std::optional<FoundGemmTuningTable>> found = FindShippedGemmTuningTable(*here);
+    if (!found.ok()) return Annotate(found.status(), "--gemm-tuning-file=auto");
+    return found;
+  }
+  absl::StatusOr<GemmTuningTable> table = GemmTuningTable::Load(value);
+  if (!table.ok()) return Annotate(table.status(), "--gemm-tuning-file");
+  return FoundGemmTuningTable{value, *std::move(table)};
+}
+
 }  // namespace symtp::kernels

@@ -140,4 +140,9 @@ absl::StatusOr<std::optional<FoundGemmTuningTable>> FindGemmTuningTable(
 absl::StatusOr<std::optional<FoundGemmTuningTable>> FindShippedGemmTuningTable(
     const GemmTuningIdentity& here);
 
+// A --gemm-tuning-file value: "none" (nullopt), "auto" (the shipped table of
+// the current device and cuBLASLt, FindShippedGemmTuningTable; nullopt when
+// none was made here) or a file (Load). Errors name the value.
+absl::StatusOr<std::optional<FoundGemmTuningTable>> ResolveGemmTuningFile(const std::string& value);
+
 }  // namespace symtp::kernels

@@ -651,7 +651,9 @@ TEST_F(GemmTest, TuningTableReplaysAutotunedPicksInAFreshHandle) {
     SCOPED_TRACE(DescribeGemmKey(key));
     EXPECT_FALSE(e.description.empty());
     // Margin 0: the pick is the fastest timed, so never slower than the first.
-    if (e.pick_us > 0 && e.heuristic_us > 0) EXPECT_LE(e.pick_us, e.heuristic_us);
+    if (e.pick_us > 0 && e.heuristic_us > 0) {
+      EXPECT_LE(e.pick_us, e.heuristic_us);
+    }
   }
   ASSERT_OK_AND_ASSIGN(const GemmTuningTable parsed,
                        GemmTuningTable::Parse(made.Serialize(), "serialized"));
@@ -771,13 +773,19 @@ TEST_F(GemmTest, AutoFindsTheShippedTableIffOneWasMadeHere) {
 
 // The file format: round trip, atomic save, and every malformed input a
 // clear InvalidArgument (no device needed).
-TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
+// A table identity for the file-format tests (sm_90).
+GemmTuningIdentity TestIdentity(const std::string& device, int sm_count, int64_t cublaslt) {
   GemmTuningIdentity id;
-  id.device = "NVIDIA H200";
-  id.sm_count = 132;
+  id.device = device;
+  id.sm_count = sm_count;
   id.cc_major = 9;
   id.cc_minor = 0;
-  id.cublaslt_version = 130100;
+  id.cublaslt_version = cublaslt;
+  return id;
+}
+
+TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
+  const GemmTuningIdentity id = TestIdentity("NVIDIA H200", 132, 130100);
   GemmTuningTable t(id);
   GemmTuningKey k1;
   k1.m = 256;
@@ -884,17 +892,8 @@ TEST(GemmTuningTableTest, RoundTripsAndRejectsMalformedFiles) {
 // --gemm-tuning-file=auto's lookup: the one table of a folder made for this
 // device and cuBLASLt; none, two, a malformed file or no folder each say so.
 TEST(GemmTuningTableTest, FindTakesTheTableMadeHere) {
-  auto identity = [](const std::string& device, int64_t cublaslt) {
-    GemmTuningIdentity id;
-    id.device = device;
-    id.sm_count = 132;
-    id.cc_major = 9;
-    id.cc_minor = 0;
-    id.cublaslt_version = cublaslt;
-    return id;
-  };
-  const GemmTuningIdentity h200 = identity("NVIDIA H200", 130100);
-  const GemmTuningIdentity h100 = identity("NVIDIA H100 80GB HBM3", 130100);
+  const GemmTuningIdentity h200 = TestIdentity("NVIDIA H200", 132, 130100);
+  const GemmTuningIdentity h100 = TestIdentity("NVIDIA H100 80GB HBM3", 132, 130100);
   GemmTuningKey key;
   key.m = 256;
   key.n = 3072;
@@ -923,7 +922,7 @@ TEST(GemmTuningTableTest, FindTakesTheTableMadeHere) {
   ASSERT_OK_AND_ASSIGN(found, FindGemmTuningTable(dir, h100));
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->table, a);
-  ASSERT_OK_AND_ASSIGN(found, FindGemmTuningTable(dir, identity("NVIDIA H200", 130000)));
+  ASSERT_OK_AND_ASSIGN(found, FindGemmTuningTable(dir, TestIdentity("NVIDIA H200", 132, 130000)));
   EXPECT_FALSE(found.has_value());
 
   ASSERT_OK(b.Save(dir + "/c.txt"));
@@ -945,12 +944,7 @@ TEST(GemmTuningTableTest, FindTakesTheTableMadeHere) {
 // auto's folder: $SYMTP_GEMM_TUNING_DIR when set (a folder it cannot list is
 // an error), else the shipped one.
 TEST(GemmTuningTableTest, ShippedLookupFollowsTheEnvironment) {
-  GemmTuningIdentity id;
-  id.device = "Test GPU";
-  id.sm_count = 4;
-  id.cc_major = 9;
-  id.cc_minor = 0;
-  id.cublaslt_version = 1;
+  const GemmTuningIdentity id = TestIdentity("Test GPU", 4, 1);
   GemmTuningKey key;
   key.m = key.n = key.k = key.lda = key.ldw = key.ldc = 64;
   key.align_a = key.align_w = key.align_c = 256;
