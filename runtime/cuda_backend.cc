@@ -79,6 +79,36 @@ class ShmPeerExchange : public kernels::PeerExchange {
   int rank_, tp_;
 };
 
+// This rank's communicator of the TP group: NCCL, or the custom all-reduce
+// with NCCL behind it (--allreduce). `pinned_crossover` > 0 pins the
+// dispatcher's crossover instead of calibrating it (auto).
+absl::StatusOr<std::unique_ptr<kernels::DeviceComm>> MakeComm(const JobOptions& opts, int rank,
+                                                              int device,
+                                                              kernels::PeerExchange* exchange,
+                                                              Deadline boot,
+                                                              size_t pinned_crossover) {
+  // NCCL unique id from rank 0 to everyone through the exchange area.
+  ncclUniqueId id{};
+  if (rank == 0) {
+    SYMTP_ASSIGN_OR_RETURN(id, kernels::NcclComm::NewUniqueId());
+  }
+  std::vector<ncclUniqueId> ids(opts.tp);
+  SYMTP_RETURN_IF_ERROR_CTX(exchange->AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
+  SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
+                         kernels::NcclComm::Create(ids[0], rank, opts.tp, device, boot));
+  if (opts.allreduce == "nccl") return std::unique_ptr<kernels::DeviceComm>(std::move(nccl));
+  kernels::AllReduceDispatcher::Options o;
+  o.calibrate = opts.allreduce == "auto" && pinned_crossover == 0;
+  o.crossover_bytes = opts.allreduce == "custom" ? (size_t{1} << 20)
+                      : pinned_crossover > 0     ? pinned_crossover
+                                                 : opts.crossover_bytes;
+  o.max_custom_bytes = std::max<size_t>(size_t{1} << 20, o.crossover_bytes);
+  SYMTP_ASSIGN_OR_RETURN(auto d, kernels::AllReduceDispatcher::Create(
+                                     rank, opts.tp, device, std::move(nccl), exchange, boot, o));
+  SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
+  return std::unique_ptr<kernels::DeviceComm>(std::move(d));
+}
+
 class CudaBackend : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const JobOptions& opts,
@@ -100,27 +130,19 @@ class CudaBackend : public Backend {
         Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
     ShmPeerExchange exchange(job->control, rank, opts.tp);
     if (opts.tp > 1) {
-      // NCCL unique id from rank 0 to everyone through the exchange area.
-      ncclUniqueId id{};
-      if (rank == 0) {
-        SYMTP_ASSIGN_OR_RETURN(id, kernels::NcclComm::NewUniqueId());
+      SYMTP_ASSIGN_OR_RETURN(b->comm_, MakeComm(opts, rank, b->device_, &exchange, boot, 0));
+      // One more communicator per extra micro-batch (each runs on its own
+      // stream; the custom all-reduce is one ordered instance per
+      // communicator), dispatching at the first one's crossover.
+      const int micro = opts.micro_batches == 0 ? 2 : opts.micro_batches;
+      size_t crossover = opts.crossover_bytes;
+      if (auto* d = dynamic_cast<kernels::AllReduceDispatcher*>(b->comm_.get())) {
+        crossover = d->crossover_bytes();
       }
-      std::vector<ncclUniqueId> ids(opts.tp);
-      SYMTP_RETURN_IF_ERROR_CTX(exchange.AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
-      SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
-                             kernels::NcclComm::Create(ids[0], rank, opts.tp, b->device_, boot));
-      if (opts.allreduce == "nccl") {
-        b->comm_ = std::move(nccl);
-      } else {
-        kernels::AllReduceDispatcher::Options o;
-        o.calibrate = opts.allreduce == "auto";
-        o.crossover_bytes = opts.allreduce == "custom" ? (size_t{1} << 20) : opts.crossover_bytes;
-        o.max_custom_bytes = std::max<size_t>(size_t{1} << 20, o.crossover_bytes);
-        SYMTP_ASSIGN_OR_RETURN(
-            auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
-                                                         &exchange, boot, o));
-        SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
-        b->comm_ = std::move(d);
+      for (int m = 1; m < micro; ++m) {
+        SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceComm> c,
+                               MakeComm(opts, rank, b->device_, &exchange, boot, crossover));
+        b->micro_comms_.push_back(std::move(c));
       }
     }
     model::GpuModelOptions mo;
@@ -158,9 +180,17 @@ class CudaBackend : public Backend {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
-    SYMTP_ASSIGN_OR_RETURN(
-        model::GpuModel m,
-        model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo, b->comm_.get()));
+    mo.micro_batches = opts.micro_batches;
+    mo.micro_batch_min_rows = opts.micro_batch_min_rows;
+    mo.micro_batch_schedule = opts.micro_batch_schedule == "free"
+                                  ? model::MicroBatchSchedule::kFree
+                                  : model::MicroBatchSchedule::kPingPong;
+    mo.micro_batch_gemm_sm_margin = opts.micro_batch_sm_margin;
+    std::vector<kernels::DeviceComm*> micro_comms;
+    for (auto& c : b->micro_comms_) micro_comms.push_back(c.get());
+    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                           model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo,
+                                                   b->comm_.get(), micro_comms));
     b->model_.emplace(std::move(m));
     if (!opts.gemm_tune_out.empty()) SYMTP_RETURN_IF_ERROR(b->StartTuning());
     return b;
@@ -269,9 +299,12 @@ class CudaBackend : public Backend {
 
   std::string Describe() const override {
     return absl::StrFormat(
-        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
+        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), micro-batches %s, "
+        "buckets %d, graphs %s",
         device_, opts_.dtype, model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(), opts_.buckets, opts_.cuda_graphs ? "on" : "off");
+        model_->num_kv_blocks(),
+        opts_.micro_batches == 0 ? std::string("auto") : absl::StrCat(opts_.micro_batches),
+        opts_.buckets, opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
@@ -282,6 +315,12 @@ class CudaBackend : public Backend {
                                 << " decode steps of the steady batch ran; nothing written to "
                                 << opts_.gemm_tune_out;
     }
+    // The model (its streams may still reference the communicators) goes
+    // first; a communicator with an error is aborted so nothing can hang.
+    model_.reset();
+    for (auto& c : micro_comms_) {
+      if (!c->Poll().ok()) c->Abort();
+    }
     if (comm_) {
       if (!comm_->Poll().ok()) comm_->Abort();
     }
@@ -290,6 +329,28 @@ class CudaBackend : public Backend {
  private:
   struct Slot;
   CudaBackend() = default;
+
+  // First asynchronous error of any communicator (a dead peer); aborts them
+  // all on one, so no collective of another micro-batch can hang.
+  absl::Status PollComms() {
+    for (kernels::DeviceComm* c : AllComms()) {
+      absl::Status st = c->Poll();
+      if (!st.ok()) {
+        AbortComms();
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  }
+  void AbortComms() {
+    for (kernels::DeviceComm* c : AllComms()) c->Abort();
+  }
+  std::vector<kernels::DeviceComm*> AllComms() const {
+    std::vector<kernels::DeviceComm*> all;
+    if (comm_) all.push_back(comm_.get());
+    for (const auto& c : micro_comms_) all.push_back(c.get());
+    return all;
+  }
 
   // Waits for `ev` with the step deadline, polling the communicator so that a
   // dead peer is an error instead of a hang.
@@ -301,9 +362,9 @@ class CudaBackend : public Backend {
       cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-      if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
+      if ((i & 255) == 0) SYMTP_RETURN_IF_ERROR(PollComms());
       if (d.Expired()) {
-        if (comm_) comm_->Abort();
+        AbortComms();
         return absl::DeadlineExceededError(
             absl::StrCat(what, " did not complete before the step deadline"));
       }
@@ -585,6 +646,7 @@ class CudaBackend : public Backend {
   int power_samples_ = 0, power_capped_ = 0;
   double sm_mhz_sum_ = 0, power_w_sum_ = 0, power_limit_w_ = 0;
   std::unique_ptr<kernels::DeviceComm> comm_;
+  std::vector<std::unique_ptr<kernels::DeviceComm>> micro_comms_;  // micro-batches 1, 2, ...
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
   cuda::Event sync_;  // SyncStream's

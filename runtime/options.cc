@@ -161,6 +161,16 @@ const std::map<std::string, Flag>& Flags() {
       {"kv-cache-mib", {Real(&JobOptions::kv_cache_mib, 0, 1 << 24), Get(&JobOptions::kv_cache_mib), "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report"}},
       {"kv-cache-fraction", {Real(&JobOptions::kv_cache_fraction, 0, 0.95), Get(&JobOptions::kv_cache_fraction), "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)"}},
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
+      {"micro-batches", {[](const std::string& v, JobOptions* o) -> absl::Status {
+                           if (v == "auto") {
+                             o->micro_batches = 0;
+                             return absl::OkStatus();
+                           }
+                           return Int(&JobOptions::micro_batches, 1, 4)(v, o);
+                         }, [](const JobOptions& o) { return o.micro_batches == 0 ? std::string("auto") : absl::StrCat(o.micro_batches); }, "N | auto: split each step's rows into N micro-batches that run the layer stack staggered on N streams, one's all-reduce and attention beside another's GEMMs (1: no split; auto: 2 for steps of at least --micro-batch-min-rows rows); the CPU backend runs them one after the other"}},
+      {"micro-batch-min-rows", {Int(&JobOptions::micro_batch_min_rows, 1, 1 << 24), Get(&JobOptions::micro_batch_min_rows), "with --micro-batches=auto: the smallest step (token rows) that is split in two"}},
+      {"micro-batch-schedule", {Str(&JobOptions::micro_batch_schedule, {"ping-pong", "free"}), Get(&JobOptions::micro_batch_schedule), "cuda: ping-pong (compute phases of the micro-batches one at a time, round robin) | free (only fork/join edges)"}},
+      {"micro-batch-sm-margin", {Int(&JobOptions::micro_batch_sm_margin, 0, 128), Get(&JobOptions::micro_batch_sm_margin), "cuda: SMs the GEMMs of a micro-batched step leave free for the attention / all-reduce beside them (0: none)"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
       {"gemm-autotune", {Int(&JobOptions::gemm_autotune, 1, 32), Get(&JobOptions::gemm_autotune), "cuda: GEMM algorithm per shape: 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N candidates (and cluster-shape variants), timed once per shape at its first (eager) use, per call in a CUDA graph (bf16 bits may then differ between runs)"}},
       {"gemm-tuning-file", {Str(&JobOptions::gemm_tuning_file), Get(&JobOptions::gemm_tuning_file), "cuda: GEMM algorithms per shape: a GEMM tuning table (--gemm-tune-out): every rank runs its algorithms for the shapes it holds (same bits on every rank and run); it must come from this device and cuBLASLt; auto: the table in configs/gemm_tuning made on this device and cuBLASLt, if any ($SYMTP_GEMM_TUNING_DIR overrides the folder); none: cuBLASLt's heuristic"}},
@@ -287,6 +297,10 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
   }
   if (o.gemm_tuning_file.empty()) {
     return absl::InvalidArgumentError("--gemm-tuning-file: a file, auto or none");
+  }
+  if (o.buckets > 1 && o.micro_batches != 1) {
+    return absl::InvalidArgumentError(
+        "--buckets and --micro-batches are two overlap mechanisms: give at most one");
   }
   if (o.kv_cache_fraction > 0 && o.resolved_backend == "cpu") {
     return absl::InvalidArgumentError(

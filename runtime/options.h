@@ -53,6 +53,14 @@ struct JobOptions {
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.
+  // Micro-batches per step (models/cuda/gpu_model.h): 1 = one batch; N =
+  // split every step into N; 0 ("auto") = 2 for steps of at least
+  // micro_batch_min_rows rows, else 1. The CPU backend runs them one after
+  // the other.
+  int micro_batches = 1;
+  int micro_batch_min_rows = 128;
+  std::string micro_batch_schedule = "ping-pong";  // ping-pong | free
+  int micro_batch_sm_margin = 0;  // SMs a micro-batched step's GEMMs leave free
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
   // GEMM algorithms per shape (kernels/ops/gemm_tuning.h): a file, "auto" (the

@@ -1,67 +1,127 @@
 #!/usr/bin/env bash
-# Measured all-reduce overlap of the bucketed row-parallel layers (GPU, TP>1):
-# for each shape, the forward time with K buckets with the all-reduce (t_K)
-# and with it skipped (t_K,noAR; --bench-skip-allreduce), and the same at
-# K = 1:  hidden = 1 - (t_K - t_K,noAR) / (t_1 - t_1,noAR).
-# Shapes: prefill of 512 and 4096 tokens, decode of 16, 64 and 256 tokens.
-#   tools/overlap.sh [--tp 2] [--k 4] [--model llama-70b-shape] [--overrides layers=4] [--out DIR]
+# Micro-batch overlap, measured side by side (GPU): for each shape, one job per
+# arm (default: --micro-batches=1 and --micro-batches=2), the arms alternating
+# within each repeat, all in one build on one machine. Reports the GPU forward
+# time per step (CUDA events; median over the measured steps, then over the
+# repeats), each arm against the first, and with --noar the share of the
+# all-reduce time an arm hides:
+#   hidden = 1 - (t_arm - t_arm,noAR) / (t_first - t_first,noAR)
+# (t_noAR: the same run with --bench-skip-allreduce, TP > 1 only).
+# Shapes: decodeB@C (steady decode, batch B, context C), prefillN (one
+# N-token prompt per step), mixed (chunked prefill of 1024-token prompts
+# beside decode rows, 32 running).
+#   tools/overlap.sh [--tp 2] [--model llama-8b-shape] [--overrides layers=32]
+#       [--shapes "decode32@1024 decode256@1024 prefill4096 mixed"] [--repeats 2]
+#       [--arms "m1=--micro-batches=1 m2=--micro-batches=2"] [--noar] [--out DIR]
+#       [-- more launcher flags for every run]
+# Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TP=2 K=4 MODEL=llama-70b-shape OVERRIDES=layers=4 OUT=out/overlap EXTRA=()
+TP=2 MODEL=llama-8b-shape OVERRIDES=layers=32 OUT=out/overlap REPEATS=2 NOAR=0
+SHAPES="decode32@1024 decode64@1024 decode128@1024 decode256@1024 decode512@1024 prefill512 prefill4096 mixed"
+ARMS="m1=--micro-batches=1 m2=--micro-batches=2"
+EXTRA=()
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --tp) TP=$2; shift 2;; --k) K=$2; shift 2;; --model) MODEL=$2; shift 2;;
-    --overrides) OVERRIDES=$2; shift 2;; --out) OUT=$2; shift 2;;
+    --tp) TP=$2; shift 2;; --model) MODEL=$2; shift 2;; --overrides) OVERRIDES=$2; shift 2;;
+    --shapes) SHAPES=$2; shift 2;; --repeats) REPEATS=$2; shift 2;; --arms) ARMS=$2; shift 2;;
+    --noar) NOAR=1; shift;; --out) OUT=$2; shift 2;;
+    -h|--help) usage; exit 0;;
     --) shift; EXTRA=("$@"); break;;
-    *) echo "overlap.sh: unknown argument $1" >&2; exit 2;;
+    *) echo "overlap.sh: unknown argument $1 (--help)" >&2; exit 2;;
   esac
 done
 run() { if [[ -n ${SYMTP_BIN:-} ]]; then "$SYMTP_BIN" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi; }
 mkdir -p "$OUT"
-for shape in prefill512 prefill4096 decode16 decode64 decode256; do
+read -ra arm_list <<<"$ARMS"
+skips=(false)
+[[ $NOAR == 1 && $TP -gt 1 ]] && skips=(false true)
+failed=0
+for shape in $SHAPES; do
   case $shape in
     prefill*) n=${shape#prefill}
       wl=(--num-requests=6 --concurrency=1 --max-batch=1 --prompt-len=$n --output-len=1
-          --max-batched-tokens=$n --prefill-chunk=$n --warmup-steps=2 --cuda-graphs=false) ;;
-    decode*) b=${shape#decode}
-      wl=(--steady-batch=$b --max-batch=$b --steady-context=512 --steady-steps=30 --warmup-steps=5
-          --max-batched-tokens=4096 --prefill-chunk=4096) ;;
+          --max-batched-tokens=$n --prefill-chunk=$n --warmup-steps=2) ;;
+    decode*) b=${shape#decode}; ctx=${b#*@}; b=${b%@*}
+      wl=(--steady-batch=$b --max-batch=$b --steady-context=$ctx --steady-steps=30 --warmup-steps=5
+          --max-batched-tokens=8192 --prefill-chunk=8192) ;;
+    mixed)
+      wl=(--num-requests=64 --concurrency=32 --max-batch=32 --prompt-len=1024 --output-len=24
+          --max-batched-tokens=1024 --prefill-chunk=512 --warmup-steps=8) ;;
+    *) echo "overlap.sh: unknown shape $shape" >&2; exit 2;;
   esac
-  for k in 1 $K; do
-    for skip in false true; do
-      dir=$OUT/${shape}_k${k}_skip${skip}
-      echo "overlap: $shape K=$k skip_allreduce=$skip" >&2
-      run --backend=cuda --tp=$TP --model="$MODEL" --model-overrides="$OVERRIDES" --buckets=$k \
-        --bench-skip-allreduce=$skip --progress=false --out="$dir" "${wl[@]}" "${EXTRA[@]}" \
-        2>"$dir.log" || { echo "overlap: run failed: $dir.log" >&2; tail -3 "$dir.log" >&2; }
+  for ((r = 0; r < REPEATS; ++r)); do
+    # Alternate the arms' order between repeats (drift and warm-up even out).
+    order=("${arm_list[@]}")
+    if ((r % 2 == 1)); then
+      order=(); for ((i = ${#arm_list[@]} - 1; i >= 0; --i)); do order+=("${arm_list[i]}"); done
+    fi
+    for arm in "${order[@]}"; do
+      name=${arm%%=*} flags=${arm#*=}
+      for skip in "${skips[@]}"; do
+        dir=$OUT/${shape}__${name}__skip${skip}__r$r
+        echo "overlap: $shape arm=$name skip_allreduce=$skip repeat=$r" >&2
+        # shellcheck disable=SC2086
+        run --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" $flags \
+          --bench-skip-allreduce=$skip --progress=false --out="$dir" "${wl[@]}" "${EXTRA[@]}" \
+          2>"$dir.log" || { echo "overlap: FAILED, see $dir.log" >&2; tail -3 "$dir.log" >&2; failed=1; }
+        rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"
+      done
     done
   done
 done
-python3 - "$OUT" "$K" <<'PY'
-import json, os, sys
-out, K = sys.argv[1], sys.argv[2]
-def t(shape, k, skip):
-    p = os.path.join(out, f"{shape}_k{k}_skip{skip}", "summary.json")
-    if not os.path.exists(p): return None
-    s = json.load(open(p))["steps"]
-    key = "prefill_forward_us" if shape.startswith("prefill") else "decode_forward_us"
-    v = s[key]["p50"]
-    return v / 1e3 if v else None
-rows = ["| Phase | Tokens | t_1 (ms) | t_1,noAR (ms) | t_K (ms) | t_K,noAR (ms) | AR cost K=1 (ms) | AR cost K (ms) | Hidden | Split cost (ms) | t_K / t_1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+python3 - "$OUT" "$TP" "$MODEL" "$OVERRIDES" "$ARMS" <<'PY'
+import json, os, statistics, sys
+out, tp, model, ov, arms = sys.argv[1:6]
+arms = [a.split("=", 1) for a in arms.split()]
+def t(shape, arm, skip):
+    vals = []
+    for d in sorted(os.listdir(out)):
+        if not d.startswith(f"{shape}__{arm}__skip{skip}__r"): continue
+        p = os.path.join(out, d, "summary.json")
+        if not os.path.isfile(p): continue
+        st = json.load(open(p))["steps"]
+        key = ("prefill_forward_us" if shape.startswith("prefill")
+               else "decode_forward_us" if shape.startswith("decode") else "device_forward_us")
+        v = (st.get(key) or {}).get("p50")
+        if v: vals.append(v / 1e3)
+    return (statistics.median(vals), vals) if vals else (None, [])
+shapes = []
+for d in sorted(os.listdir(out)):
+    if "__" in d and not d.endswith(".log"):
+        s = d.split("__")[0]
+        if s not in shapes: shapes.append(s)
+base = arms[0][0]
+head = "| shape | " + " | ".join(f"{a} (ms)" for a, _ in arms) + " | " + \
+       " | ".join(f"{a} / {base}" for a, _ in arms[1:]) + " | AR hidden |"
+rows = [head, "|" + "---|" * (head.count("|") - 1)]
 res = {}
-for shape in ["prefill4096", "prefill512", "decode256", "decode64", "decode16"]:
-    a, b, c, d = t(shape, 1, "false"), t(shape, 1, "true"), t(shape, K, "false"), t(shape, K, "true")
-    if None in (a, b, c, d):
-        rows.append(f"| {shape} | | (missing runs) | | | | | | | | |"); continue
-    base, ar = a - b, c - d
-    hidden = 1 - ar / base if base > 0 else float("nan")
-    res[shape] = dict(t1=a, t1_noar=b, tk=c, tk_noar=d, hidden=hidden, split_cost=d - b, speedup=a / c)
-    phase = "Prefill" if shape.startswith("prefill") else "Decode"
-    n = shape.replace("prefill", "").replace("decode", "")
-    rows.append(f"| {phase} | {n} | {a:.3f} | {b:.3f} | {c:.3f} | {d:.3f} | {base:.3f} | {ar:.3f} | {100*hidden:.0f}% | {d - b:.3f} | {c / a:.3f} |")
-md = f"# All-reduce overlap (K={K} buckets vs K=1)\n\nhidden = 1 - (t_K - t_K,noAR) / (t_1 - t_1,noAR); times are per-step GPU forward time (CUDA events), median over the measured steps (prefill: the prefill steps; decode: the steady decode steps). Split cost = t_K,noAR - t_1,noAR: what splitting the row-parallel GEMMs into K buckets costs by itself; t_K / t_1 is the end result.\n\n" + "\n".join(rows) + "\n"
+for s in shapes:
+    ts = {a: t(s, a, "false") for a, _ in arms}
+    nr = {a: t(s, a, "true")[0] for a, _ in arms}
+    r = {a: dict(ms=ts[a][0], runs=ts[a][1], noar_ms=nr[a]) for a, _ in arms}
+    cells = [f"{ts[a][0]:.3f}" if ts[a][0] else "-" for a, _ in arms]
+    ratios, hid = [], []
+    for a, _ in arms[1:]:
+        if ts[a][0] and ts[base][0]:
+            r[a]["ratio"] = ts[a][0] / ts[base][0]
+            ratios.append(f"{r[a]['ratio']:.3f}")
+        else:
+            ratios.append("-")
+        if None not in (ts[a][0], nr[a], ts[base][0], nr[base]) and ts[base][0] > nr[base]:
+            r[a]["ar_hidden"] = 1 - (ts[a][0] - nr[a]) / (ts[base][0] - nr[base])
+            hid.append(f"{a}: {100 * r[a]['ar_hidden']:.0f}%")
+    rows.append(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " | " +
+                (", ".join(hid) or "-") + " |")
+    res[s] = r
+md = (f"# Micro-batch overlap: {model} ({ov}), TP={tp}\n\n"
+      f"GPU forward time per step (CUDA events), median over the measured steps of a run, then "
+      f"over the repeats (arms alternate). Arms: " + "; ".join(f"{a} = `{f}`" for a, f in arms) +
+      ".\n\n" + "\n".join(rows) + "\n")
 open(os.path.join(out, "overlap.md"), "w").write(md)
-json.dump(res, open(os.path.join(out, "overlap.json"), "w"), indent=1)
+json.dump(dict(model=model, overrides=ov, tp=int(tp), arms=dict(arms), shapes=res),
+          open(os.path.join(out, "overlap.json"), "w"), indent=1)
 print(md)
 PY
+exit $failed

@@ -18,6 +18,22 @@
 //      next step can read directly) and copies tokens / logits to pinned host
 //      memory asynchronously, then records the step's done-event.
 //
+// Micro-batches (GpuModelOptions::micro_batches): a step's rows can be split
+// into M micro-batches that each run the whole layer stack on a stream of
+// their own (micro-batch 0 on `stream`), forked from `stream` after the
+// embedding and joined back before the final norm and the LM head. Each
+// micro-batch has its own all-reduce communicator (the custom all-reduce is
+// one ordered instance per communicator), GEMM workspace and attention
+// workspace slice. A layer is six phases, three compute (norm + QKV GEMM +
+// RoPE/KV write; O GEMM; norm + gate/up GEMM + SiLU + down GEMM) and three
+// memory or network (paged attention; the two row-parallel all-reduces),
+// alternating. Under the ping-pong schedule the compute phases of all
+// micro-batches run one at a time in a fixed round-robin order (event edges
+// between the streams), so while one micro-batch computes, the others run
+// their attention or all-reduce beside it. Rows split only at attention-item
+// boundaries; when a prefill sequence spans two micro-batches, the later
+// one's attention waits for the earlier one's KV write of the same layer.
+//
 // Row-parallel layers are one function that splits the output (hidden)
 // columns into K buckets (GpuModelOptions::num_buckets), so the weights are
 // read once whatever K: bucket i's GEMM runs on `stream` into a contiguous
@@ -52,6 +68,16 @@
 
 namespace symtp::model {
 
+// The order the micro-batches' phases may run in (see above).
+enum class MicroBatchSchedule {
+  kPingPong,  // compute phases one at a time, round robin between micro-batches
+  kFree,      // only the fork, the join and the KV edges: the GPU interleaves
+};
+const char* MicroBatchScheduleName(MicroBatchSchedule s);  // "ping-pong", "free"
+
+// Largest number of micro-batches a step can be split into.
+inline constexpr int kMaxMicroBatches = 4;
+
 struct GpuModelOptions {
   // Activations, weights and KV cache: kF32 or kBF16 (GEMMs accumulate fp32).
   kernels::DType dtype = kernels::DType::kBF16;
@@ -65,6 +91,17 @@ struct GpuModelOptions {
   int max_batch_tokens = 2048;
   int max_seqs = 256;
   int max_sampled_rows = 0;
+  // Micro-batches per step: 1 runs the step as one batch; N in [2,
+  // kMaxMicroBatches] splits every step of at least 2 rows (fewer when
+  // the step has fewer attention items); 0 is the policy: 2 for steps of at
+  // least micro_batch_min_rows rows, else 1. With N != 1 and TP > 1, Create
+  // needs one more communicator per extra micro-batch.
+  int micro_batches = 1;
+  int micro_batch_min_rows = 128;
+  MicroBatchSchedule micro_batch_schedule = MicroBatchSchedule::kPingPong;
+  // GEMMs of a micro-batched step (they run beside another micro-batch's
+  // attention or all-reduce) are asked to leave this many SMs free (0: all).
+  int micro_batch_gemm_sm_margin = 0;
   // K of the bucketed row-parallel all-reduce (1: no overlap).
   int num_buckets = 1;
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
@@ -159,9 +196,16 @@ class GpuModel {
   // size() == tp_size and outlive the model. Errors: InvalidArgument
   // (config, TP, comm, options, unsupported head_dim), ResourceExhausted
   // (device memory), CUDA errors.
-  static absl::StatusOr<GpuModel> Create(const ModelConfig& cfg, int tp_rank, int tp_size,
-                                         int device, const GpuModelOptions& options,
-                                         kernels::DeviceComm* comm);
+  // `micro_batch_comms`: the communicators of micro-batches 1, 2, ... (same
+  // group as `comm`, each used on one stream only); with TP > 1 it needs
+  // max(micro_batches, 2 if micro_batches == 0) - 1 of them.
+  static absl::StatusOr<GpuModel> Create(
+      const ModelConfig& cfg, int tp_rank, int tp_size, int device, const GpuModelOptions& options,
+      kernels::DeviceComm* comm, absl::Span<kernels::DeviceComm* const> micro_batch_comms = {});
+
+  // The micro-batches a step of `rows` token rows runs with (the policy of
+  // options().micro_batches; before the split at item boundaries).
+  int MicroBatchesFor(int rows) const;
 
   GpuModel(GpuModel&&) noexcept;
   GpuModel& operator=(GpuModel&&) noexcept;
