@@ -12,7 +12,8 @@
 # beside decode rows, 32 running).
 #   tools/overlap.sh [--tp 2] [--model llama-8b-shape] [--overrides layers=32]
 #       [--shapes "decode32@1024 decode256@1024 prefill4096 mixed"] [--repeats 2]
-#       [--arms "m1=--micro-batches=1 m2=--micro-batches=2"] [--noar] [--out DIR]
+#       [--arms "m1=--micro-batches=1 m2=--micro-batches=2,--micro-batch-sm-margin=8"]
+#       [--noar] [--out DIR]   (an arm is NAME=FLAGS, FLAGS comma-separated)
 #       [-- more launcher flags for every run]
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
@@ -58,7 +59,7 @@ for shape in $SHAPES; do
       order=(); for ((i = ${#arm_list[@]} - 1; i >= 0; --i)); do order+=("${arm_list[i]}"); done
     fi
     for arm in "${order[@]}"; do
-      name=${arm%%=*} flags=${arm#*=}
+      name=${arm%%=*} flags=${arm#*=}; flags=${flags//,/ }
       for skip in "${skips[@]}"; do
         dir=$OUT/${shape}__${name}__skip${skip}__r$r
         echo "overlap: $shape arm=$name skip_allreduce=$skip repeat=$r" >&2
@@ -74,7 +75,7 @@ done
 python3 - "$OUT" "$TP" "$MODEL" "$OVERRIDES" "$ARMS" <<'PY'
 import json, os, statistics, sys
 out, tp, model, ov, arms = sys.argv[1:6]
-arms = [a.split("=", 1) for a in arms.split()]
+arms = [(a.split("=", 1)[0], a.split("=", 1)[1].replace(",", " ")) for a in arms.split()]
 def t(shape, arm, skip):
     vals = []
     for d in sorted(os.listdir(out)):
