@@ -59,7 +59,6 @@ struct JobOptions {
   // the other.
   int micro_batches = 1;
   int micro_batch_min_rows = 128;
-  std::string micro_batch_schedule = "ping-pong";  // ping-pong | free
   int micro_batch_sm_margin = 0;  // SMs a micro-batched step's GEMMs leave free
   int buckets = 1;
   int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)

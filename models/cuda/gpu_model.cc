@@ -139,7 +139,8 @@ struct GpuModel::State {
   int max_micro = 1;                     // micro-batches the buffers are sized for
   std::vector<cuda::Stream> mb_streams;  // micro-batches 1..max_micro-1
   cuda::Event ev_fork;
-  std::vector<cuda::Event> ev_tok, ev_kv, ev_join;  // per micro-batch
+  std::vector<cuda::Event> ev_slot;  // [class (compute, attention)][micro-batch]
+  std::vector<cuda::Event> ev_join;  // per micro-batch
   cuda::Event step_done;
   cuda::Event staging_done[2];
   bool staging_used[2] = {false, false};
@@ -331,8 +332,8 @@ void GpuModel::State::PlanMicroBatches(int rows, bool decode, StepShape* sh) {
 }
 
 // The layer stack. One micro-batch: every op on `s` (the bucketed
-// row-parallel path included). Several: see the file comment in
-// gpu_model.h (fork, six alternating phases per layer, join).
+// row-parallel path included). Several: see the file comment in gpu_model.h
+// (fork, a two-slot pipeline of attention and compute halves, join).
 absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s) {
   const float eps = cfg.rms_eps;
   const int M = sh.micro;
@@ -346,7 +347,7 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
     v.item0 = sh.item0[m];
     v.num_items = sh.item0[m + 1] - sh.item0[m];
     v.stream = m == 0 ? s : mb_streams[m - 1].get();
-    v.comm = comms.empty() ? nullptr : comms[m];
+    v.comm = comms[m];
     v.gemm_ws = Offset(gemm_ws, static_cast<size_t>(m) * opt.gemm_workspace_bytes);
     v.split_grid = sh.split_grid;
     if (M > 1 && sh.split_grid > 0) {
@@ -367,26 +368,26 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
   auto rowp = [&](void* base, int width, const MicroBatch& v) {
     return Offset(base, static_cast<size_t>(v.row0) * width * esz);
   };
-  const int gemm_sms =
-      M > 1 && opt.micro_batch_gemm_sm_margin > 0
-          ? std::max(1, num_sms - opt.micro_batch_gemm_sm_margin)
-          : 0;
-  const bool ping_pong = M > 1 && opt.micro_batch_schedule == MicroBatchSchedule::kPingPong;
-  // The KV edge: a prefill sequence may span micro-batches.
-  const bool kv_edges = M > 1 && !sh.decode && !ping_pong;
-
-  // Compute-phase edges (ping-pong): each compute phase waits for the
-  // compute phase enqueued just before it (the previous micro-batch's).
-  int last_compute = -1;
-  auto compute_in = [&](int m) -> absl::Status {
-    if (!ping_pong || last_compute < 0 || last_compute == m) return absl::OkStatus();
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(mb[m].stream, ev_tok[last_compute].get(), 0));
+  const int gemm_sms = M > 1 && opt.micro_batch_gemm_sm_margin > 0
+                           ? std::max(1, num_sms - opt.micro_batch_gemm_sm_margin)
+                           : 0;
+  // Slot edges: each half (compute or attention) of a micro-batch waits for
+  // the half of its class enqueued just before it, which belongs to the
+  // previous micro-batch in round-robin order; within a stream the halves
+  // alternate, so one micro-batch's attention runs beside another's compute.
+  enum { kCompute = 0, kAttention = 1 };
+  int last[2] = {-1, -1};
+  auto enter = [&](int cls, int m) -> absl::Status {
+    if (M > 1 && last[cls] >= 0 && last[cls] != m) {
+      CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(mb[m].stream, ev_slot[cls * max_micro + last[cls]].get(), 0));
+    }
     return absl::OkStatus();
   };
-  auto compute_out = [&](int m) -> absl::Status {
-    last_compute = m;
-    if (!ping_pong) return absl::OkStatus();
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_tok[m].get(), mb[m].stream));
+  auto leave = [&](int cls, int m) -> absl::Status {
+    if (M == 1) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_slot[cls * max_micro + m].get(), mb[m].stream));
+    last[cls] = m;
     return absl::OkStatus();
   };
   auto all_reduce = [&](const MicroBatch& v, const char* what, int l) -> absl::Status {
@@ -396,6 +397,82 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
         absl::StrCat(what, " all-reduce, layer ", l));
     return absl::OkStatus();
   };
+  // Norm, QKV GEMM, RoPE + KV write of layer l (the first norm has no delta).
+  auto qkv_part = [&](const MicroBatch& v, int l) -> absl::Status {
+    const LayerPtrs& w = L[l];
+    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), l == 0 ? nullptr : rowp(proj, H, v),
+                                              w.attn_norm, rowp(h, H, v), v.rows, H, eps, dt,
+                                              v.stream));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wqkv, rowp(qkv, QKVW, v), v.rows, QKVW, H, dt,
+                               v.stream, gemm_sms, v.gemm_ws));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(
+        rowp(qkv, QKVW, v), QKVW, NHl, NKVl, D, d_positions + v.row0, d_slots + v.row0, v.rows,
+        rope, cfg.max_seq_len, w.k_cache, w.v_cache, dt, v.stream));
+    return Mark(kClsOther, s);
+  };
+  auto attention = [&](const MicroBatch& v, int l) -> absl::Status {
+    const LayerPtrs& w = L[l];
+    kernels::PagedAttentionArgs a;
+    a.q = rowp(qkv, QKVW, v);
+    a.q_row_stride = QKVW;
+    a.k_cache = w.k_cache;
+    a.v_cache = w.v_cache;
+    a.out = rowp(attn, QW, v);
+    a.positions = d_positions + v.row0;
+    a.block_tables = d_block_tables;
+    a.block_table_stride = cap_blocks;
+    a.block_size = cfg.block_size;
+    a.items = d_items + v.item0;
+    a.num_items = v.num_items;
+    a.max_item_tokens = sh.max_item_tokens;
+    a.num_tokens = v.rows;
+    a.num_q_heads = NHl;
+    a.num_kv_heads = NKVl;
+    a.head_dim = D;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    a.num_splits = sh.splits;
+    a.split_grid = v.split_grid;
+    a.split_chunk = opt.attention_split_chunk;
+    a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
+    a.workspace = v.attn_ws;
+    a.workspace_bytes = v.attn_ws_bytes;
+    a.decode_kernel = opt.attention_decode_kernel;
+    a.prefill_kernel = opt.attention_prefill_kernel;
+    SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, v.stream), absl::StrCat("layer ", l));
+    return Mark(kClsAttn, s);
+  };
+  // O projection + all-reduce, norm, gate/up GEMM, SiLU, down GEMM +
+  // all-reduce of layer l.
+  auto mlp_part = [&](const MicroBatch& v, int l) -> absl::Status {
+    const LayerPtrs& w = L[l];
+    if (M == 1) {
+      SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, sh.rows, s));
+    } else {
+      SYMTP_RETURN_IF_ERROR(Gemm(rowp(attn, QW, v), w.wo, rowp(proj, H, v), v.rows, H, QW, dt,
+                                 v.stream, gemm_sms, v.gemm_ws));
+      SYMTP_RETURN_IF_ERROR(all_reduce(v, "attention output", l));
+    }
+    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), rowp(proj, H, v), w.mlp_norm,
+                                              rowp(h, H, v), v.rows, H, eps, dt, v.stream));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wgu, rowp(gu, 2 * FL, v), v.rows, 2 * FL, H, dt,
+                               v.stream, gemm_sms, v.gemm_ws));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(
+        kernels::SiluMul(rowp(gu, 2 * FL, v), rowp(act, FL, v), v.rows, FL, dt, v.stream));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    if (M == 1) {
+      SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, sh.rows, s));
+    } else {
+      SYMTP_RETURN_IF_ERROR(Gemm(rowp(act, FL, v), w.wdown, rowp(proj, H, v), v.rows, H, FL, dt,
+                                 v.stream, gemm_sms, v.gemm_ws));
+      SYMTP_RETURN_IF_ERROR(all_reduce(v, "MLP output", l));
+    }
+    return Mark(kClsRowPar, s);
+  };
 
   if (M > 1) {  // fork: every micro-batch stream starts after the embedding
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_fork.get(), s));
@@ -403,103 +480,29 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(mb[m].stream, ev_fork.get(), 0));
     }
   }
+  // Compute half 0: layer 0's QKV part. Then per layer an attention half
+  // and a compute half (this layer's MLP part, the next layer's QKV part).
+  // The attention half of a later micro-batch also orders its KV reads
+  // after the earlier micro-batch's KV write of the layer, for a prefill
+  // sequence cut between them.
+  if (cfg.layers > 0) {
+    for (int m = 0; m < M; ++m) {
+      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
+      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], 0));
+      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
+    }
+  }
   for (int l = 0; l < cfg.layers; ++l) {
-    const LayerPtrs& w = L[l];
-    // Phase 1 (compute): norm, QKV GEMM, RoPE + KV write.
     for (int m = 0; m < M; ++m) {
-      const MicroBatch& v = mb[m];
-      SYMTP_RETURN_IF_ERROR(compute_in(m));
-      SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), l == 0 ? nullptr : rowp(proj, H, v),
-                                                w.attn_norm, rowp(h, H, v), v.rows, H, eps, dt,
-                                                v.stream));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wqkv, rowp(qkv, QKVW, v), v.rows, QKVW, H, dt,
-                                 v.stream, gemm_sms, v.gemm_ws));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-      SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(
-          rowp(qkv, QKVW, v), QKVW, NHl, NKVl, D, d_positions + v.row0, d_slots + v.row0, v.rows,
-          rope, cfg.max_seq_len, w.k_cache, w.v_cache, dt, v.stream));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-      SYMTP_RETURN_IF_ERROR(compute_out(m));
-      if (kv_edges) CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_kv[m].get(), v.stream));
+      SYMTP_RETURN_IF_ERROR(enter(kAttention, m));
+      SYMTP_RETURN_IF_ERROR(attention(mb[m], l));
+      SYMTP_RETURN_IF_ERROR(leave(kAttention, m));
     }
-    // Phase 2 (memory): paged attention.
     for (int m = 0; m < M; ++m) {
-      const MicroBatch& v = mb[m];
-      if (kv_edges) {
-        for (int e = 0; e < m; ++e) {
-          CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(v.stream, ev_kv[e].get(), 0));
-        }
-      }
-      kernels::PagedAttentionArgs a;
-      a.q = rowp(qkv, QKVW, v);
-      a.q_row_stride = QKVW;
-      a.k_cache = w.k_cache;
-      a.v_cache = w.v_cache;
-      a.out = rowp(attn, QW, v);
-      a.positions = d_positions + v.row0;
-      a.block_tables = d_block_tables;
-      a.block_table_stride = cap_blocks;
-      a.block_size = cfg.block_size;
-      a.items = d_items + v.item0;
-      a.num_items = v.num_items;
-      a.max_item_tokens = sh.max_item_tokens;
-      a.num_tokens = v.rows;
-      a.num_q_heads = NHl;
-      a.num_kv_heads = NKVl;
-      a.head_dim = D;
-      a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-      a.num_splits = sh.splits;
-      a.split_grid = v.split_grid;
-      a.split_chunk = opt.attention_split_chunk;
-      a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
-      a.workspace = v.attn_ws;
-      a.workspace_bytes = v.attn_ws_bytes;
-      a.decode_kernel = opt.attention_decode_kernel;
-      a.prefill_kernel = opt.attention_prefill_kernel;
-      SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, v.stream),
-                                absl::StrCat("layer ", l));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
-    }
-    // Phases 3-4: O projection (compute), its all-reduce (network).
-    if (M == 1) {
-      SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, sh.rows, s));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
-    } else {
-      for (int m = 0; m < M; ++m) {
-        const MicroBatch& v = mb[m];
-        SYMTP_RETURN_IF_ERROR(compute_in(m));
-        SYMTP_RETURN_IF_ERROR(Gemm(rowp(attn, QW, v), w.wo, rowp(proj, H, v), v.rows, H, QW, dt,
-                                   v.stream, gemm_sms, v.gemm_ws));
-        SYMTP_RETURN_IF_ERROR(compute_out(m));
-      }
-      for (int m = 0; m < M; ++m) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "attention output", l));
-    }
-    // Phase 5 (compute): norm, gate/up GEMM, SiLU, down GEMM.
-    for (int m = 0; m < M; ++m) {
-      const MicroBatch& v = mb[m];
-      SYMTP_RETURN_IF_ERROR(compute_in(m));
-      SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), rowp(proj, H, v), w.mlp_norm,
-                                                rowp(h, H, v), v.rows, H, eps, dt, v.stream));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wgu, rowp(gu, 2 * FL, v), v.rows, 2 * FL, H, dt,
-                                 v.stream, gemm_sms, v.gemm_ws));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-      SYMTP_RETURN_IF_ERROR(
-          kernels::SiluMul(rowp(gu, 2 * FL, v), rowp(act, FL, v), v.rows, FL, dt, v.stream));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-      if (M == 1) {
-        SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, sh.rows, s));
-        SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
-      } else {
-        SYMTP_RETURN_IF_ERROR(Gemm(rowp(act, FL, v), w.wdown, rowp(proj, H, v), v.rows, H, FL, dt,
-                                   v.stream, gemm_sms, v.gemm_ws));
-        SYMTP_RETURN_IF_ERROR(compute_out(m));
-      }
-    }
-    // Phase 6 (network): the MLP's all-reduce.
-    if (M > 1) {
-      for (int m = 0; m < M; ++m) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "MLP output", l));
+      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
+      SYMTP_RETURN_IF_ERROR(mlp_part(mb[m], l));
+      if (l + 1 < cfg.layers) SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l + 1));
+      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
     }
   }
   if (M > 1) {  // join: `s` continues once every micro-batch is through the stack
@@ -1064,7 +1067,7 @@ absl::Status GpuModel::State::Init() {
     mb_streams.push_back(std::move(st));
   }
   SYMTP_ASSIGN_OR_RETURN(ev_fork, cuda::Event::Create());
-  for (auto* evs : {&ev_tok, &ev_kv, &ev_join}) {
+  for (auto* evs : {&ev_slot, &ev_slot, &ev_join}) {
     for (int m = 0; m < max_micro; ++m) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create());
       evs->push_back(std::move(e));
@@ -1222,9 +1225,7 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
 int GpuModel::MicroBatchesFor(int rows) const { return s_->MicroBatchesFor(rows); }
 
-const char* MicroBatchScheduleName(MicroBatchSchedule s) {
-  return s == MicroBatchSchedule::kPingPong ? "ping-pong" : "free";
-}
+
 absl::StatusOr<kernels::GemmTuningTable> GpuModel::GemmPlans(int set) const {
   if (set == 0) return s_->gemm.ExportPlans();
   auto it = s_->gemm_sets.find(set);

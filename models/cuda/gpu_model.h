@@ -24,15 +24,19 @@
 // embedding and joined back before the final norm and the LM head. Each
 // micro-batch has its own all-reduce communicator (the custom all-reduce is
 // one ordered instance per communicator), GEMM workspace and attention
-// workspace slice. A layer is six phases, three compute (norm + QKV GEMM +
-// RoPE/KV write; O GEMM; norm + gate/up GEMM + SiLU + down GEMM) and three
-// memory or network (paged attention; the two row-parallel all-reduces),
-// alternating. Under the ping-pong schedule the compute phases of all
-// micro-batches run one at a time in a fixed round-robin order (event edges
-// between the streams), so while one micro-batch computes, the others run
-// their attention or all-reduce beside it. Rows split only at attention-item
-// boundaries; when a prefill sequence spans two micro-batches, the later
-// one's attention waits for the earlier one's KV write of the same layer.
+// workspace slice. Each micro-batch's stack is a chain of halves: an
+// attention half (paged attention of layer l: memory bound) and a compute
+// half (O GEMM + all-reduce, norm, gate/up GEMM, SiLU, down GEMM +
+// all-reduce of layer l, then norm, QKV GEMM, RoPE + KV write of layer
+// l + 1). Halves of one class run one at a time, round robin over the
+// micro-batches (an event edge from the previous micro-batch's half of that
+// class), and each stream alternates classes, so with two micro-batches the
+// step is a two-slot pipeline: A's attention beside B's compute, then B's
+// attention beside A's compute. Two attentions never compete for memory
+// bandwidth, nor two GEMMs for the SMs. Rows split only at attention-item
+// boundaries; a prefill sequence cut between two micro-batches is safe
+// because the later one's attention half follows the earlier one's, which
+// follows that micro-batch's KV write of the layer.
 //
 // Row-parallel layers are one function that splits the output (hidden)
 // columns into K buckets (GpuModelOptions::num_buckets), so the weights are
@@ -68,13 +72,6 @@
 
 namespace symtp::model {
 
-// The order the micro-batches' phases may run in (see above).
-enum class MicroBatchSchedule {
-  kPingPong,  // compute phases one at a time, round robin between micro-batches
-  kFree,      // only the fork, the join and the KV edges: the GPU interleaves
-};
-const char* MicroBatchScheduleName(MicroBatchSchedule s);  // "ping-pong", "free"
-
 // Largest number of micro-batches a step can be split into.
 inline constexpr int kMaxMicroBatches = 4;
 
@@ -98,7 +95,6 @@ struct GpuModelOptions {
   // needs one more communicator per extra micro-batch.
   int micro_batches = 1;
   int micro_batch_min_rows = 128;
-  MicroBatchSchedule micro_batch_schedule = MicroBatchSchedule::kPingPong;
   // GEMMs of a micro-batched step (they run beside another micro-batch's
   // attention or all-reduce) are asked to leave this many SMs free (0: all).
   int micro_batch_gemm_sm_margin = 0;

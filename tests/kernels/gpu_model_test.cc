@@ -64,14 +64,12 @@ class GpuModelTest : public testing::GpuTest {
   // with a threshold of 8 rows).
   void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
                       int decode_steps, double rtol, double norm_tol,
-                      DecodeKernel dk = DecodeKernel::kTiled, int micro = 1,
-                      model::MicroBatchSchedule schedule = model::MicroBatchSchedule::kPingPong) {
+                      DecodeKernel dk = DecodeKernel::kTiled, int micro = 1) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
     GpuModelOptions o = Opts(dt, false, dk);
     o.micro_batches = micro;
     o.micro_batch_min_rows = 8;
-    o.micro_batch_schedule = schedule;
     auto gpu = GpuModel::Create(cfg, 0, 1, 0, o, nullptr);
     ASSERT_OK(gpu);
     SimBatch sim(cfg, kBlocks, 42);
@@ -617,9 +615,9 @@ TEST_F(GpuModelTest, TinyFp32TwoMicroBatchesLogitsMatchCpu) {
   CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
                  DecodeKernel::kTiled, 2);
 }
-TEST_F(GpuModelTest, TinyFp32ThreeMicroBatchesFreeScheduleLogitsMatchCpu) {
+TEST_F(GpuModelTest, TinyFp32ThreeMicroBatchesLogitsMatchCpu) {
   CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
-                 DecodeKernel::kTiled, 3, model::MicroBatchSchedule::kFree);
+                 DecodeKernel::kTiled, 3);
 }
 TEST_F(GpuModelTest, SmallTwoLayersBf16MicroBatchPolicyLogitsCloseToCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64, 12}, 64, 4, 0, 0.08,
