@@ -139,7 +139,7 @@ struct GpuModel::State {
   int max_micro = 1;                     // micro-batches the buffers are sized for
   std::vector<cuda::Stream> mb_streams;  // micro-batches 1..max_micro-1
   cuda::Event ev_fork;
-  std::vector<cuda::Event> ev_slot;  // [class (compute, attention)][micro-batch]
+  std::vector<cuda::Event> ev_slot;  // per micro-batch: the end of its last compute half
   std::vector<cuda::Event> ev_join;  // per micro-batch
   cuda::Event step_done;
   cuda::Event staging_done[2];
@@ -371,12 +371,10 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
   const int gemm_sms = M > 1 && opt.micro_batch_gemm_sm_margin > 0
                            ? std::max(1, num_sms - opt.micro_batch_gemm_sm_margin)
                            : 0;
-  // Slot edges: each half (compute or attention) of a micro-batch waits for
-  // the half of its class enqueued just before it, which belongs to the
-  // previous micro-batch in round-robin order; within a stream the halves
-  // alternate, so one micro-batch's attention runs beside another's compute.
-  enum { kCompute = 0, kAttention = 1 };
-  int last[2] = {-1, -1};
+  // Round-robin edges: each compute half of a micro-batch waits for the one
+  // enqueued just before it (the previous micro-batch's).
+  enum { kCompute = 0 };
+  int last[1] = {-1};
   auto enter = [&](int cls, int m) -> absl::Status {
     if (M > 1 && last[cls] >= 0 && last[cls] != m) {
       CUDA_RETURN_IF_ERROR(
@@ -443,18 +441,18 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, v.stream), absl::StrCat("layer ", l));
     return Mark(kClsAttn, s);
   };
-  // O projection + all-reduce, norm, gate/up GEMM, SiLU, down GEMM +
-  // all-reduce of layer l.
-  auto mlp_part = [&](const MicroBatch& v, int l) -> absl::Status {
-    const LayerPtrs& w = L[l];
+  // O projection (+ all-reduce with one micro-batch) of layer l.
+  auto o_part = [&](const MicroBatch& v, int l) -> absl::Status {
     if (M == 1) {
-      SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, sh.rows, s));
-    } else {
-      SYMTP_RETURN_IF_ERROR(Gemm(rowp(attn, QW, v), w.wo, rowp(proj, H, v), v.rows, H, QW, dt,
-                                 v.stream, gemm_sms, v.gemm_ws));
-      SYMTP_RETURN_IF_ERROR(all_reduce(v, "attention output", l));
+      SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, L[l].wo, proj, sh.rows, s));
+      return Mark(kClsRowPar, s);
     }
-    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+    return Gemm(rowp(attn, QW, v), L[l].wo, rowp(proj, H, v), v.rows, H, QW, dt, v.stream,
+                gemm_sms, v.gemm_ws);
+  };
+  // Norm, gate/up GEMM, SiLU, down GEMM (+ all-reduce with one micro-batch).
+  auto ffn_part = [&](const MicroBatch& v, int l) -> absl::Status {
+    const LayerPtrs& w = L[l];
     SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), rowp(proj, H, v), w.mlp_norm,
                                               rowp(h, H, v), v.rows, H, eps, dt, v.stream));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
@@ -466,12 +464,10 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     if (M == 1) {
       SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, sh.rows, s));
-    } else {
-      SYMTP_RETURN_IF_ERROR(Gemm(rowp(act, FL, v), w.wdown, rowp(proj, H, v), v.rows, H, FL, dt,
-                                 v.stream, gemm_sms, v.gemm_ws));
-      SYMTP_RETURN_IF_ERROR(all_reduce(v, "MLP output", l));
+      return Mark(kClsRowPar, s);
     }
-    return Mark(kClsRowPar, s);
+    return Gemm(rowp(act, FL, v), w.wdown, rowp(proj, H, v), v.rows, H, FL, dt, v.stream,
+                gemm_sms, v.gemm_ws);
   };
 
   if (M > 1) {  // fork: every micro-batch stream starts after the embedding
@@ -480,29 +476,26 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
       CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(mb[m].stream, ev_fork.get(), 0));
     }
   }
-  // Compute half 0: layer 0's QKV part. Then per layer an attention half
-  // and a compute half (this layer's MLP part, the next layer's QKV part).
-  // The attention half of a later micro-batch also orders its KV reads
-  // after the earlier micro-batch's KV write of the layer, for a prefill
-  // sequence cut between them.
-  if (cfg.layers > 0) {
-    for (int m = 0; m < M; ++m) {
-      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], 0));
-      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
-    }
-  }
+  // Two compute halves per layer (attention half: norm, QKV, RoPE + KV
+  // write, attention, O GEMM; MLP half: norm, gate/up, SiLU, down), each
+  // followed by its all-reduce outside the round robin, so it runs beside
+  // the next micro-batch's half. A later micro-batch's attention half
+  // follows the earlier one's, so its KV reads follow that KV write (a
+  // prefill sequence may be cut between them).
   for (int l = 0; l < cfg.layers; ++l) {
     for (int m = 0; m < M; ++m) {
-      SYMTP_RETURN_IF_ERROR(enter(kAttention, m));
+      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
+      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l));
       SYMTP_RETURN_IF_ERROR(attention(mb[m], l));
-      SYMTP_RETURN_IF_ERROR(leave(kAttention, m));
+      SYMTP_RETURN_IF_ERROR(o_part(mb[m], l));
+      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
+      if (M > 1) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "attention output", l));
     }
     for (int m = 0; m < M; ++m) {
       SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-      SYMTP_RETURN_IF_ERROR(mlp_part(mb[m], l));
-      if (l + 1 < cfg.layers) SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l + 1));
+      SYMTP_RETURN_IF_ERROR(ffn_part(mb[m], l));
       SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
+      if (M > 1) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "MLP output", l));
     }
   }
   if (M > 1) {  // join: `s` continues once every micro-batch is through the stack
@@ -1067,7 +1060,7 @@ absl::Status GpuModel::State::Init() {
     mb_streams.push_back(std::move(st));
   }
   SYMTP_ASSIGN_OR_RETURN(ev_fork, cuda::Event::Create());
-  for (auto* evs : {&ev_slot, &ev_slot, &ev_join}) {
+  for (auto* evs : {&ev_slot, &ev_join}) {
     for (int m = 0; m < max_micro; ++m) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create());
       evs->push_back(std::move(e));

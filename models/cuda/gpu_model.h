@@ -24,19 +24,16 @@
 // embedding and joined back before the final norm and the LM head. Each
 // micro-batch has its own all-reduce communicator (the custom all-reduce is
 // one ordered instance per communicator), GEMM workspace and attention
-// workspace slice. Each micro-batch's stack is a chain of halves: an
-// attention half (paged attention of layer l: memory bound) and a compute
-// half (O GEMM + all-reduce, norm, gate/up GEMM, SiLU, down GEMM +
-// all-reduce of layer l, then norm, QKV GEMM, RoPE + KV write of layer
-// l + 1). Halves of one class run one at a time, round robin over the
-// micro-batches (an event edge from the previous micro-batch's half of that
-// class), and each stream alternates classes, so with two micro-batches the
-// step is a two-slot pipeline: A's attention beside B's compute, then B's
-// attention beside A's compute. Two attentions never compete for memory
-// bandwidth, nor two GEMMs for the SMs. Rows split only at attention-item
-// boundaries; a prefill sequence cut between two micro-batches is safe
-// because the later one's attention half follows the earlier one's, which
-// follows that micro-batch's KV write of the layer.
+// workspace slice. A layer is two compute halves per micro-batch (norm, QKV
+// GEMM, RoPE + KV write, attention, O GEMM; then norm, gate/up GEMM, SiLU,
+// down GEMM), each followed by its row-parallel all-reduce. The compute
+// halves of all micro-batches run one at a time, round robin (an event edge
+// from the previous micro-batch's half), and the all-reduces stay outside
+// that order, so one micro-batch's all-reduce runs beside the next one's
+// compute half: the all-reduce time is hidden where it is shorter than a
+// compute half. Rows split only at attention-item boundaries; a prefill
+// sequence cut between two micro-batches is safe because the later one's
+// attention half follows the earlier one's (and its KV write).
 //
 // Row-parallel layers are one function that splits the output (hidden)
 // columns into K buckets (GpuModelOptions::num_buckets), so the weights are
