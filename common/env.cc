@@ -25,4 +25,8 @@ std::string ShmPrefix() {
 
 std::optional<std::string> CudaVisibleDevices() { return Get("CUDA_VISIBLE_DEVICES"); }
 
+bool BenchUnderProfiler() {
+  return Get("CUDA_INJECTION64_PATH").has_value() || Get("SYMTP_BENCH_NO_GATE").has_value();
+}
+
 }  // namespace symtp::env

@@ -4,6 +4,7 @@
 //   SYMTP_LOG         log threshold spec, e.g. "info" or "warn,ipc=trace" (default "info")
 //   SYMTP_SHM_PREFIX  prefix of shared-memory segment names (default "symtp")
 //   CUDA_VISIBLE_DEVICES  read by the launcher only to report what it pins
+//   SYMTP_BENCH_NO_GATE, CUDA_INJECTION64_PATH  kernels_bench: whether a profiler runs it
 #pragma once
 
 #include <optional>
@@ -19,5 +20,10 @@ std::string ShmPrefix();
 
 // CUDA_VISIBLE_DEVICES if set.
 std::optional<std::string> CudaVisibleDevices();
+
+// True when a profiler runs this process: CUDA_INJECTION64_PATH is set (how
+// Nsight tools inject) or SYMTP_BENCH_NO_GATE is (for profilers that inject
+// otherwise). kernels_bench then times without holding its stream.
+bool BenchUnderProfiler();
 
 }  // namespace symtp::env

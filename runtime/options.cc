@@ -171,19 +171,11 @@ const std::map<std::string, Flag>& Flags() {
       {"micro-batch-min-rows", {Int(&JobOptions::micro_batch_min_rows, 1, 1 << 24), Get(&JobOptions::micro_batch_min_rows), "with --micro-batches=auto: the smallest step (token rows) that is split in two"}},
       {"micro-batch-sm-margin", {Int(&JobOptions::micro_batch_sm_margin, 0, 128), Get(&JobOptions::micro_batch_sm_margin), "cuda: SMs the GEMMs of a micro-batched step leave free for the attention / all-reduce beside them (0: none)"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
-      {"gemm-autotune", {Int(&JobOptions::gemm_autotune, 1, 32), Get(&JobOptions::gemm_autotune), "cuda: GEMM algorithm per shape: 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N candidates (and cluster-shape variants), timed once per shape at its first (eager) use, per call in a CUDA graph (bf16 bits may then differ between runs)"}},
-      {"gemm-tuning-file", {Str(&JobOptions::gemm_tuning_file), Get(&JobOptions::gemm_tuning_file), "cuda: GEMM algorithms per shape: a GEMM tuning table (--gemm-tune-out): every rank runs its algorithms for the shapes it holds (same bits on every rank and run); it must come from this device and cuBLASLt; auto: the table in configs/gemm_tuning made on this device and cuBLASLt, if any ($SYMTP_GEMM_TUNING_DIR overrides the folder); none: cuBLASLt's heuristic"}},
-      {"gemm-tune-out", {Str(&JobOptions::gemm_tune_out), Get(&JobOptions::gemm_tune_out), "cuda, steady decode: time the decode step with cuBLASLt's heuristic GEMMs against autotuned picks, alternating (A B B A) every --gemm-tune-window steps, and write the faster set to this GEMM tuning table (merged with the shapes the file already holds)"}},
-      {"gemm-tune-rounds", {Int(&JobOptions::gemm_tune_rounds, 2, 4096), Get(&JobOptions::gemm_tune_rounds), "with --gemm-tune-out: rounds of four windows (heuristic, picks, picks, heuristic), the first untimed"}},
-      {"gemm-tune-window", {Int(&JobOptions::gemm_tune_window, 1, 1000), Get(&JobOptions::gemm_tune_window), "with --gemm-tune-out: decode steps per window (1: the GEMM algorithms alternate every step)"}},
-      {"gemm-tune-candidates", {Int(&JobOptions::gemm_tune_candidates, 1, 32), Get(&JobOptions::gemm_tune_candidates), "with --gemm-tune-out: autotuning candidates per GEMM shape (1: the heuristic against itself, a noise-floor control)"}},
-      {"gemm-tune-margin", {Real(&JobOptions::gemm_tune_margin, 0, 0.5), Get(&JobOptions::gemm_tune_margin), "with --gemm-tune-out: the picks must make the step faster by this fraction (median of the paired windows)"}},
-      {"gemm-skinny-max-m", {Int(&JobOptions::gemm_skinny_max_m, -1, 32), Get(&JobOptions::gemm_skinny_max_m), "cuda: bf16 GEMMs of at most this many rows run the weight-streaming kernel (0: always cuBLASLt; -1: the model's default)"}},
       {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
       {"comm-priority", {Str(&JobOptions::comm_priority, {"normal", "high"}), Get(&JobOptions::comm_priority), "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)"}},
       {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},
       {"pipeline", {Bool(&JobOptions::pipeline), Get(&JobOptions::pipeline), "v1 workers launch step t+1 while step t runs (false: one step at a time)"}},
-      {"attention", {Str(&JobOptions::attention, {"tiled", "warp-streamed", "tensor-core"}), Get(&JobOptions::attention), "cuda bf16 attention kernels: tiled | warp-streamed (decode) | tensor-core (decode and prefill)"}},
+      {"attention", {Str(&JobOptions::attention, {"tiled", "tensor-core"}), Get(&JobOptions::attention), "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)"}},
       {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
       {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
       {"bench-skip-allreduce", {Bool(&JobOptions::bench_skip_allreduce), Get(&JobOptions::bench_skip_allreduce), "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)"}},
@@ -273,29 +265,6 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
     return absl::InvalidArgumentError(
         "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
         "at most one");
-  }
-  if (!o.gemm_tune_out.empty()) {
-    if (o.resolved_backend == "cpu") {
-      return absl::InvalidArgumentError("--gemm-tune-out tunes GPU GEMMs: it needs --backend=cuda");
-    }
-    if ((o.gemm_tuning_file != "auto" && o.gemm_tuning_file != "none") || o.gemm_autotune > 1) {
-      return absl::InvalidArgumentError(
-          "--gemm-tune-out compares cuBLASLt's heuristic with autotuned picks: give neither "
-          "--gemm-tuning-file nor --gemm-autotune");
-    }
-    // The schedule (runtime/cuda_backend.cc, common/paired_ab.h): two setup
-    // steps, 4 x rounds windows (A B B A), then the step that decides.
-    const int64_t need = JobOptions::kGemmTuneSetupSteps +
-                         4 * static_cast<int64_t>(o.gemm_tune_window) * o.gemm_tune_rounds + 1;
-    if (o.steady_batch <= 0 || o.warmup_steps + o.steady_steps < need) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--gemm-tune-out times a steady decode of at least ", need,
-          " steps (4 x --gemm-tune-window x --gemm-tune-rounds + 3): give --steady-batch "
-          "and --warmup-steps + --steady-steps >= ", need));
-    }
-  }
-  if (o.gemm_tuning_file.empty()) {
-    return absl::InvalidArgumentError("--gemm-tuning-file: a file, auto or none");
   }
   if (o.buckets > 1 && o.micro_batches != 1) {
     return absl::InvalidArgumentError(

@@ -61,34 +61,13 @@ struct JobOptions {
   int micro_batch_min_rows = 128;
   int micro_batch_sm_margin = 0;  // SMs a micro-batched step's GEMMs leave free
   int buckets = 1;
-  int gemm_autotune = 1;   // GEMM algorithm candidates timed per shape (1: heuristic only)
-  // GEMM algorithms per shape (kernels/ops/gemm_tuning.h): a file, "auto" (the
-  // shipped table made on this device and cuBLASLt, if any; none while
-  // tuning or autotuning) or "none" (cuBLASLt's heuristic).
-  std::string gemm_tuning_file = "auto";
-  // In-run GEMM tuning (steady decode): the workers time decode steps with
-  // cuBLASLt's heuristic against autotuned picks, alternated (A B B A,
-  // common/paired_ab.h), and rank 0 writes the faster set as a tuning table
-  // here (merged into the file's other shapes); the run's step statistics
-  // mix both sets. Arms that alternate every step run at one GPU clock: where
-  // the GPU sits at its power cap, a run with only the picks gains less
-  // (their speed lowers the clock; bench/results/h200-2026-11-24, run aw), so
-  // check a table in separate runs (tools/device/runtime_gemm_tune.sh does).
-  // "": off.
-  std::string gemm_tune_out;
-  static constexpr int kGemmTuneSetupSteps = 2;  // autotuning's eager step, then one more
-  int gemm_tune_rounds = 48;        // rounds of four windows (A B B A), the first untimed
-  int gemm_tune_window = 1;         // decode steps per window
-  int gemm_tune_candidates = 16;    // autotuning candidates per shape
-  double gemm_tune_margin = 0.005;  // the picks must make the step this much faster
-  int gemm_skinny_max_m = -1;  // weight-streaming GEMM up to this M (-1: the model's default)
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority
   bool cuda_graphs = true;
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   std::string allreduce = "auto";  // auto | nccl | custom
   std::string attention =
-      "tensor-core";  // tiled | warp-streamed | tensor-core (kernels/ops/attention.h)
+      "tensor-core";  // tiled | tensor-core (kernels/ops/attention.h)
   int64_t crossover_bytes = 1 << 20;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

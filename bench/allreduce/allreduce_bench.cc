@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
+#include "common/histogram.h"
 #include "common/status_macros.h"
 #include "kernels/allreduce/custom_allreduce.h"
 #include "kernels/allreduce/dispatcher.h"
@@ -89,11 +90,6 @@ float InputValue(int rank, size_t i) {
 }
 
 absl::Status Sync(cudaStream_t s, Deadline d) { return cuda::SyncStream(s, d, "allreduce_bench"); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 template <typename Run>
 absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t stream,

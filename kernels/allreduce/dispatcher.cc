@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
+#include "common/histogram.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -111,7 +112,7 @@ absl::Status AllReduceDispatcher::Calibrate(PeerExchange* exchange, Deadline dea
                                                      stream.get());
         };
         for (int i = 0; i < kCalibrateWarmup; ++i) SYMTP_RETURN_IF_ERROR(run());
-        std::vector<float> per_iter;
+        std::vector<double> per_iter;
         for (int rep = 0; rep < kCalibrateReps; ++rep) {
           CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream.get()));
           for (int i = 0; i < kCalibrateBatch; ++i) SYMTP_RETURN_IF_ERROR(run());
@@ -119,10 +120,9 @@ absl::Status AllReduceDispatcher::Calibrate(PeerExchange* exchange, Deadline dea
           SYMTP_RETURN_IF_ERROR(cuda::SyncStream(stream.get(), deadline, "all-reduce calibration"));
           float ms = 0;
           CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-          per_iter.push_back(ms * 1000.0f / kCalibrateBatch);
+          per_iter.push_back(ms * 1000.0 / kCalibrateBatch);
         }
-        std::sort(per_iter.begin(), per_iter.end());
-        us[path] = per_iter[per_iter.size() / 2];
+        us[path] = static_cast<float>(Median(std::move(per_iter)));
       }
       absl::StrAppendFormat(&table, " %zuK:%.1f/%.1fus", bytes / 1024, us[0], us[1]);
       custom_still_wins = custom_still_wins && us[0] < us[1];

@@ -46,8 +46,6 @@ const char* DecodeKernelName(DecodeKernel k) {
   switch (k) {
     case DecodeKernel::kTiled:
       return "tiled";
-    case DecodeKernel::kWarpStreamed:
-      return "warp-streamed";
     case DecodeKernel::kTensorCore:
       return "tensor-core";
   }
@@ -150,14 +148,10 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
                            (decode ? a.decode_kernel == DecodeKernel::kTensorCore
                                    : a.prefill_kernel == PrefillKernel::kTensorCore) &&
                            internal::MmaAttentionAligned(a);
-  const bool warp_decode = decode && a.decode_kernel == DecodeKernel::kWarpStreamed &&
-                           a.num_q_heads / a.num_kv_heads <= 8;
   absl::Status st =
       tensor_core             ? internal::LaunchMmaAttentionBF16(a, stream)
-      : dtype == DType::kF32  ? (warp_decode ? internal::LaunchWarpDecodeF32(a, stream)
-                                             : internal::LaunchPagedAttentionF32(a, stream))
-      : dtype == DType::kBF16 ? (warp_decode ? internal::LaunchWarpDecodeBF16(a, stream)
-                                             : internal::LaunchPagedAttentionBF16(a, stream))
+      : dtype == DType::kF32  ? internal::LaunchPagedAttentionF32(a, stream)
+      : dtype == DType::kBF16 ? internal::LaunchPagedAttentionBF16(a, stream)
                               : absl::InvalidArgumentError(absl::StrCat(
                                     "PagedAttention: unsupported dtype ", DTypeName(dtype)));
   if (!st.ok() || a.num_splits <= 1) return st;

@@ -41,9 +41,6 @@ struct AttentionItem {
 //  - kTiled: the block-tiled kernel that also runs prefill (16-key tiles in
 //    shared memory, 4 barriers per tile, fp32 arithmetic). 17-40% of the copy
 //    bandwidth at context 1024 on an H200.
-//  - kWarpStreamed: each warp streams its own 32-key chunks with no block
-//    barrier in the loop (internal/decode_attention_kernel.cuh; group <= 8,
-//    else tiled). 13-41% of the copy bandwidth on an H200.
 //  - kTensorCore (GpuModel's default): bf16 with 16-byte aligned q rows and
 //    caches (other launches run the tiled kernel): both products on mma.sync
 //    tensor cores. Groups <= 8 run the decode kernel (keys and head dims in
@@ -52,13 +49,13 @@ struct AttentionItem {
 //    internal/mma_decode_kernel.cuh), larger groups the prefill kernel
 //    (internal/mma_prefill_kernel.cuh). With the split chunk GpuModel plans
 //    (PlanDecodeSplitChunk) 61-95% of the copy bandwidth on an H200 at
-//    batch 32-512 (bench/results/h200-2026-11-23, run t).
-enum class DecodeKernel { kTiled, kWarpStreamed, kTensorCore };
+//    batch 32-512.
+enum class DecodeKernel { kTiled, kTensorCore };
 // Which kernel runs every other launch (prefill, chunked prefill, mixed
 // batches): the tiled kernel, or the tensor-core kernel (bf16 only).
 enum class PrefillKernel { kTiled, kTensorCore };
 
-const char* DecodeKernelName(DecodeKernel k);  // "tiled", "warp-streamed", "tensor-core"
+const char* DecodeKernelName(DecodeKernel k);  // "tiled", "tensor-core"
 const char* PrefillKernelName(PrefillKernel k);
 
 struct PagedAttentionArgs {
@@ -109,7 +106,7 @@ struct PagedAttentionArgs {
   // smallest chunk, 16 at 4096 / 256); with split_grid it need not launch
   // that many blocks: each reserves its ~98 KB of shared memory before it
   // finds its split empty, and 15 of 16 empty blocks per item made graph
-  // steps slower than eager ones (bench/results/h200-2026-11-23, run n).
+  // steps slower than eager ones.
   int split_grid = 0;
 };
 
@@ -132,11 +129,10 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // context. A block pays a fixed cost (its query, block table and epilogue,
 // and the merge) per split, so the split count that keeps every SM busy and
 // no more is the fastest on an H200: at context 1024, llama-8b shape, batch
-// 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%
-// (bench/results/h200-2026-11-23/d_default/kernels.txt). Returns a chunk >=
-// max(context) (no split) when the sequences alone fill more than half the
-// SMs (then splitting cannot double the blocks in flight, and its merge
-// costs more than it gains: bench/results/h200-2026-11-23/README.md run k).
+// 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%.
+// Returns a chunk >= max(context) (no split) when the sequences alone fill
+// more than half the SMs (then splitting cannot double the blocks in flight,
+// and its merge costs more than it gains).
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
                          int min_chunk);
 
@@ -157,9 +153,6 @@ namespace internal {
 // Per-dtype launchers (attention_f32.cu, attention_bf16.cu).
 absl::Status LaunchPagedAttentionF32(const PagedAttentionArgs& a, cudaStream_t stream);
 absl::Status LaunchPagedAttentionBF16(const PagedAttentionArgs& a, cudaStream_t stream);
-// Warp-streamed decode kernel (decode_attention_f32.cu, decode_attention_bf16.cu).
-absl::Status LaunchWarpDecodeF32(const PagedAttentionArgs& a, cudaStream_t stream);
-absl::Status LaunchWarpDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 // Tensor-core kernels (mma_attention_bf16.cu dispatches); they read q rows and
 // K/V rows in 16-byte pieces, so they take only launches where
 // MmaAttentionAligned holds (LaunchMmaAttentionBF16 checks it for the two

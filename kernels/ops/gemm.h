@@ -18,26 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/comm.h"
-#include "kernels/ops/gemm_tuning.h"
 
 namespace symtp::kernels {
-
-// Which kernel runs a bf16 -> bf16 product (every other dtype combination,
-// and calls with sm_count_target, run cuBLASLt).
-enum class GemmKernelChoice {
-  kCublasLt,  // the default
-  // The hand-written sm_90a kernel (gemm_sm90.h) wherever it supports the
-  // call. Opt-in: on an H200 it is faster than cuBLASLt's heuristic on only 4
-  // of the 80 decode shapes measured, by <= 5% (bench/results/h200-2026-11-23,
-  // runs aa-ai).
-  kSm90,
-};
-
-// How GEMM autotuning times its candidates (CublasLtHandle::set_autotune_timing).
-enum class GemmAutotuneTiming {
-  kGraph,  // per call of a captured CUDA graph (the default)
-  kEager,  // one launch between two events
-};
 
 // Move-only owner of a cublasLtHandle_t and of the matmul plans (descriptors
 // plus the heuristic's algorithm) it has built, cached per shape. Not
@@ -55,60 +37,6 @@ class CublasLtHandle {
   cublasLtHandle_t get() const;
   // Number of distinct shapes planned so far.
   size_t cached_plans() const;
-
-  // Algorithm choice for shapes planned from now on: 1 (the default) takes
-  // cuBLASLt's first heuristic; N > 1 times up to N of its candidates once,
-  // on the call's own operands (3 runs each, the stream synchronized; how:
-  // set_autotune_timing), and keeps the fastest. Planning inside a stream capture always takes the
-  // first heuristic. The choice depends on timing, so two processes may pick
-  // different algorithms for a shape (bf16 bits may then differ between
-  // runs, never within one: the plan is cached); a tuning table
-  // (set_tuning_table) pins the algorithms instead. Autotuned picks that are
-  // each faster per call need not make a decode step faster, and they vary
-  // from run to run (bench/results/h200-2026-11-24, runs ah-al): choose
-  // tables by timing steps (kernels_bench --sections modelab).
-  void set_autotune_candidates(int n);
-  int autotune_candidates() const;
-  // With autotuning on, also time every tile shape, thread-block cluster
-  // shape (up to 4 x 2 / 2 x 4), stages, split-K count (1-4) and CTA swizzle
-  // that cuBLASLt accepts for the algorithms of its heuristic list (a study
-  // tool for kernels_bench, off by default; on an H200 with cuBLAS 13 that
-  // made 4120 candidates and ~20 s per decode shape). The pick is logged
-  // (gemm=info).
-  void set_autotune_exhaustive(bool on);
-  // How autotuning times a candidate: per call of a CUDA graph of 10 (kGraph,
-  // the default: as decode steps run them) or one eager call (kEager, which
-  // includes the launch). Candidates that cannot be captured are left out
-  // under kGraph; on the legacy default stream timing is eager.
-  void set_autotune_timing(GemmAutotuneTiming t);
-  GemmAutotuneTiming autotune_timing() const;
-  // Autotuning keeps a candidate other than the heuristic's first only when
-  // it is faster by more than this fraction of the first's time (default 0:
-  // any win). Timing noise is ~1-3% per candidate on an H200.
-  void set_autotune_margin(double fraction);
-  double autotune_margin() const;
-  // Algorithms from a tuning table (gemm_tuning.h) for shapes planned from
-  // now on: a shape the table holds runs the table's algorithm, neither the
-  // heuristic nor autotuning; other shapes are planned as before. The table
-  // must have been made with this device and cuBLASLt (FailedPrecondition
-  // otherwise); an algorithm that cuBLASLt rejects for its shape makes that
-  // Gemm call fail with FailedPrecondition. nullptr: no table.
-  absl::Status set_tuning_table(std::shared_ptr<const GemmTuningTable> table);
-  // The algorithm of every cuBLASLt plan built so far, with the times
-  // autotuning measured (0 where it did not), as a table for this device.
-  absl::StatusOr<GemmTuningTable> ExportPlans() const;
-  // Plans whose algorithm came from the tuning table.
-  size_t plans_from_table() const;
-  // Default kCublasLt. The sm_90a kernel needs a compute capability 9.0 device and
-  // 16-byte aligned operands with strides in multiples of 8 elements; calls it
-  // cannot run fall back to cuBLASLt.
-  void set_kernel_choice(GemmKernelChoice c);
-  GemmKernelChoice kernel_choice() const;
-  // bf16 -> bf16 products with m <= this (at most 32) run the weight-streaming
-  // kernel of gemm_skinny.h where it supports the call (0, the default: never;
-  // measured slower than cuBLASLt on an H200, see that header).
-  void set_skinny_max_m(int64_t m);
-  int64_t skinny_max_m() const;
 
   struct State;  // implementation detail (gemm.cc)
   State* state() const { return state_.get(); }

@@ -92,7 +92,7 @@ struct Vec {
 // t + blockDim.x, ... (kPer of them), and every load of the row is issued
 // before the first store (the scalar kernel's loop could not hoist a load
 // above the residual store before it: one memory round trip per element
-// group, ~7.7 us for a 4096-wide row on an H200, run ba).
+// group, ~7.7 us for a 4096-wide row on an H200).
 template <typename T, int kPer>
 __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta,
                                     const T* __restrict__ weight, T* __restrict__ out, int hidden,

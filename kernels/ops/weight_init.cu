@@ -1,3 +1,8 @@
+// Synthetic weight generation on the device (kernels/ops/weight_init.h): a
+// grid-stride loop computes each element's value of MODEL.md from (block
+// key, global flat index) with a SplitMix64 hash and writes it in the target
+// dtype, so a shard needs no host copy and matches the CPU reference bit for
+// bit.
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "kernels/ops/internal/device_utils.cuh"

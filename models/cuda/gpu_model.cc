@@ -129,11 +129,7 @@ struct GpuModel::State {
   std::vector<int> graph_sizes;
   size_t weight_bytes = 0, kv_bytes = 0;
 
-  kernels::CublasLtHandle gemm;  // GEMM plan set 0 (options' table / autotuning)
-  std::map<int, kernels::CublasLtHandle> gemm_sets;  // AddGemmSet's, by id >= 1
-  int gemm_set = 0;                                  // the set steps run with
-  int next_gemm_set = 1;
-  kernels::CublasLtHandle& ActiveGemm() { return gemm_set == 0 ? gemm : gemm_sets.at(gemm_set); }
+  kernels::CublasLtHandle gemm;
   cuda::Stream side;
   std::vector<cuda::Event> ev_gemm, ev_ar;
   int max_micro = 1;                     // micro-batches the buffers are sized for
@@ -179,8 +175,7 @@ struct GpuModel::State {
   bool last_logits_copied = false;
   std::vector<kernels::AttentionItem> items_scratch;
 
-  // Per (padded batch, sampled, GEMM plan set): graphs hold the set's algorithms.
-  using GraphKey = std::tuple<int, bool, int>;
+  using GraphKey = std::tuple<int, bool>;  // (padded batch, sampled)
   std::map<GraphKey, cuda::GraphExec> graphs;
   std::map<GraphKey, int> seen;
   std::set<GraphKey> failed;
@@ -224,7 +219,7 @@ absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m,
       a, w, c, m, n, k, dt, workspace != nullptr ? workspace : gemm_ws, opt.gemm_workspace_bytes);
   g.out_dtype = out_dt;
   g.sm_count_target = sm_count_target;
-  return kernels::Gemm(ActiveGemm(), g, s);
+  return kernels::Gemm(gemm, g, s);
 }
 
 absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
@@ -726,7 +721,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   // ---- run: graph replay, capture, or eager
   bool done = false;
   if (padded && opt.cuda_graphs && T > 0) {
-    const GraphKey key{P, sample, gemm_set};
+    const GraphKey key{P, sample};
     auto it = graphs.find(key);
     if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
       StepShape gsh = sh;
@@ -1036,10 +1031,6 @@ absl::Status GpuModel::State::Init() {
   }
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
-  gemm.set_autotune_candidates(opt.gemm_autotune_candidates);
-  gemm.set_autotune_margin(opt.gemm_autotune_margin);
-  SYMTP_RETURN_IF_ERROR(gemm.set_tuning_table(opt.gemm_tuning));
-  gemm.set_skinny_max_m(opt.gemm_skinny_max_m);
   int side_priority = 0;
   if (opt.comm_stream_high_priority) {
     // The greatest priority is the numerically lowest: the block scheduler
@@ -1217,67 +1208,6 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
 int GpuModel::MicroBatchesFor(int rows) const { return s_->MicroBatchesFor(rows); }
-
-
-absl::StatusOr<kernels::GemmTuningTable> GpuModel::GemmPlans(int set) const {
-  if (set == 0) return s_->gemm.ExportPlans();
-  auto it = s_->gemm_sets.find(set);
-  if (it == s_->gemm_sets.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("GpuModel::GemmPlans: no GEMM set ", set));
-  }
-  return it->second.ExportPlans();
-}
-size_t GpuModel::gemm_plans_from_table(int set) const {
-  if (set == 0) return s_->gemm.plans_from_table();
-  auto it = s_->gemm_sets.find(set);
-  return it == s_->gemm_sets.end() ? 0 : it->second.plans_from_table();
-}
-absl::StatusOr<int> GpuModel::AddGemmSet(std::shared_ptr<const kernels::GemmTuningTable> table,
-                                         int autotune_candidates) {
-  State& st = *s_;
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(st.device));
-  SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle h, kernels::CublasLtHandle::Create());
-  SYMTP_RETURN_IF_ERROR(h.set_tuning_table(std::move(table)));
-  h.set_autotune_candidates(autotune_candidates);
-  h.set_autotune_margin(st.opt.gemm_autotune_margin);
-  h.set_skinny_max_m(st.opt.gemm_skinny_max_m);
-  const int id = st.next_gemm_set++;
-  st.gemm_sets.emplace(id, std::move(h));
-  return id;
-}
-
-absl::Status GpuModel::UseGemmSet(int id) {
-  State& st = *s_;
-  if (id != 0 && !st.gemm_sets.count(id)) {
-    return absl::InvalidArgumentError(absl::StrCat("GpuModel::UseGemmSet: no GEMM set ", id));
-  }
-  st.gemm_set = id;
-  return absl::OkStatus();
-}
-
-int GpuModel::gemm_set() const { return s_->gemm_set; }
-
-absl::Status GpuModel::DropGemmSet(int id) {
-  State& st = *s_;
-  if (id == 0 || !st.gemm_sets.count(id) || id == st.gemm_set) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GpuModel::DropGemmSet: ", id, " is not an added set other than the one in use"));
-  }
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(st.device));
-  const cudaError_t q = cudaEventQuery(st.step_done.get());
-  if (q == cudaErrorNotReady) {
-    return absl::FailedPreconditionError(
-        "GpuModel::DropGemmSet: the previous step has not completed");
-  }
-  CUDA_RETURN_IF_ERROR(q);
-  // Graphs first (they hold the set's algorithms), then the plans.
-  auto of_set = [id](const State::GraphKey& k) { return std::get<2>(k) == id; };
-  std::erase_if(st.graphs, [&](const auto& kv) { return of_set(kv.first); });
-  std::erase_if(st.seen, [&](const auto& kv) { return of_set(kv.first); });
-  std::erase_if(st.failed, of_set);
-  st.gemm_sets.erase(id);
-  return absl::OkStatus();
-}
 void GpuModel::FailNextCaptureForTesting(absl::Status status) {
   s_->inject_capture_failure = std::move(status);
 }

@@ -61,7 +61,6 @@
 #include "common/clock.h"
 #include "kernels/comm.h"
 #include "kernels/ops/attention.h"
-#include "kernels/ops/gemm_tuning.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/sampling.h"
@@ -122,29 +121,14 @@ struct GpuModelOptions {
   // With the tensor-core decode kernel in bf16, plan each decode step's
   // chunk from its context lengths (kernels::PlanDecodeSplitChunk: about one
   // block per SM, no split when the sequences alone fill the SMs). The tiled
-  // and warp-streamed kernels keep the fixed chunk: on an H200 they ran
-  // slower with fewer splits at batch 32-64 (bench/results/h200-2026-11-23).
+  // kernel keeps the fixed chunk: on an H200 it ran slower with fewer splits
+  // at batch 32-64.
   bool attention_balance_splits = true;
   // Attention kernels (kernels/ops/attention.h) of decode steps and of
   // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
   kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
   size_t gemm_workspace_bytes = size_t{32} << 20;
-  // GEMM algorithm per shape (kernels::CublasLtHandle::set_autotune_candidates):
-  // 1 = cuBLASLt's first heuristic; N > 1 = the fastest of N, timed once per
-  // shape when first planned (eagerly: the first step of each batch size).
-  int gemm_autotune_candidates = 1;
-  // Autotuning keeps a non-heuristic pick only when it is faster by more than
-  // this fraction (kernels::CublasLtHandle::set_autotune_margin).
-  double gemm_autotune_margin = 0;
-  // The algorithms of a GEMM tuning table (kernels/ops/gemm_tuning.h) for
-  // the shapes it holds, ahead of the heuristic and autotuning. It must
-  // have been made on this device and cuBLASLt: Create fails otherwise.
-  std::shared_ptr<const kernels::GemmTuningTable> gemm_tuning;
-  // bf16 GEMMs of at most this many rows (<= 32) run the weight-streaming
-  // kernel (kernels/ops/gemm_skinny.h) where it supports them; 0: cuBLASLt
-  // (the default: that kernel measured slower on an H200).
-  int gemm_skinny_max_m = 0;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on
@@ -240,26 +224,6 @@ class GpuModel {
   // Of the last profiled step; call after WaitForStep.
   absl::StatusOr<StepProfile> LastStepProfile();
   GraphStats graph_stats() const;
-  // The cuBLASLt algorithm of every GEMM shape planned so far in GEMM set
-  // `set` (see AddGemmSet), as a tuning table (kernels::CublasLtHandle::ExportPlans).
-  absl::StatusOr<kernels::GemmTuningTable> GemmPlans(int set = 0) const;
-  // GEMM plans of set `set` whose algorithm came from its tuning table.
-  size_t gemm_plans_from_table(int set = 0) const;
-  // GEMM plan sets, for in-process A/B comparisons of GEMM algorithms (the
-  // worker's --gemm-tune-out). Set 0 is the model's own (options().gemm_tuning
-  // and autotuning); AddGemmSet makes another, with its own cuBLASLt handle,
-  // `table` (FailedPrecondition if it comes from another device or cuBLASLt)
-  // and autotuning, and returns its id (>= 1). UseGemmSet(id): the steps
-  // enqueued from now on plan and run their GEMMs with that set (planning,
-  // and autotuning, at a shape's first use in that set, eagerly). CUDA graphs
-  // are kept per set, so steps can alternate between sets without capturing
-  // again. DropGemmSet frees a set other than the one in use, and its graphs,
-  // once the previous step has completed (FailedPrecondition otherwise).
-  absl::StatusOr<int> AddGemmSet(std::shared_ptr<const kernels::GemmTuningTable> table,
-                                 int autotune_candidates);
-  absl::Status UseGemmSet(int id);
-  absl::Status DropGemmSet(int id);
-  int gemm_set() const;
   // Test hook: the next CUDA graph capture fails with `status` after its step
   // has been recorded (the capture is ended and discarded as for any failed
   // capture), so that batch shape runs eagerly from then on.

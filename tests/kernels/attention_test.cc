@@ -213,8 +213,7 @@ class AttentionTest : public testing::GpuTest, public ::testing::WithParamInterf
 };
 
 const char* Name(DecodeKernel dk) { return DecodeKernelName(dk); }
-constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTiled, DecodeKernel::kWarpStreamed,
-                                           DecodeKernel::kTensorCore};
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTiled, DecodeKernel::kTensorCore};
 
 TEST_P(AttentionTest, DecodeNoSplitMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();

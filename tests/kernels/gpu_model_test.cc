@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 
-#include "common/gpu_power.h"
 #include "models/cpu_model.h"
 #include "models/sampling.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -117,16 +116,6 @@ TEST_F(GpuModelTest, TinyFp32LogitsMatchCpu) {
 
 TEST_F(GpuModelTest, SmallTwoLayersFp32LogitsMatchCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 23}, 16, 3, 1e-4, 0);
-}
-
-TEST_F(GpuModelTest, TinyFp32WarpStreamedDecodeLogitsMatchCpu) {
-  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 12, 6, 1e-4, 0,
-                 DecodeKernel::kWarpStreamed);
-}
-
-TEST_F(GpuModelTest, SmallTwoLayersFp32WarpStreamedDecodeLogitsMatchCpu) {
-  CompareWithCpu(Cfg("small", "layers=2"), DType::kF32, {40, 9, 23}, 64, 3, 1e-4, 0,
-                 DecodeKernel::kWarpStreamed);
 }
 
 TEST_F(GpuModelTest, TinyBf16LogitsCloseToCpu) {
@@ -285,15 +274,8 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // device samples): logits and tokens must be bitwise equal at every step.
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
-// With retune_step >= 0 the graph model switches GEMM plan sets mid-run
-// (GpuModel::AddGemmSet / UseGemmSet): at retune_step to a set planned from
-// a table of its own plans (the same algorithms, so the same bits), which
-// captures its own graph; three steps later back to set 0, whose graph is
-// replayed again; a foreign table in between is refused; at the end the
-// added set is dropped.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
-                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
-                  int retune_step = -1) {
+                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false) {
   auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
   auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
@@ -304,9 +286,6 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
   SimBatch sim(cfg, kBlocks, 3);
   for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
   std::vector<int> prev_rows;
-  int64_t captures_before_retune = 0;
-  std::shared_ptr<kernels::GemmTuningTable> own_table;
-  int added_set = -1;
   for (int step = 0; step < 12; ++step) {
     std::vector<int> rows;
     auto batch = sim.NextStep(64, &rows);
@@ -322,30 +301,6 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     if (step > 0) {
       so.token_from_prev_sample.assign(prev_rows.begin(), prev_rows.end());
       std::fill(in.tokens.begin(), in.tokens.end(), 0);
-    }
-    if (step == retune_step) {
-      captures_before_retune = a->graph_stats().captures;
-      auto own = a->GemmPlans();
-      ASSERT_OK(own);
-      ASSERT_GT(own->size(), 0u);
-      own_table = std::make_shared<kernels::GemmTuningTable>(*own);
-      auto set = a->AddGemmSet(own_table, 1);
-      ASSERT_OK(set);
-      added_set = *set;
-      ASSERT_OK(a->UseGemmSet(added_set));
-      EXPECT_EQ(a->gemm_set(), added_set);
-    } else if (retune_step >= 0 && step == retune_step + 2) {
-      EXPECT_GT(a->gemm_plans_from_table(added_set), 0u);
-      EXPECT_EQ(a->gemm_plans_from_table(added_set), a->GemmPlans(added_set)->size());
-      kernels::GemmTuningIdentity other = own_table->identity();
-      other.sm_count += 1;
-      auto foreign = std::make_shared<kernels::GemmTuningTable>(other);
-      for (const auto& [key, e] : own_table->entries()) foreign->Put(key, e);
-      EXPECT_EQ(a->AddGemmSet(foreign, 1).status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_EQ(a->DropGemmSet(added_set).code(), absl::StatusCode::kInvalidArgument)
-          << "dropped the set in use";
-    } else if (retune_step >= 0 && step == retune_step + 3) {
-      ASSERT_OK(a->UseGemmSet(0));
     }
     ASSERT_OK(a->Forward(in, stream, so));
     ASSERT_OK(b->Forward(in, stream, so));
@@ -372,18 +327,6 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     return;
   }
   EXPECT_EQ(st.capture_failures, 0);
-  if (retune_step >= 0) {
-    // One decode shape: set 0's graph, then the added set's; back on set
-    // 0 its graph replays without a capture.
-    EXPECT_GE(captures_before_retune, 1);
-    EXPECT_EQ(st.captures, captures_before_retune + 1);
-    EXPECT_EQ(a->gemm_plans_from_table(), 0u);
-    EXPECT_GE(st.replays, 5);
-    ASSERT_OK(a->DropGemmSet(added_set));
-    EXPECT_FALSE(a->GemmPlans(added_set).ok());
-    EXPECT_EQ(a->UseGemmSet(added_set).code(), absl::StatusCode::kInvalidArgument);
-    return;
-  }
   EXPECT_GE(st.captures, 1);
   EXPECT_GE(st.replays, 8);
 }
@@ -394,9 +337,6 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
   GraphVsEager(Cfg("tiny"), DType::kF32, stream());
 }
-TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseWarpStreamedBf16) {
-  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kWarpStreamed);
-}
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseTensorCoreBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore);
 }
@@ -406,29 +346,6 @@ TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
 TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
                /*fail_first_capture=*/true);
-}
-
-TEST_F(GpuModelTest, GemmPlanSetsKeepTheirGraphsAndTheBits) {
-  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
-               /*fail_first_capture=*/false, /*retune_step=*/7);
-}
-
-// NVML through the driver: this device's clock, draw and limit.
-TEST_F(GpuModelTest, PowerProbeReadsThisDevicesClockAndPowerLimit) {
-  char bus[32] = {};
-  ASSERT_EQ(cudaDeviceGetPCIBusId(bus, sizeof(bus), 0), cudaSuccess);
-  absl::StatusOr<GpuPowerProbe> p = GpuPowerProbe::Open(bus);
-  ASSERT_OK(p);
-  absl::StatusOr<GpuPowerSample> s = p->Read();
-  ASSERT_OK(s);
-  EXPECT_GT(s->sm_clock_mhz, 0u);
-  EXPECT_LT(s->sm_clock_mhz, 5000u);
-  EXPECT_GT(s->power_limit_w, 10.0);
-  EXPECT_GT(s->power_w, 1.0);
-  EXPECT_LT(s->power_w, 2 * s->power_limit_w);
-  std::printf("[ metric ] %s: SM %u MHz, %.0f W of %.0f W, throttle reasons 0x%llx\n", bus,
-              s->sm_clock_mhz, s->power_w, s->power_limit_w,
-              static_cast<unsigned long long>(s->throttle_reasons));
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
@@ -497,10 +414,9 @@ TEST_F(GpuModelTest, RejectsBadStepsAndOptions) {
 }
 
 // A TP = 2 shard alone (bench_skip_allreduce, no DeviceComm), as the
-// benchmarks run one rank's kernels on one GPU: it plans the shard's GEMM
-// shapes and samples from its own vocabulary shard.
+// benchmarks run one rank's kernels on one GPU: it samples from its own
+// vocabulary shard.
 TEST_F(GpuModelTest, ShardAloneRunsTheShardsShapes) {
-  // vocab 1000: no other GEMM of the tiny shard has N = 1000 or 500.
   const auto cfg = Cfg("tiny", "vocab=1000");
   GpuModelOptions o = Opts(DType::kBF16, false);
   o.bench_skip_allreduce = true;
@@ -522,16 +438,6 @@ TEST_F(GpuModelTest, ShardAloneRunsTheShardsShapes) {
     EXPECT_GE(t, 0);
     EXPECT_LT(t, cfg.vocab / 2) << "sampled outside the shard's vocabulary";
   }
-  auto plans = gpu->GemmPlans();
-  ASSERT_OK(plans);
-  bool lm_head = false, wo = false;
-  for (const auto& [key, e] : plans->entries()) {
-    EXPECT_NE(key.n, cfg.vocab) << "a full-vocabulary GEMM in a shard";
-    lm_head |= key.n == cfg.vocab / 2 && key.k == cfg.hidden;
-    wo |= key.n == cfg.hidden && key.k == cfg.heads * cfg.head_dim / 2;
-  }
-  EXPECT_TRUE(lm_head) << "no LM-head shard GEMM planned";
-  EXPECT_TRUE(wo) << "no row-parallel wo shard GEMM planned";
 }
 
 TEST_F(GpuModelTest, ProfiledEagerStepReportsClasses) {

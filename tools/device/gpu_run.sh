@@ -8,7 +8,7 @@
 #   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
 #   DECODE_MODELS / DECODE_OVERRIDES / DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the
 #   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32; DECODE_BATCHES,
-#   DECODE_EXTRA="--gemm-tuning-file=FILE" for launcher flags); FAULT_TP the kill test.
+#   DECODE_EXTRA="--buckets=4" for launcher flags); FAULT_TP the kill test.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -110,23 +110,6 @@ if has launch; then
   d=$R/launch/cuda_bf16_tp${TP_MAX}_tiled
   timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX --attention=tiled $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=$TP_MAX --attention=tiled exit $? tokens==tensor-core(bf16, default): $(cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl" && echo yes || echo no: bf16 rounding may differ)" | tee -a "$LOG"
-  # In-run GEMM tuning at TP_MAX (rank 0's picks shared with every rank), then a run that
-  # loads the table it wrote.
-  d=$R/launch/cuda_bf16_tp${TP_MAX}_gemm_tune
-  S="--model=tiny --steady-batch=8 --max-batch=8 --steady-context=64 --steady-steps=120 --progress=false"
-  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $S --gemm-tune-out="$d.table" \
-    --gemm-tune-rounds=16 --out="$d" >"$d.log" 2>&1
-  echo "cuda bf16 tp=$TP_MAX --gemm-tune-out exit $?: $(grep -o 'GEMM tuning at batch.*wins' "$d.log" | cut -c1-60)...$(grep -o '[A-B] wins' "$d.log"); table: $(grep -c '^gemm ' "$d.table" 2>/dev/null) shapes" | tee -a "$LOG"
-  timeout 120 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX $S --gemm-tuning-file="$d.table" \
-    --out="$d.replay" >"$d.replay.log" 2>&1
-  echo "cuda bf16 tp=$TP_MAX --gemm-tuning-file (that table) exit $?: $(grep -c 'from the tuning table' "$d.replay.log") plans from it" | tee -a "$LOG"
-  # The default --gemm-tuning-file=auto: the shipped table for this device (configs/gemm_tuning),
-  # if one was made here; llama-8b-shape at batch 256 has five of its shapes per TP size.
-  d=$R/launch/cuda_bf16_tp${TP_MAX}_auto_table
-  timeout 180 $B/tools/symtp launch --backend=cuda --tp=$TP_MAX --model=llama-8b-shape \
-    --model-overrides=layers=2 --steady-batch=256 --max-batch=256 --steady-context=64 \
-    --steady-steps=10 --progress=false --out="$d" >"$d.log" 2>&1
-  echo "cuda bf16 tp=$TP_MAX llama-8b-shape batch 256, default --gemm-tuning-file=auto exit $?: $(grep -o 'gemm-tuning-file=auto: .*' "$d.log" | head -1); $(grep -c 'from the tuning table' "$d.log") plans from it" | tee -a "$LOG"
   tail -n 5 "$R"/launch/*.log >>"$LOG" 2>&1
 fi
 if has ardecode; then

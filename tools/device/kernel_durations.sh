@@ -4,8 +4,8 @@
 # and grid: the kernel's own time, without the launch gaps that event timing
 # and graph replays include. The machine has ncu but no nsys.
 #   KERNEL: ncu kernel-name regex (default: cuBLASLt's kernels: nvjet_*, or
-#           names holding gemm / xmma / cutlass in lower case; not the sm_90a kernel);
-#   SECTIONS: kernels_bench sections (default sm90probe);
+#           names holding gemm / xmma / cutlass in lower case);
+#   SECTIONS: kernels_bench sections (default gemm);
 #   BENCH_ARGS: more kernels_bench arguments (e.g. "--model-batches 32,256
 #           --model-kernels tensor-core --model-graphs off" for a decode step).
 #   PROFILE_FROM_START: "off" records only the launches between
@@ -18,7 +18,7 @@ set -uo pipefail
 source "$(dirname "$0")/ncu_setup.sh"
 timeout 480 "$NCU" --clock-control none --cache-control none --profile-from-start "${PROFILE_FROM_START:-on}" --kernel-name "regex:${KERNEL:-nvjet|gemm|xmma|cutlass}" \
   --metrics gpu__time_duration.sum --csv --print-units base \
-  build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-sm90probe}" ${BENCH_ARGS:-} >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+  build-gpu/bench/kernels/kernels_bench --sections "${SECTIONS:-gemm}" ${BENCH_ARGS:-} >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu: exit $?"
 python3 - "$OUT/ncu.csv" "$OUT/kernel_sequence.txt" >"$OUT/kernel_durations.txt" <<'PY'
 import csv, statistics, sys

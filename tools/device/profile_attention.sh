@@ -5,8 +5,7 @@
 # launches of MmaDecodeKernel (KERNEL=...; --launch-skip counts launches of
 # that kernel only; every tensor-core launch of the section runs it, groups
 # being <= 8). Writes $OUT/ncu_*.txt. SECTIONS=... profiles another
-# kernels_bench section, e.g. KERNEL=Sm90GemmKernel SECTIONS=sm90plans (35
-# launches per plan: 5 warm-up + 30 timed). BENCH_ARGS adds kernels_bench
+# kernels_bench section. BENCH_ARGS adds kernels_bench
 # arguments, e.g. KERNEL=SampleKernel SECTIONS=model BENCH_ARGS="--model-batches 32
 # --model-kernels tensor-core --model-graphs off" CASES="sample_b32:8".
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")

@@ -1,6 +1,6 @@
-// The end of the warp-streamed and tensor-core attention kernels: merge the
-// per-warp (key-slice) softmax states of every row and store the row the
-// way the tiled kernel does, so the split-K merge kernel serves all three.
+// The end of the tensor-core attention kernels: merge the per-warp
+// (key-slice) softmax states of every row and store the row the way the
+// tiled kernel does, so one split-K merge kernel serves every kernel.
 #pragma once
 
 #include <cstdint>

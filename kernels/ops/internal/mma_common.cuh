@@ -17,14 +17,11 @@
 //   B 16x8:  {b0,b1} = (rows 2tig..+1, col gid), {b2,b3} = (rows 2tig+8..+9)
 //   C 16x8:  c0,c1 = (row gid, cols 2tig..+1), c2,c3 = (row gid+8, same)
 //
-// History (bench/results/h200-2026-11-23/README.md): until session 6 one
-// kernel ran every launch, each lane copying the 16- and 32-byte pieces of
-// K/V it fed to its own fragments (no exchange between lanes, no barrier).
-// With 8-16 rows per copy instruction L2 served a request per piece, which
-// held decode at 45-69% of the copy bandwidth and prefill at ~75 TFLOP/s; the
-// two kernels that replaced it copy whole 128-byte lines into tiles the warp
-// (decode) or the block (prefill) shares and read fragments with ldmatrix:
-// decode 61-95% of the copy bandwidth, prefill ~1.5x faster.
+// K/V reach shared memory as whole 128-byte lines (KvLineCopy) into tiles the
+// warp (decode) or the block (prefill) shares, and fragments are read from
+// there with ldmatrix: lanes that copied only the 16- and 32-byte pieces of
+// their own fragments made L2 serve a request per piece (45-69% of the copy
+// bandwidth at decode against 61-95% with line copies).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -157,7 +154,7 @@ __device__ __forceinline__ void CpAsync16Shared(unsigned dst, const void* gmem, 
 // kLpr threads per row and kRpi rows at a time; thread t copies the 16-byte
 // pieces t % kLpr + kLpr h (h < kPieces) of the tile's rows t / kLpr + kRpi k
 // (k < kRows). (Two threads per row, one 32-byte sector each of 16 rows per
-// instruction, made L2 serve 4x the requests: the session-5 kernel.)
+// instruction, makes L2 serve 4x the requests.)
 template <int D, int kThreads, int kTileRows>
 struct KvLineCopy {
   static constexpr int kLpr = D / 8 < 8 ? D / 8 : 8;

@@ -4,13 +4,10 @@
 // outputs and workspace as MmaPrefillKernel (mma_prefill_kernel.cuh), which
 // takes the launches with more rows (prefill, larger groups).
 //
-// The session-5 kernel put the query rows in the M dimension of
-// mma.m16n8k16, so with <= 8 rows half of every A operand was padding (and
-// the compiler rebuilt the padded A registers with moves before each
-// product); its lanes gathered their own K/V pieces (16 copies with their
-// addresses per tile) and paired V rows with byte permutes: ~320
-// instructions per 16-key tile against ~160 here. This one computes the
-// transposes, with the keys and head dims in M:
+// With <= 8 query rows, putting the rows in the M dimension of
+// mma.m16n8k16 would make half of every A operand padding, so the kernel
+// computes the transposes, with the keys and head dims in M (~160
+// instructions per 16-key tile):
 //   S^T (16 keys x 8 rows) = K (16 x D) . Q^T (D x 8): A = the K tile, read
 //     from shared memory with ldmatrix; B = Q^T, in registers for the whole
 //     loop (2 per k-step); one product per 16 head dims.
@@ -20,12 +17,10 @@
 //     P^T), as a bf16 term plus its bf16 residual (two products per 16 head
 //     dims; P keeps ~16 bits, as in the other kernel).
 // No operand is padding (N = 8 query rows), and the K/V tiles are copied
-// whole, each copy instruction taking whole 128-byte lines of 4 key rows.
-// The copies are what counted: with the products above but two lanes per
-// row (a 32-byte sector of each of 16 rows per instruction) the kernel
-// measured the same as the old one, 45-69% of the copy bandwidth at
-// context 1024 on an H200 (L2 serves a request per piece); with whole lines,
-// 61-95% (bench/results/h200-2026-11-23, runs r-t).
+// whole, each copy instruction taking whole 128-byte lines of 4 key rows:
+// 61-95% of the copy bandwidth at context 1024 on an H200 (two lanes per
+// row, a 32-byte sector of each of 16 rows per instruction, reach only
+// 45-69%: L2 then serves a request per piece).
 //
 // Layout: per warp, kStages stages of a K and a V tile, [key][head dim] with
 // a row pitch of 2D + 16 bytes, so the 8 rows of each ldmatrix matrix fall in

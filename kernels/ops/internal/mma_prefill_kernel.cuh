@@ -1,22 +1,20 @@
 // The tensor-core kernel for launches with more than 8 query rows per item
 // and kv head (prefill, chunked prefill, groups above 8) with block-shared
-// K/V tiles; included by mma_prefill_bf16.cu. Same block split, rows, warps,
-// softmax and outputs as the session-5 kernel it replaced (rows form nrg = 1,
-// 2 or 4 row groups of 16; the 4 warps are nrg row groups x 4 / nrg key
-// slices, whose (max, sum, acc) are merged through shared memory at the
-// end); what differs is where the K/V fragments come from:
+// K/V tiles; included by mma_prefill_bf16.cu. Rows form nrg = 1, 2 or 4 row
+// groups of 16 (query rows in the M dimension of mma.m16n8k16); the 4 warps
+// are nrg row groups x 4 / nrg key slices, whose (max, sum, acc) are merged
+// through shared memory at the end (attention_epilogue.cuh). K/V fragments:
 //   - the block copies each 64-key tile of K and V once into shared memory
 //     ([key][head dim], row pitch 2D + 16 bytes), every copy instruction
 //     taking whole 128-byte lines (as MmaDecodeKernel does), one barrier per
-//     tile, instead of every warp copying its own 16- and 32-byte pieces;
+//     tile;
 //   - Q K^T's B operands come from the K tile by ldmatrix, and P V's from
 //     the V tile by ldmatrix.trans (no byte permutes), in natural head-dim
 //     order.
 //   - a warp that owns the whole 64-key tile for its 16 rows (4 row groups,
 //     the prefill case) takes it in one step: 8 independent Q K^T chains and
-//     one softmax pass per tile instead of four 16-key steps (run av of
-//     bench/results/h200-2026-11-23: 13% faster at 4096 tokens; the kernel
-//     runs 8 warps per SM and was latency-bound, run au).
+//     one softmax pass per tile instead of four 16-key steps (13% faster at
+//     4096 tokens on an H200: at 8 warps per SM the kernel is latency-bound).
 #pragma once
 
 #include "kernels/ops/internal/mma_decode_kernel.cuh"
