@@ -147,6 +147,7 @@ class CudaBackend : public Backend {
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     mo.micro_batches = opts.micro_batches;
     mo.micro_batch_min_rows = opts.micro_batch_min_rows;
+    mo.micro_batch_attention_slots = opts.micro_batch_attention_slots;
     mo.micro_batch_gemm_sm_margin = opts.micro_batch_sm_margin;
     std::vector<kernels::DeviceComm*> micro_comms;
     for (auto& c : b->micro_comms_) micro_comms.push_back(c.get());

@@ -59,6 +59,7 @@ struct JobOptions {
   // the other.
   int micro_batches = 1;
   int micro_batch_min_rows = 128;
+  bool micro_batch_attention_slots = false;  // GpuModelOptions::micro_batch_attention_slots
   int micro_batch_sm_margin = 0;  // SMs a micro-batched step's GEMMs leave free
   int buckets = 1;
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them

@@ -135,7 +135,7 @@ struct GpuModel::State {
   int max_micro = 1;                     // micro-batches the buffers are sized for
   std::vector<cuda::Stream> mb_streams;  // micro-batches 1..max_micro-1
   cuda::Event ev_fork;
-  std::vector<cuda::Event> ev_slot;  // per micro-batch: the end of its last compute half
+  std::vector<cuda::Event> ev_slot;  // [class][micro-batch]: the end of its last half
   std::vector<cuda::Event> ev_join;  // per micro-batch
   cuda::Event step_done;
   cuda::Event staging_done[2];
@@ -368,8 +368,8 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
                            : 0;
   // Round-robin edges: each compute half of a micro-batch waits for the one
   // enqueued just before it (the previous micro-batch's).
-  enum { kCompute = 0 };
-  int last[1] = {-1};
+  enum { kCompute = 0, kAttention = 1 };
+  int last[2] = {-1, -1};
   auto enter = [&](int cls, int m) -> absl::Status {
     if (M > 1 && last[cls] >= 0 && last[cls] != m) {
       CUDA_RETURN_IF_ERROR(
@@ -477,7 +477,33 @@ absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s)
   // the next micro-batch's half. A later micro-batch's attention half
   // follows the earlier one's, so its KV reads follow that KV write (a
   // prefill sequence may be cut between them).
-  for (int l = 0; l < cfg.layers; ++l) {
+  if (M > 1 && opt.micro_batch_attention_slots) {
+    // Attention halves and compute halves (O GEMM + all-reduce, MLP +
+    // all-reduce, the next layer's QKV part) as two round robins: a two-slot
+    // pipeline, one micro-batch's attention beside another's compute.
+    for (int m = 0; m < M && cfg.layers > 0; ++m) {
+      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
+      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], 0));
+      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
+    }
+    for (int l = 0; l < cfg.layers; ++l) {
+      for (int m = 0; m < M; ++m) {
+        SYMTP_RETURN_IF_ERROR(enter(kAttention, m));
+        SYMTP_RETURN_IF_ERROR(attention(mb[m], l));
+        SYMTP_RETURN_IF_ERROR(leave(kAttention, m));
+      }
+      for (int m = 0; m < M; ++m) {
+        SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
+        SYMTP_RETURN_IF_ERROR(o_part(mb[m], l));
+        SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "attention output", l));
+        SYMTP_RETURN_IF_ERROR(ffn_part(mb[m], l));
+        SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "MLP output", l));
+        if (l + 1 < cfg.layers) SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l + 1));
+        SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
+      }
+    }
+  }
+  for (int l = 0; l < cfg.layers && !(M > 1 && opt.micro_batch_attention_slots); ++l) {
     for (int m = 0; m < M; ++m) {
       SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
       SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l));
@@ -1051,7 +1077,7 @@ absl::Status GpuModel::State::Init() {
     mb_streams.push_back(std::move(st));
   }
   SYMTP_ASSIGN_OR_RETURN(ev_fork, cuda::Event::Create());
-  for (auto* evs : {&ev_slot, &ev_join}) {
+  for (auto* evs : {&ev_slot, &ev_slot, &ev_join}) {
     for (int m = 0; m < max_micro; ++m) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create());
       evs->push_back(std::move(e));

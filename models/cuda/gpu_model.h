@@ -91,6 +91,11 @@ struct GpuModelOptions {
   // needs one more communicator per extra micro-batch.
   int micro_batches = 1;
   int micro_batch_min_rows = 128;
+  // Schedule of a micro-batched step: false, compute halves round robin with
+  // the all-reduces beside them (above); true, attention halves and compute
+  // halves in two round robins (one micro-batch's attention beside another's
+  // GEMMs and all-reduces).
+  bool micro_batch_attention_slots = false;
   // GEMMs of a micro-batched step (they run beside another micro-batch's
   // attention or all-reduce) are asked to leave this many SMs free (0: all).
   int micro_batch_gemm_sm_margin = 0;

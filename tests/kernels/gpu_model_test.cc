@@ -60,14 +60,15 @@ class GpuModelTest : public testing::GpuTest {
   // through both models; per step, the GPU logits must be within `rtol` of
   // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
   // `micro` > 1 runs every step in that many micro-batches (0: the policy
-  // with a threshold of 8 rows).
+  // with a threshold of 8 rows; -N: N with the attention-slot schedule).
   void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
                       int decode_steps, double rtol, double norm_tol,
                       DecodeKernel dk = DecodeKernel::kTiled, int micro = 1) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
     GpuModelOptions o = Opts(dt, false, dk);
-    o.micro_batches = micro;
+    o.micro_batches = std::abs(micro);  // negative: the attention-slot schedule
+    o.micro_batch_attention_slots = micro < 0;
     o.micro_batch_min_rows = 8;
     auto gpu = GpuModel::Create(cfg, 0, 1, 0, o, nullptr);
     ASSERT_OK(gpu);
@@ -524,6 +525,10 @@ TEST_F(GpuModelTest, TinyFp32TwoMicroBatchesLogitsMatchCpu) {
 TEST_F(GpuModelTest, TinyFp32ThreeMicroBatchesLogitsMatchCpu) {
   CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
                  DecodeKernel::kTiled, 3);
+}
+TEST_F(GpuModelTest, TinyFp32TwoMicroBatchesAttentionSlotsLogitsMatchCpu) {
+  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
+                 DecodeKernel::kTiled, -2);
 }
 TEST_F(GpuModelTest, SmallTwoLayersBf16MicroBatchPolicyLogitsCloseToCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64, 12}, 64, 4, 0, 0.08,
