@@ -45,7 +45,7 @@ def t(shape, k, skip):
     if not os.path.exists(p): return None
     s = json.load(open(p))["steps"]
     key = "prefill_forward_us" if shape.startswith("prefill") else "decode_forward_us"
-    v = s[key]["p50"]
+    v = (s.get(key) or {}).get("p50")  # null: no such steps
     return v / 1e3 if v else None
 rows = ["| Phase | Tokens | t_1 (ms) | t_1,noAR (ms) | t_K (ms) | t_K,noAR (ms) | AR cost K=1 (ms) | AR cost K (ms) | Hidden | Split cost (ms) | t_K / t_1 |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
