@@ -150,6 +150,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t proce
         rec.apply_ns = std::max<int64_t>(rec.apply_ns, res.timings.apply_ns);
         rec.build_ns = std::max<int64_t>(rec.build_ns, res.timings.build_ns);
         rec.forward_ns = std::max<int64_t>(rec.forward_ns, res.timings.forward_ns);
+        rec.rank_forward_ns.push_back(res.timings.forward_ns);
         rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
         rec.gpu_idle_ns = std::max<int64_t>(rec.gpu_idle_ns, res.timings.gpu_idle_ns);
         const proto::PhaseTimings& pt = res.timings;

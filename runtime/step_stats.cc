@@ -217,6 +217,16 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     // GPU idle before the step, by CUDA events (0: not measured).
     if (o.resolved_backend == "cuda" && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
   }
+  {
+    std::vector<double> sum;
+    for (const StepRecord* sp : measured) {
+      if (sp->rank_forward_ns.size() > sum.size()) sum.resize(sp->rank_forward_ns.size(), 0.0);
+      for (size_t r = 0; r < sp->rank_forward_ns.size(); ++r) sum[r] += sp->rank_forward_ns[r];
+    }
+    for (double s : sum) {
+      m.busiest_rank_forward_us = std::max(m.busiest_rank_forward_us, s / measured.size() / 1e3);
+    }
+  }
   // Step period: completions over windows of consecutive measured steps.
   if (measured.size() >= 2) {
     // An even number of steps where there is a choice: completions that come
@@ -345,7 +355,7 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
       "  \"total_tokens_per_s\": %.4f,\n"
       "  \"ttft_ms\": %s,\n  \"tpot_ms\": %s,\n  \"itl_ms\": %s,\n  \"e2e_ms\": %s,\n"
       "  \"steps\": {\n    \"total\": %d,\n    \"measured\": %d,\n    \"period_ms\": %s,\n"
-      "    \"iteration_ms\": %s,\n"
+      "    \"iteration_ms\": %s,\n    \"busiest_rank_forward_us\": %s,\n"
       "    \"gpu_idle_us\": %s,\n    \"schedule_us\": %s,\n    \"encode_us\": %s,\n"
       "    \"publish_us\": %s,\n    \"recv_wait_us\": %s,\n    \"apply_us\": %s,\n"
       "    \"build_us\": %s,\n    \"forward_us\": %s,\n    \"device_forward_us\": %s,\n"
@@ -360,7 +370,10 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
       m.ttft_ms.ToJson(), m.tpot_ms.ToJson(), m.itl_ms.ToJson(), m.e2e_ms.ToJson(),
       m.total_steps, m.measured_steps,
       m.step_period_ms > 0 ? absl::StrFormat("%.6f", m.step_period_ms) : std::string("null"),
-      m.iteration_ms.ToJson(), m.gpu_idle_us.ToJson(), m.schedule_us.ToJson(),
+      m.iteration_ms.ToJson(),
+      m.busiest_rank_forward_us > 0 ? absl::StrFormat("%.4f", m.busiest_rank_forward_us)
+                                    : std::string("null"),
+      m.gpu_idle_us.ToJson(), m.schedule_us.ToJson(),
       m.encode_us.ToJson(), m.publish_us.ToJson(), m.recv_wait_us.ToJson(), m.apply_us.ToJson(),
       m.build_us.ToJson(), m.forward_us.ToJson(), m.device_forward_us.ToJson(),
       m.prefill_forward_us.ToJson(), m.decode_forward_us.ToJson(), m.sample_us.ToJson(),

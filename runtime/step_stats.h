@@ -31,6 +31,7 @@ struct StepRecord {
   int64_t result_return_ns = 0;  // results in minus worker done (v1)
   int64_t gpu_idle_ns = 0;       // GPU idle before the step by events, max over ranks (0: unknown)
   int64_t worker_iter_ns = 0;    // v1: max over ranks of one worker loop period (wait + work)
+  std::vector<int64_t> rank_forward_ns;    // v1: each rank's forward (GPU time on cuda)
   std::vector<proto::PhaseTimings> ranks;  // v1 with --trace: each rank's, in rank order
 };
 
@@ -88,6 +89,11 @@ struct RunMetrics {
   // steps; a window of an even number of steps does not.
   static constexpr int kPeriodWindow = 8;
   MetricStats iteration_ms;
+  // The busiest rank's mean forward time over the measured steps (v1; 0:
+  // unknown). The per-step maximum over ranks (forward_us) includes a rank's
+  // wait for the slowest one at the all-reduces, so its mean can exceed the
+  // step period; one rank's own forward passes cannot.
+  double busiest_rank_forward_us = 0;
   MetricStats gpu_idle_us;  // by CUDA events; none on the cpu backend
   MetricStats schedule_us, encode_us, publish_us, recv_wait_us, apply_us, build_us, forward_us,
       device_forward_us, prefill_forward_us, decode_forward_us, sample_us, worker_total_us,

@@ -44,7 +44,9 @@ def phases(s):
     """Per-iteration phases in ms (means over measured steps); the iteration is
     the step period, idle the part of it the device did not compute."""
     st = s["steps"]
-    fwd = mean(st, "device_forward_us") or mean(st, "forward_us") or 0.0
+    # The busiest rank's mean forward: the per-step maximum over ranks also
+    # counts a rank's wait for the slowest one at the all-reduces.
+    fwd = st.get("busiest_rank_forward_us") or mean(st, "device_forward_us") or mean(st, "forward_us") or 0.0
     it = iteration_ms(st)
     gpu_idle = mean(st, "gpu_idle_us")
     return {
@@ -125,7 +127,8 @@ def main():
               "and broadcasts it every step; only rank 0 samples. v1: a separate scheduler "
               "process publishes incremental diffs over the shared-memory ring, planning step t+1 "
               "while step t runs; every rank samples.\n")
-    md.append("Times in ms. *Forward* is GPU time by CUDA events on the cuda backend (host time on "
+    md.append("Times in ms. *Forward* is the busiest rank's mean forward time (v1; v0: rank 0's), "
+              "GPU time by CUDA events on the cuda backend (host time on "
               "the cpu backend). *GPU idle* on the cuda backend is measured by CUDA events: from "
               "the previous step's last operation to this step's first (v0: rank 0, so it includes "
               "the batch broadcast); on the cpu backend it is the iteration less the forward time. "

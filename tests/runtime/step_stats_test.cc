@@ -91,6 +91,25 @@ TEST(RunMetricsTest, StepPeriodOfPairedCompletionsIsTheWindowPeriod) {
   EXPECT_LE(m.step_period_ms, 2 * m.forward_us.p50 / 1e3);
 }
 
+// Ranks that take turns being slowest: the per-step maximum (8 ms) exceeds
+// what either rank computed on average (6 ms), and the step period.
+TEST(RunMetricsTest, BusiestRankForwardIsTheLargestPerRankMean) {
+  JobOptions o = CpuOptions();
+  RunSummaryInput in;
+  in.opts = &o;
+  in.steps = PairedSteps(10, 7 * kMs, 0);
+  for (StepRecord& s : in.steps) {
+    s.rank_forward_ns = s.step % 2 == 0 ? std::vector<int64_t>{8 * kMs, 4 * kMs}
+                                        : std::vector<int64_t>{4 * kMs, 8 * kMs};
+    s.forward_ns = 8 * kMs;
+  }
+  in.steps[0].rank_forward_ns = {8 * kMs, 6 * kMs};
+  const RunMetrics m = ComputeRunMetrics(in);
+  EXPECT_NEAR(m.busiest_rank_forward_us, 6200, 1e-6);  // rank 1: (6 + 4 x 4 + 5 x 8) / 10 ms
+  EXPECT_EQ(m.forward_us.p50, 8000);
+  EXPECT_LT(m.busiest_rank_forward_us / 1e3, m.step_period_ms);
+}
+
 TEST(RunMetricsTest, WarmupAndNonSteadyStepsAreNotMeasured) {
   JobOptions o = CpuOptions();
   o.warmup_steps = 3;
@@ -189,6 +208,7 @@ TEST(SummaryJsonTest, RecordsBuildHostFlagsAndNullsForMissingMetrics) {
   // The cpu backend has no device times.
   EXPECT_THAT(j, HasSubstr("\"device_forward_us\": null"));
   EXPECT_THAT(j, HasSubstr("\"gpu_idle_us\": null"));
+  EXPECT_THAT(j, HasSubstr("\"busiest_rank_forward_us\": null"));
   EXPECT_THAT(j, Not(HasSubstr("\"forward_us\": null")));
 }
 

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$PWD/out}
-T=${TABLE:-$PWD/bench/results/h200-2026-11-24/al_step_gemm_ab_repeat/gemm_tuning_tp1.txt}
+# Default: the shipped H200 table (configs/gemm_tuning/).
+T=${TABLE:-$PWD/configs/gemm_tuning/nvidia-h200_cublaslt130100.txt}
 tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 SD=${SWEEP_DIR:-sweep}
 W=$OUT/$SD

@@ -4,7 +4,7 @@
 # and write the faster set into one table per layer count; then (AB_ROUNDS > 0) the runtime's
 # steady decode with and without that table in separate processes, alternated
 # (tools/device/decode_table_ab.sh): the figure that counts where the GPU runs at its power
-# cap, since alternating arms share one clock (bench/results/h200-2026-11-24, runs aw, ax).
+# cap, since alternating arms share one clock (git show 6fe628f:bench/results/h200-2026-11-24/README.md, runs aw, ax).
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/runtime_gemm_tune.sh")
 # Variables: LAYERS ("4 32"), BATCHES ("256 512"), TP (1), ROUNDS (48), WINDOW (1),
 # CANDIDATES (16), CONTROL (1: first an A/A run, candidates 1, per layer count at the first
