@@ -3,7 +3,10 @@
 bench/results/<machine>/<measurement>/summary.json files: one row per
 measurement and machine, with the machine, date and commit of the run.
 
-  tools/results_table.py [--results DIR]
+  tools/results_table.py [--results DIR] [--check README.md]
+
+--check: exit 1 when a row of the table is missing from that file (README's
+table is stale).
 
 Each summary.json holds "measurement", "machine", "device", "date", "commit",
 "command" and "results"; the one-line result is built here from "results"
@@ -44,7 +47,7 @@ def headline(doc):
             parts.append(f"TP={tp} {span([c['speedup'] for c in cs])}x")
         bs = sorted({c["batch"] for c in r["cells"]})
         model = r.get("model", "")
-        return (f"v1 faster than v0: {', '.join(parts)} (batch {bs[0]}-{bs[-1]}"
+        return (f"v1 speedup over v0: {', '.join(parts)} (batch {bs[0]}-{bs[-1]}"
                 + (f", {model}" if model else "") + ")")
     if m == "allreduce":
         pick = {c["bytes"]: c for c in r["per_call"]}
@@ -80,6 +83,7 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=root)
+    ap.add_argument("--check", metavar="FILE", help="fail if FILE lacks a row of the table")
     a = ap.parse_args()
     docs = []
     for p in glob.glob(os.path.join(a.results, "*", "*", "summary.json")):
@@ -95,12 +99,19 @@ def main():
         m = d["measurement"]
         return (ORDER.index(m) if m in ORDER else len(ORDER), m,
                 MACHINES.index(d["machine"]) if d["machine"] in MACHINES else len(MACHINES))
-    print("| Measurement | Machine | Result | Date | Commit |")
-    print("|---|---|---|---|---|")
+    lines = ["| Measurement | Machine | Result | Date | Commit |", "|---|---|---|---|---|"]
     for d in sorted(docs, key=key):
         title = TITLES.get(d["measurement"], d["measurement"])
-        print(f"| [{title}]({d['_path']}/summary.md) | {d['machine']} | {headline(d)} | "
-              f"{d['date']} | `{d['commit']}` |")
+        lines.append(f"| [{title}]({d['_path']}/summary.md) | {d['machine']} | {headline(d)} | "
+                     f"{d['date']} | `{d['commit']}` |")
+    if a.check:
+        with open(a.check) as f:
+            have = set(f.read().splitlines())
+        missing = [l for l in lines if l not in have]
+        for l in missing:
+            print(f"results_table.py: {a.check} lacks: {l}", file=sys.stderr)
+        return 1 if missing else 0
+    print("\n".join(lines))
     return 0
 
 
