@@ -3,6 +3,7 @@
 # (common/CMakeLists.txt); configure_file rewrites the header only when its
 # content changes, so a new commit recompiles one file.
 #   -DSRC=<source dir> -DOUT=<header> -DBUILD_TYPE=... -DCUDA_VERSION=... -DNCCL_VERSION=...
+#   -DCUDA_ARCH=... (comma-separated CMAKE_CUDA_ARCHITECTURES, or none)
 set(SYMTP_GIT_COMMIT "unknown")
 find_program(GIT_EXECUTABLE git)
 if(GIT_EXECUTABLE)
@@ -22,4 +23,5 @@ endif()
 set(SYMTP_BUILD_TYPE "${BUILD_TYPE}")
 set(SYMTP_CUDA_VERSION "${CUDA_VERSION}")
 set(SYMTP_NCCL_VERSION "${NCCL_VERSION}")
+set(SYMTP_CUDA_ARCH "${CUDA_ARCH}")
 configure_file(${SRC}/common/build_info_generated.h.in ${OUT} @ONLY)

@@ -14,6 +14,7 @@ const char* BuildCommit();     // e.g. "6fe628f1a2b3" or "6fe628f1a2b3-dirty"; "
 const char* BuildType();       // e.g. "RelWithDebInfo"
 const char* BuildCudaVersion();  // e.g. "13.0.88", or "none"
 const char* BuildNcclVersion();  // e.g. "2.28.3", or "none"
+const char* BuildCudaArch();     // CMAKE_CUDA_ARCHITECTURES, e.g. "90", or "none"
 const char* BuildVersion();    // the project version, e.g. "0.1.0"
 
 // "symtp 0.1.0 (commit ..., RelWithDebInfo, CUDA ..., NCCL ...)" and a line per field.

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/build_info.h"
+#include "common/env.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 
@@ -117,8 +118,8 @@ std::vector<std::string> Devices(const JobOptions& o) {
     gpus.push_back(m.empty() ? "unknown GPU" : m);
   }
   std::vector<std::string> visible;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    for (absl::string_view idx : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+  if (const std::optional<std::string> v = env::CudaVisibleDevices()) {
+    for (absl::string_view idx : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
       int i;
       if (!absl::SimpleAtoi(idx, &i) || i < 0 || i >= static_cast<int>(gpus.size())) {
         visible.clear();  // UUIDs or out of range: fall back to the first ones
