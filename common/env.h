@@ -3,7 +3,8 @@
 //
 //   SYMTP_LOG         log threshold spec, e.g. "info" or "warn,ipc=trace" (default "info")
 //   SYMTP_SHM_PREFIX  prefix of shared-memory segment names (default "symtp")
-//   CUDA_VISIBLE_DEVICES  read by the launcher only to report what it pins
+//   CUDA_VISIBLE_DEVICES  read by the launcher to report what it pins, and by the
+//                     run summary to name each rank's GPU (summary.json "devices")
 //   SYMTP_BENCH_NO_GATE, CUDA_INJECTION64_PATH  kernels_bench: whether a profiler runs it
 #pragma once
 

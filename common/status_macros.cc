@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
+
 namespace symtp {
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
@@ -11,9 +13,15 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
 
 std::string SourceLocation(const char* file, int line) {
   absl::string_view f(file);
-  // Trim to the path below the repository root for readable messages.
+  // Paths relative to the source root (compiled in by common/CMakeLists.txt)
+  // for readable messages; failing that, the path below a top-level folder.
+#ifdef SYMTP_SOURCE_DIR
+  constexpr absl::string_view kSourceDir = SYMTP_SOURCE_DIR "/";
+  if (absl::StartsWith(f, kSourceDir)) return absl::StrCat(f.substr(kSourceDir.size()), ":", line);
+#endif
   for (absl::string_view root : {"/common/", "/ipc/", "/protocol/", "/models/", "/kernels/",
-                                "/scheduler/", "/worker/", "/tools/", "/tests/", "/bench/"}) {
+                                "/scheduler/", "/worker/", "/runtime/", "/tools/", "/tests/",
+                                "/bench/"}) {
     auto pos = f.rfind(root);
     if (pos != absl::string_view::npos) {
       f = f.substr(pos + 1);

@@ -88,10 +88,11 @@ bool KvBlocksFromWorkers(const JobOptions& opts);
 // rank's kv heads, `elem_bytes` per element; at least 0.
 int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t elem_bytes,
                      double bytes);
-// The block count the scheduler plans with: NumKvBlocks, or, when the
-// workers size their caches, the smallest count they report in their
-// ProcSlot (waiting for every report until `deadline`; a worker that fails
-// first, or an abort, ends the wait with its error).
+// Waits until every worker has reported its KV cache in its ProcSlot (a
+// worker does once its backend is built: the job's "every worker ready"),
+// until `deadline`; a worker that fails first, or an abort, ends the wait with
+// its error. Returns the block count the scheduler plans with: NumKvBlocks,
+// or, when the workers size their caches, the smallest count they report.
 absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg,
                                    JobHandle* job, Deadline deadline);
 // The longest sequence (prompt + output) the workload can produce.

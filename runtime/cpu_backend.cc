@@ -197,7 +197,8 @@ int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t ele
 
 absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg,
                                    JobHandle* job, Deadline deadline) {
-  if (!KvBlocksFromWorkers(opts)) return NumKvBlocks(opts, cfg);
+  // Every worker reports its KV cache once its backend is built: that is
+  // also the job's "every worker ready" (the measurement clock starts after).
   while (true) {
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
     int agreed = INT32_MAX, missing = -1;
@@ -210,10 +211,10 @@ absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelCon
         missing = r;
       }
     }
-    if (missing < 0) return agreed;
+    if (missing < 0) return KvBlocksFromWorkers(opts) ? agreed : NumKvBlocks(opts, cfg);
     if (deadline.Expired()) {
       return absl::DeadlineExceededError(absl::StrFormat(
-          "worker rank %d did not report its KV cache size in time (--step-timeout-ms %d)",
+          "worker rank %d did not report ready (its KV cache size) in time (--step-timeout-ms %d)",
           missing, opts.step_timeout_ms));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));

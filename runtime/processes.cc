@@ -41,7 +41,7 @@ absl::StatusOr<model::ModelConfig> ResolveModel(const JobOptions& opts) {
 
 // ---------------------------------------------------------------- scheduler
 
-absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
+absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t process_start_ns) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, ResolveModel(opts));
   SYMTP_ASSIGN_OR_RETURN(ipc::RingProducer diffs,
                          ipc::RingProducer::Create(*job->diff_ring, "scheduler"));
@@ -71,8 +71,10 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
   summary.opts = &opts;
   summary.model_json = model::ToJson(cfg);
   summary.requests.resize(n);
+  // Every worker is ready (AgreedKvBlocks waited for them): the clock starts.
   const int64_t start = MonotonicNs();
   summary.start_ns = start;
+  summary.startup_ns = start - process_start_ns;
   int next = 0, finished = 0;
   uint64_t tokens_out = 0;
   std::deque<size_t> inflight;  // indices into summary.steps
@@ -148,6 +150,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
         rec.apply_ns = std::max<int64_t>(rec.apply_ns, res.timings.apply_ns);
         rec.build_ns = std::max<int64_t>(rec.build_ns, res.timings.build_ns);
         rec.forward_ns = std::max<int64_t>(rec.forward_ns, res.timings.forward_ns);
+        rec.rank_forward_ns.push_back(res.timings.forward_ns);
         rec.sample_ns = std::max<int64_t>(rec.sample_ns, res.timings.sample_ns);
         rec.gpu_idle_ns = std::max<int64_t>(rec.gpu_idle_ns, res.timings.gpu_idle_ns);
         const proto::PhaseTimings& pt = res.timings;
@@ -211,16 +214,18 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
       ", \"decode_tokens\": ", st.decode_tokens, ", \"preemptions\": ", st.preemptions,
       ", \"discarded_after_eos\": ", st.discarded_after_eos, ", \"max_inflight\": ",
       opts.max_inflight, "}");
-  SYMTP_RETURN_IF_ERROR_CTX(WriteRunOutputs(summary), "writing outputs");
   SYMTP_LOG(INFO, "sched") << "done: " << n << " requests, " << summary.steps.size()
                            << " steps, " << tokens_out << " tokens in "
-                           << (summary.end_ns - start) / 1e9 << " s";
+                           << (summary.end_ns - start) / 1e9 << " s (start-up before it "
+                           << summary.startup_ns / 1e9 << " s)";
+  SYMTP_RETURN_IF_ERROR_CTX(WriteRunOutputs(summary), "writing outputs");
   return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- worker (v1)
 
-absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle* job) {
+absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle* job,
+                        int64_t process_start_ns) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, ResolveModel(opts));
   const int rank = proc.rank;
   std::unique_ptr<Backend> backend;
@@ -235,7 +240,7 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
   }
   // The scheduler plans with the smallest KV cache any rank allocated.
   job->self->kv_blocks.store(backend->num_kv_blocks(), std::memory_order_release);
-  if (opts.mode == "v0") return RunV0Worker(opts, cfg, rank, job, backend.get());
+  if (opts.mode == "v0") return RunV0Worker(opts, cfg, rank, job, backend.get(), process_start_ns);
 
   const std::string label = absl::StrCat("worker rank ", rank);
   SYMTP_ASSIGN_OR_RETURN(ipc::RingConsumer diffs,
@@ -436,7 +441,9 @@ int RunProcess(const JobOptions& opts, const ProcArgs& proc, int proc_index, Bod
 }  // namespace
 
 int RunSchedulerProcess(const JobOptions& opts, const ProcArgs& proc) {
-  return RunProcess(opts, proc, 0, [&](JobHandle* job) { return SchedulerMain(opts, job); });
+  const int64_t process_start_ns = MonotonicNs();
+  return RunProcess(opts, proc, 0,
+                    [&](JobHandle* job) { return SchedulerMain(opts, job, process_start_ns); });
 }
 
 int RunWorkerProcess(const JobOptions& opts, const ProcArgs& proc) {
@@ -444,8 +451,10 @@ int RunWorkerProcess(const JobOptions& opts, const ProcArgs& proc) {
     std::fprintf(stderr, "symtp worker: --rank must be in [0, %d)\n", opts.tp);
     return 2;
   }
-  return RunProcess(opts, proc, 1 + proc.rank,
-                    [&](JobHandle* job) { return WorkerMain(opts, proc, job); });
+  const int64_t process_start_ns = MonotonicNs();
+  return RunProcess(opts, proc, 1 + proc.rank, [&](JobHandle* job) {
+    return WorkerMain(opts, proc, job, process_start_ns);
+  });
 }
 
 }  // namespace symtp::runtime

@@ -2,31 +2,29 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/build_info.h"
+#include "common/env.h"
 #include "common/clock.h"
-#include "common/histogram.h"
 #include "common/status_macros.h"
 
 namespace symtp::runtime {
 namespace {
-
-std::string Hist(const LatencyHistogram& h, double scale) { return h.ToJson(scale); }
-
-std::string JsonEscape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o.push_back('\\');
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o.push_back(c);
-  }
-  return o;
-}
 
 absl::Status WriteFile(const std::filesystem::path& p, const std::string& data) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
@@ -37,13 +35,9 @@ absl::Status WriteFile(const std::filesystem::path& p, const std::string& data) 
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status WriteRunOutputs(const RunSummaryInput& in) {
+// Which steps count: after the warm-up; in steady mode, only full decode steps.
+std::vector<const StepRecord*> MeasuredSteps(const RunSummaryInput& in) {
   const JobOptions& o = *in.opts;
-  if (o.out_dir.empty() && o.trace_file.empty()) return absl::OkStatus();
-
-  // Which steps count: after the warm-up; in steady mode, only full decode steps.
   std::vector<const StepRecord*> measured;
   int skipped = 0;
   for (const StepRecord& s : in.steps) {
@@ -54,80 +48,370 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     }
     measured.push_back(&s);
   }
-  LatencyHistogram iter, sched, enc, pub, recv, apply, build, fwd, dfwd, samp, wtotal, ret, bytes,
-      idle, pf_fwd, dec_fwd;
-  for (size_t i = 0; i < measured.size(); ++i) {
-    const StepRecord& s = *measured[i];
-    sched.Record(s.schedule_ns);
-    enc.Record(s.encode_ns);
-    pub.Record(s.publish_ns);
-    recv.Record(s.recv_wait_ns);
-    apply.Record(s.apply_ns);
-    build.Record(s.build_ns);
-    fwd.Record(s.forward_ns);
-    if (s.device_forward_ns > 0) dfwd.Record(s.device_forward_ns);
-    const double step_fwd = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
-    (s.decode_only ? dec_fwd : pf_fwd).Record(step_fwd);
-    samp.Record(s.sample_ns);
-    wtotal.Record(s.worker_total_ns);
-    ret.Record(s.result_return_ns);
-    bytes.Record(static_cast<double>(s.wire_bytes));
-    // Iteration time: between consecutive completions of measured steps.
-    // v1: a worker's loop period (waiting for the diff + the step), max over
-    // ranks. v0: the driver is synchronous, so completion to completion.
-    if (s.worker_iter_ns > 0 || (i > 0 && measured[i - 1]->step + 1 == s.step)) {
-      double it = s.worker_iter_ns > 0
-                      ? static_cast<double>(s.worker_iter_ns)
-                      : static_cast<double>(s.done_at_ns - measured[i - 1]->done_at_ns);
-      iter.Record(it);
-      // GPU: measured by events between steps; CPU: the loop period minus
-      // the forward pass.
-      double busy = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
-      idle.Record(s.gpu_idle_ns > 0 ? static_cast<double>(s.gpu_idle_ns) : std::max(0.0, it - busy));
+  return measured;
+}
+
+// A flag's value as JSON: true/false, a number when it is one, else a string.
+std::string FlagValueJson(const std::string& v) {
+  if (v == "true" || v == "false") return v;
+  static const std::regex kNumber(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  if (std::regex_match(v, kNumber)) return v;
+  return JsonString(v);
+}
+
+std::string FlagsJson(const JobOptions& o) {
+  std::vector<std::string> members;
+  for (const std::string& arg : ToArgs(o)) {
+    // "--name=value"
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) continue;
+    members.push_back(absl::StrCat(JsonString(arg.substr(2, eq - 2)), ": ",
+                                   FlagValueJson(arg.substr(eq + 1))));
+  }
+  return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+std::string UtcNow() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+// The first "key : value" line of a /proc-style file whose key is `key`.
+std::string ProcField(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (absl::StripAsciiWhitespace(line.substr(0, colon)) != key) continue;
+    return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+  }
+  return "";
+}
+
+// One entry per rank: the CPU model (cpu backend) or the GPU model of each
+// rank's device, read from the NVIDIA driver's /proc files (the scheduler
+// does not create a CUDA context). GPUs are in PCI bus order, as nvidia-smi
+// lists them; CUDA_VISIBLE_DEVICES (numeric indices) picks among them.
+std::vector<std::string> Devices(const JobOptions& o) {
+  std::vector<std::string> out;
+  if (o.resolved_backend != "cuda") {
+    std::string cpu = ProcField("/proc/cpuinfo", "model name");
+    if (cpu.empty()) cpu = "unknown";
+    for (int r = 0; r < o.tp; ++r) out.push_back(absl::StrCat("cpu: ", cpu));
+    return out;
+  }
+  std::vector<std::string> gpus;
+  std::error_code ec;
+  std::vector<std::filesystem::path> dirs;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (const auto& d : dirs) {
+    std::string m = ProcField((d / "information").string(), "Model");
+    gpus.push_back(m.empty() ? "unknown GPU" : m);
+  }
+  std::vector<std::string> visible;
+  if (const std::optional<std::string> v = env::CudaVisibleDevices()) {
+    for (absl::string_view idx : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
+      int i;
+      if (!absl::SimpleAtoi(idx, &i) || i < 0 || i >= static_cast<int>(gpus.size())) {
+        visible.clear();  // UUIDs or out of range: fall back to the first ones
+        break;
+      }
+      visible.push_back(gpus[i]);
     }
   }
+  if (visible.empty()) visible = gpus;
+  for (int r = 0; r < o.tp; ++r) {
+    out.push_back(r < static_cast<int>(visible.size()) ? visible[r] : "unknown GPU");
+  }
+  return out;
+}
 
-  LatencyHistogram ttft, tpot, itl;
-  uint64_t out_tokens = 0;
-  int finished = 0;
+std::string Ms(const MetricStats& s, double v) {
+  return s.count > 0 ? absl::StrFormat("%.2f", v) : "n/a";
+}
+
+}  // namespace
+
+std::string JsonString(std::string_view s) {
+  std::string o = "\"";
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      o.push_back('\\');
+      o.push_back(c);
+    } else if (u < 0x20) {
+      absl::StrAppendFormat(&o, "\\u%04x", u);
+    } else {
+      o.push_back(c);
+    }
+  }
+  o.push_back('"');
+  return o;
+}
+
+MetricStats MetricStats::Of(std::vector<double> v, double scale) {
+  MetricStats m;
+  if (v.empty()) return m;
+  for (double& x : v) x /= scale;
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size());
+  m.count = static_cast<int64_t>(v.size());
+  double sum = 0;
+  for (double x : v) sum += x;
+  m.mean = sum / n;
+  double var = 0;
+  for (double x : v) var += (x - m.mean) * (x - m.mean);
+  m.std = std::sqrt(var / n);
+  m.min = v.front();
+  m.max = v.back();
+  auto at = [&](double p) {
+    const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * n));
+    return v[rank == 0 ? 0 : rank - 1];
+  };
+  m.p50 = at(50);
+  m.p90 = at(90);
+  m.p95 = at(95);
+  m.p99 = at(99);
+  return m;
+}
+
+std::string MetricStats::ToJson() const {
+  if (count == 0) return "null";
+  return absl::StrFormat(
+      R"({"count":%d,"mean":%.4f,"std":%.4f,"min":%.4f,"p50":%.4f,"p90":%.4f,"p95":%.4f,"p99":%.4f,"max":%.4f})",
+      count, mean, std, min, p50, p90, p95, p99, max);
+}
+
+RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
+  const JobOptions& o = *in.opts;
+  RunMetrics m;
+  const std::vector<const StepRecord*> measured = MeasuredSteps(in);
+  m.total_steps = static_cast<int>(in.steps.size());
+  m.measured_steps = static_cast<int>(measured.size());
+  std::vector<double> sched, enc, pub, recv, apply, build, fwd, dfwd, samp, wtotal, ret, bytes,
+      idle, pf_fwd, dec_fwd, period;
+  for (const StepRecord* sp : measured) {
+    const StepRecord& s = *sp;
+    sched.push_back(s.schedule_ns);
+    enc.push_back(s.encode_ns);
+    pub.push_back(s.publish_ns);
+    recv.push_back(s.recv_wait_ns);
+    apply.push_back(s.apply_ns);
+    build.push_back(s.build_ns);
+    fwd.push_back(s.forward_ns);
+    if (s.device_forward_ns > 0) dfwd.push_back(s.device_forward_ns);
+    const double step_fwd = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
+    (s.decode_only ? dec_fwd : pf_fwd).push_back(step_fwd);
+    samp.push_back(s.sample_ns);
+    wtotal.push_back(s.worker_total_ns);
+    ret.push_back(s.result_return_ns);
+    bytes.push_back(static_cast<double>(s.wire_bytes));
+    // GPU idle before the step, by CUDA events (0: not measured).
+    if (o.resolved_backend == "cuda" && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
+  }
+  {
+    std::vector<double> sum;
+    for (const StepRecord* sp : measured) {
+      if (sp->rank_forward_ns.size() > sum.size()) sum.resize(sp->rank_forward_ns.size(), 0.0);
+      for (size_t r = 0; r < sp->rank_forward_ns.size(); ++r) sum[r] += sp->rank_forward_ns[r];
+    }
+    for (double s : sum) {
+      m.busiest_rank_forward_us = std::max(m.busiest_rank_forward_us, s / measured.size() / 1e3);
+    }
+  }
+  // Step period: completions over windows of consecutive measured steps.
+  if (measured.size() >= 2) {
+    // An even number of steps where there is a choice: completions that come
+    // in pairs then span whole pairs.
+    const StepRecord& first = *measured.front();
+    const bool odd = (measured.back()->step - first.step) % 2 == 1 && measured.size() >= 3;
+    const StepRecord& last = *measured[measured.size() - (odd ? 2 : 1)];
+    const double steps = static_cast<double>(last.step - first.step);
+    if (steps > 0) m.step_period_ms = (last.done_at_ns - first.done_at_ns) / steps / 1e6;
+    const size_t w = std::min<size_t>(RunMetrics::kPeriodWindow, measured.size() - 1);
+    for (size_t i = 0; i + w < measured.size(); ++i) {
+      const StepRecord& a = *measured[i];
+      const StepRecord& b = *measured[i + w];
+      if (b.step - a.step != w) continue;  // not consecutive
+      period.push_back(static_cast<double>(b.done_at_ns - a.done_at_ns) / static_cast<double>(w));
+    }
+  }
+  m.iteration_ms = MetricStats::Of(period, 1e6);
+  m.gpu_idle_us = MetricStats::Of(idle, 1e3);
+  m.schedule_us = MetricStats::Of(sched, 1e3);
+  m.encode_us = MetricStats::Of(enc, 1e3);
+  m.publish_us = MetricStats::Of(pub, 1e3);
+  m.recv_wait_us = MetricStats::Of(recv, 1e3);
+  m.apply_us = MetricStats::Of(apply, 1e3);
+  m.build_us = MetricStats::Of(build, 1e3);
+  m.forward_us = MetricStats::Of(fwd, 1e3);
+  m.device_forward_us = MetricStats::Of(dfwd, 1e3);
+  m.prefill_forward_us = MetricStats::Of(pf_fwd, 1e3);
+  m.decode_forward_us = MetricStats::Of(dec_fwd, 1e3);
+  m.sample_us = MetricStats::Of(samp, 1e3);
+  m.worker_total_us = MetricStats::Of(wtotal, 1e3);
+  m.result_return_us = MetricStats::Of(ret, 1e3);
+  m.wire_bytes = MetricStats::Of(bytes, 1);
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  m.requests = static_cast<int>(in.requests.size());
   for (const RequestRecord& r : in.requests) {
-    out_tokens += r.tokens.size();
-    if (r.finish_ns >= 0) ++finished;
-    if (r.first_token_ns >= 0) ttft.Record(r.first_token_ns - r.arrival_ns);
-    if (r.tokens.size() > 1 && r.finish_ns >= 0) {
-      tpot.Record(static_cast<double>(r.token_times_ns.back() - r.token_times_ns.front()) /
-                  static_cast<double>(r.tokens.size() - 1));
+    m.input_tokens += r.prompt_len;
+    m.output_tokens += static_cast<int64_t>(r.tokens.size());
+    if (r.finish_ns >= 0) {
+      ++m.finished;
+      e2e.push_back(static_cast<double>(r.finish_ns - r.arrival_ns));
+    }
+    if (r.first_token_ns >= 0) ttft.push_back(static_cast<double>(r.first_token_ns - r.arrival_ns));
+    if (r.tokens.size() > 1 && r.finish_ns >= 0 && r.token_times_ns.size() > 1) {
+      tpot.push_back(static_cast<double>(r.token_times_ns.back() - r.token_times_ns.front()) /
+                     static_cast<double>(r.token_times_ns.size() - 1));
     }
     for (size_t i = 1; i < r.token_times_ns.size(); ++i) {
-      itl.Record(r.token_times_ns[i] - r.token_times_ns[i - 1]);
+      itl.push_back(static_cast<double>(r.token_times_ns[i] - r.token_times_ns[i - 1]));
     }
   }
-  const double wall_s = (in.end_ns - in.start_ns) / 1e9;
-  std::string summary = absl::StrFormat(
-      "{\n  \"status\": \"ok\",\n  \"mode\": \"%s\",\n  \"backend\": \"%s\",\n  \"tp\": %d,\n"
-      "  \"model\": %s,\n  \"flags\": \"%s\",\n  \"wall_s\": %.6f,\n  \"requests\": %d,\n"
-      "  \"finished_requests\": %d,\n  \"output_tokens\": %d,\n  \"request_throughput\": %.4f,\n"
-      "  \"output_tokens_per_s\": %.4f,\n  \"ttft_ms\": %s,\n  \"tpot_ms\": %s,\n  \"itl_ms\": %s,\n"
-      "  \"steps\": {\n    \"total\": %d,\n    \"measured\": %d,\n    \"iteration_ms\": %s,\n"
+  m.ttft_ms = MetricStats::Of(ttft, 1e6);
+  m.tpot_ms = MetricStats::Of(tpot, 1e6);
+  m.itl_ms = MetricStats::Of(itl, 1e6);
+  m.e2e_ms = MetricStats::Of(e2e, 1e6);
+  m.startup_s = in.startup_ns / 1e9;
+  m.duration_s = (in.end_ns - in.start_ns) / 1e9;
+  const double d = std::max(m.duration_s, 1e-9);
+  m.request_throughput = m.finished / d;
+  m.input_tokens_per_s = m.input_tokens / d;
+  m.output_tokens_per_s = m.output_tokens / d;
+  m.total_tokens_per_s = (m.input_tokens + m.output_tokens) / d;
+  return m;
+}
+
+std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
+  const JobOptions& o = *in.opts;
+  std::string b;
+  auto line = [&](const std::string& label, const std::string& value) {
+    absl::StrAppendFormat(&b, "%-40s %s\n", label, value);
+  };
+  auto rule = [&](const std::string& title, char fill) {
+    const int width = 50, pad = std::max<int>(0, width - static_cast<int>(title.size()));
+    absl::StrAppend(&b, std::string(pad / 2, fill), title, std::string(pad - pad / 2, fill), "\n");
+  };
+  auto dist = [&](const char* name, const MetricStats& s, const char* unit) {
+    line(absl::StrCat("Mean ", name, " (", unit, "):"), Ms(s, s.mean));
+    line(absl::StrCat("Median ", name, " (", unit, "):"), Ms(s, s.p50));
+    line(absl::StrCat("P99 ", name, " (", unit, "):"), Ms(s, s.p99));
+  };
+  rule(" symtp results ", '=');
+  line("Backend / mode / TP:", absl::StrCat(o.resolved_backend, " / ", o.mode, " / ", o.tp));
+  line("Model:", absl::StrCat(o.model, o.model_overrides.empty() ? "" : " (" + o.model_overrides + ")"));
+  line("Successful requests:", absl::StrCat(m.finished, " of ", m.requests));
+  line("Start-up, not measured (s):", absl::StrFormat("%.2f", m.startup_s));
+  line("Benchmark duration (s):", absl::StrFormat("%.3f", m.duration_s));
+  line("Total input tokens:", absl::StrCat(m.input_tokens));
+  line("Total generated tokens:", absl::StrCat(m.output_tokens));
+  line("Request throughput (req/s):", absl::StrFormat("%.2f", m.request_throughput));
+  line("Output token throughput (tok/s):", absl::StrFormat("%.2f", m.output_tokens_per_s));
+  line("Total token throughput (tok/s):", absl::StrFormat("%.2f", m.total_tokens_per_s));
+  rule("Time to First Token", '-');
+  dist("TTFT", m.ttft_ms, "ms");
+  rule("Time per Output Token (excl. 1st token)", '-');
+  dist("TPOT", m.tpot_ms, "ms");
+  rule("Inter-token Latency", '-');
+  dist("ITL", m.itl_ms, "ms");
+  rule("End-to-end Latency", '-');
+  dist("E2E", m.e2e_ms, "ms");
+  rule("Steps", '-');
+  line("Steps (measured / total):", absl::StrCat(m.measured_steps, " / ", m.total_steps));
+  line("Step period (ms):", m.step_period_ms > 0 ? absl::StrFormat("%.3f", m.step_period_ms) : "n/a");
+  const MetricStats& fwd = m.device_forward_us.count > 0 ? m.device_forward_us : m.forward_us;
+  line(m.device_forward_us.count > 0 ? "Median forward, GPU time (ms):" : "Median forward (ms):",
+       fwd.count > 0 ? absl::StrFormat("%.3f", fwd.p50 / 1e3) : "n/a");
+  line("Median GPU idle between steps (us):",
+       m.gpu_idle_us.count > 0 ? absl::StrFormat("%.1f", m.gpu_idle_us.p50)
+                               : std::string("n/a (") + o.resolved_backend + " backend)");
+  rule("", '=');
+  return b;
+}
+
+std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
+  const JobOptions& o = *in.opts;
+  std::vector<std::string> devices;
+  for (const std::string& d : Devices(o)) devices.push_back(JsonString(d));
+  return absl::StrFormat(
+      "{\n  \"status\": \"ok\",\n  \"version\": %s,\n  \"commit\": %s,\n  \"build_type\": %s,\n"
+      "  \"date\": %s,\n  \"host\": %s,\n  \"devices\": [%s],\n"
+      "  \"mode\": %s,\n  \"backend\": %s,\n  \"tp\": %d,\n"
+      "  \"model\": %s,\n  \"flags\": %s,\n  \"startup_s\": %.6f,\n  \"wall_s\": %.6f,\n"
+      "  \"requests\": %d,\n  \"finished_requests\": %d,\n  \"input_tokens\": %d,\n"
+      "  \"output_tokens\": %d,\n  \"request_throughput\": %.4f,\n"
+      "  \"input_tokens_per_s\": %.4f,\n  \"output_tokens_per_s\": %.4f,\n"
+      "  \"total_tokens_per_s\": %.4f,\n"
+      "  \"ttft_ms\": %s,\n  \"tpot_ms\": %s,\n  \"itl_ms\": %s,\n  \"e2e_ms\": %s,\n"
+      "  \"steps\": {\n    \"total\": %d,\n    \"measured\": %d,\n    \"period_ms\": %s,\n"
+      "    \"iteration_ms\": %s,\n    \"busiest_rank_forward_us\": %s,\n"
       "    \"gpu_idle_us\": %s,\n    \"schedule_us\": %s,\n    \"encode_us\": %s,\n"
       "    \"publish_us\": %s,\n    \"recv_wait_us\": %s,\n    \"apply_us\": %s,\n"
       "    \"build_us\": %s,\n    \"forward_us\": %s,\n    \"device_forward_us\": %s,\n"
-      "    \"prefill_forward_us\": %s,\n    \"decode_forward_us\": %s,\n    \"sample_us\": %s,\n    \"worker_total_us\": %s,\n    \"result_return_us\": %s,\n"
+      "    \"prefill_forward_us\": %s,\n    \"decode_forward_us\": %s,\n    \"sample_us\": %s,\n"
+      "    \"worker_total_us\": %s,\n    \"result_return_us\": %s,\n"
       "    \"wire_bytes\": %s\n  }%s%s\n}\n",
-      o.mode, o.resolved_backend, o.tp, in.model_json,
-      JsonEscape(absl::StrJoin(ToArgs(o), " ")), wall_s, static_cast<int>(in.requests.size()),
-      finished, out_tokens, finished / std::max(wall_s, 1e-9), out_tokens / std::max(wall_s, 1e-9),
-      Hist(ttft, 1e6), Hist(tpot, 1e6), Hist(itl, 1e6), static_cast<int>(in.steps.size()),
-      static_cast<int>(measured.size()), Hist(iter, 1e6), Hist(idle, 1e3), Hist(sched, 1e3),
-      Hist(enc, 1e3), Hist(pub, 1e3), Hist(recv, 1e3), Hist(apply, 1e3), Hist(build, 1e3),
-      Hist(fwd, 1e3), Hist(dfwd, 1e3), Hist(pf_fwd, 1e3), Hist(dec_fwd, 1e3), Hist(samp, 1e3), Hist(wtotal, 1e3), Hist(ret, 1e3),
-      Hist(bytes, 1), in.extra_json.empty() ? "" : ",\n  ", in.extra_json);
+      JsonString(BuildVersion()), JsonString(BuildCommit()), JsonString(BuildType()),
+      JsonString(UtcNow()), JsonString(HostName()), absl::StrJoin(devices, ", "),
+      JsonString(o.mode), JsonString(o.resolved_backend), o.tp, in.model_json, FlagsJson(o),
+      m.startup_s, m.duration_s, m.requests, m.finished, m.input_tokens, m.output_tokens,
+      m.request_throughput, m.input_tokens_per_s, m.output_tokens_per_s, m.total_tokens_per_s,
+      m.ttft_ms.ToJson(), m.tpot_ms.ToJson(), m.itl_ms.ToJson(), m.e2e_ms.ToJson(),
+      m.total_steps, m.measured_steps,
+      m.step_period_ms > 0 ? absl::StrFormat("%.6f", m.step_period_ms) : std::string("null"),
+      m.iteration_ms.ToJson(),
+      m.busiest_rank_forward_us > 0 ? absl::StrFormat("%.4f", m.busiest_rank_forward_us)
+                                    : std::string("null"),
+      m.gpu_idle_us.ToJson(), m.schedule_us.ToJson(),
+      m.encode_us.ToJson(), m.publish_us.ToJson(), m.recv_wait_us.ToJson(), m.apply_us.ToJson(),
+      m.build_us.ToJson(), m.forward_us.ToJson(), m.device_forward_us.ToJson(),
+      m.prefill_forward_us.ToJson(), m.decode_forward_us.ToJson(), m.sample_us.ToJson(),
+      m.worker_total_us.ToJson(), m.result_return_us.ToJson(), m.wire_bytes.ToJson(),
+      in.extra_json.empty() ? "" : ",\n  ", in.extra_json);
+}
+
+std::string RequestsJsonl(const RunSummaryInput& in) {
+  auto at = [&](int64_t t) {
+    return t >= 0 ? absl::StrFormat("%.6f", (t - in.start_ns) / 1e9) : std::string("null");
+  };
+  std::string lines;
+  for (const RequestRecord& r : in.requests) {
+    absl::StrAppend(&lines, "{\"id\":", r.id, ",\"arrival_s\":", at(r.arrival_ns),
+                    ",\"first_token_s\":", at(r.first_token_ns), ",\"finish_s\":",
+                    at(r.finish_ns), ",\"input_tokens\":", r.prompt_len,
+                    ",\"output_tokens\":", r.tokens.size(), "}\n");
+  }
+  return lines;
+}
+
+absl::Status WriteRunOutputs(const RunSummaryInput& in) {
+  const JobOptions& o = *in.opts;
+  const RunMetrics metrics = ComputeRunMetrics(in);
+  const std::string block = FormatResultsBlock(in, metrics);
+  std::fwrite(block.data(), 1, block.size(), stdout);
+  std::fflush(stdout);
+  if (o.out_dir.empty() && o.trace_file.empty()) return absl::OkStatus();
+  const std::string summary = SummaryJson(in, metrics);
 
   if (!o.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.out_dir, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("creating ", o.out_dir, ": ", ec.message()));
     SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "summary.json", summary));
+    SYMTP_RETURN_IF_ERROR(
+        WriteFile(std::filesystem::path(o.out_dir) / "requests.jsonl", RequestsJsonl(in)));
     std::string lines;
     for (const RequestRecord& r : in.requests) {
       absl::StrAppend(&lines, "{\"id\":", r.id, ",\"prompt_len\":", r.prompt_len, ",\"tokens\":[",

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "protocol/result.h"
@@ -30,6 +31,7 @@ struct StepRecord {
   int64_t result_return_ns = 0;  // results in minus worker done (v1)
   int64_t gpu_idle_ns = 0;       // GPU idle before the step by events, max over ranks (0: unknown)
   int64_t worker_iter_ns = 0;    // v1: max over ranks of one worker loop period (wait + work)
+  std::vector<int64_t> rank_forward_ns;    // v1: each rank's forward (GPU time on cuda)
   std::vector<proto::PhaseTimings> ranks;  // v1 with --trace: each rank's, in rank order
 };
 
@@ -45,13 +47,79 @@ struct RequestRecord {
 struct RunSummaryInput {
   const JobOptions* opts = nullptr;
   std::string model_json;
-  int64_t start_ns = 0, end_ns = 0;
+  // The measurement clock: start_ns is taken after every worker reported
+  // ready (backend built, KV cache allocated); TTFT, E2E latency and the
+  // throughputs are measured from it. startup_ns is the time before it, from
+  // the process's start to every worker ready, reported separately.
+  int64_t start_ns = 0, end_ns = 0, startup_ns = 0;
   std::vector<StepRecord> steps;
   std::vector<RequestRecord> requests;
   std::string extra_json;  // appended object members, e.g. "\"scheduler\":{...}"
 };
 
-// Writes <out>/summary.json, <out>/tokens.jsonl, <out>/prompts.jsonl (and the
+// One metric's distribution. count == 0 means the run or the backend has no
+// such metric (summary.json writes null, the results block "n/a").
+struct MetricStats {
+  int64_t count = 0;
+  double mean = 0, std = 0, min = 0, p50 = 0, p90 = 0, p95 = 0, p99 = 0, max = 0;
+  // Of `values` divided by `scale` (e.g. 1e6: ns to ms). Population std;
+  // percentiles by nearest rank.
+  static MetricStats Of(std::vector<double> values, double scale = 1.0);
+  // {"count":..,"mean":..,"std":..,"min":..,"p50":..,"p90":..,"p95":..,"p99":..,"max":..}, or null.
+  std::string ToJson() const;
+};
+
+// What a run measured, from RunSummaryInput (the numbers of the results block
+// and summary.json).
+struct RunMetrics {
+  int requests = 0, finished = 0;
+  int64_t input_tokens = 0, output_tokens = 0;
+  double startup_s = 0, duration_s = 0;
+  double request_throughput = 0, input_tokens_per_s = 0, output_tokens_per_s = 0,
+         total_tokens_per_s = 0;
+  MetricStats ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  int total_steps = 0, measured_steps = 0;
+  // Step period over the measured window: (last measured step's completion -
+  // the first's) / the steps between them, an even number of steps where
+  // there are three or more. 0 with fewer than two steps.
+  double step_period_ms = 0;
+  // The period over sliding windows of kPeriodWindow consecutive measured
+  // steps (fewer when the run has fewer): pipelined v1 workers complete
+  // steps in pairs, so one completion gap alternates between ~0 and two
+  // steps; a window of an even number of steps does not.
+  static constexpr int kPeriodWindow = 8;
+  MetricStats iteration_ms;
+  // The busiest rank's mean forward time over the measured steps (v1; 0:
+  // unknown). The per-step maximum over ranks (forward_us) includes a rank's
+  // wait for the slowest one at the all-reduces, so its mean can exceed the
+  // step period; one rank's own forward passes cannot.
+  double busiest_rank_forward_us = 0;
+  MetricStats gpu_idle_us;  // by CUDA events; none on the cpu backend
+  MetricStats schedule_us, encode_us, publish_us, recv_wait_us, apply_us, build_us, forward_us,
+      device_forward_us, prefill_forward_us, decode_forward_us, sample_us, worker_total_us,
+      result_return_us, wire_bytes;
+};
+
+RunMetrics ComputeRunMetrics(const RunSummaryInput& in);
+
+// The results block printed on stdout at the end of every job, in the style
+// of `vllm bench serve`.
+std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m);
+
+// summary.json's text (docs/OUTPUTS.md has the schema).
+std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m);
+
+// requests.jsonl: one line per request with its arrival, first-token and
+// finish times (seconds from the measurement start; null if not reached) and
+// its token counts.
+std::string RequestsJsonl(const RunSummaryInput& in);
+
+// A JSON string literal: quotes, backslashes and control characters escaped
+// (\u00XX), other bytes as they are.
+std::string JsonString(std::string_view s);
+
+// Prints the results block on stdout and writes <out>/summary.json,
+// <out>/requests.jsonl, <out>/tokens.jsonl, <out>/prompts.jsonl (and the
 // trace if asked).
 absl::Status WriteRunOutputs(const RunSummaryInput& in);
 

@@ -90,7 +90,7 @@ absl::Status V0Follower(const JobOptions& /*opts*/, Backend* backend, JobHandle*
 }
 
 absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Backend* backend,
-                      JobHandle* job) {
+                      JobHandle* job, int64_t process_start_ns) {
   sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);  // depth 1 for v0
   SYMTP_ASSIGN_OR_RETURN(sc.num_kv_blocks,
                          AgreedKvBlocks(opts, cfg, job,
@@ -110,8 +110,10 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   summary.opts = &opts;
   summary.model_json = model::ToJson(cfg);
   summary.requests.resize(n);
+  // Every rank is ready (AgreedKvBlocks waited for them): the clock starts.
   const int64_t start = MonotonicNs();
   summary.start_ns = start;
+  summary.startup_ns = start - process_start_ns;
   Progress progress(opts.progress, n);
   int next = 0, finished = 0;
   uint64_t tokens_out = 0;
@@ -258,9 +260,9 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
 }  // namespace
 
 absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
-                         JobHandle* job, Backend* backend) {
+                         JobHandle* job, Backend* backend, int64_t process_start_ns) {
   job->SetPhase(ProcPhase::kRunning);
-  if (rank == 0) return V0Driver(opts, cfg, backend, job);
+  if (rank == 0) return V0Driver(opts, cfg, backend, job, process_start_ns);
   return V0Follower(opts, backend, job);
 }
 

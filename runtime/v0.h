@@ -15,7 +15,9 @@
 
 namespace symtp::runtime {
 
+// process_start_ns: when this process started (rank 0 reports the start-up
+// time, to every rank ready, apart from the measured run).
 absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
-                         JobHandle* job, Backend* backend);
+                         JobHandle* job, Backend* backend, int64_t process_start_ns);
 
 }  // namespace symtp::runtime

@@ -55,8 +55,9 @@ for name in sorted(os.listdir(out)):
     g, rest = rest.split("_att")
     att, b = rest.rsplit("_b", 1)
     r = dict(model=model, tp=int(tp), graphs=g == "true", attention=att, batch=int(b),
-             forward_ms=(st["decode_forward_us"]["p50"] or 0) / 1e3, iteration_ms=st["iteration_ms"]["p50"],
-             gpu_idle_us=st["gpu_idle_us"]["p50"], steps=st["measured"])
+             forward_ms=((st["decode_forward_us"] or {}).get("p50") or 0) / 1e3,
+             iteration_ms=st.get("period_ms") or (st["iteration_ms"] or {}).get("p50") or 0,
+             gpu_idle_us=(st["gpu_idle_us"] or {}).get("p50") or 0, steps=st["measured"])
     res.append(r)
 res.sort(key=lambda r: (r["model"], r["tp"], not r["graphs"], r["attention"], r["batch"]))
 lines = [f"# Decode step time (steady decode, context {ctx}, overrides `{ov}`)", "",

@@ -13,4 +13,4 @@ OUT=${OUT_DIR:-out/quickstart}
 mkdir -p "$OUT"
 SYMTP_BUILD_DIR=$PWD/build-release ./tools/launch.sh --tp 2 --model tiny --num-requests 64 \
   --prompt-len uniform:16:96 --output-len 32 --max-batch 32 --out "$OUT" "$@"
-echo "quickstart: results in $OUT/summary.json and $OUT/tokens.jsonl"
+echo "quickstart: results above; files in $OUT: summary.json, requests.jsonl, tokens.jsonl (docs/OUTPUTS.md)"

@@ -22,29 +22,60 @@ def load(runs):
     return data
 
 
-def p50(s, key):
-    return s["steps"][key]["p50"]
+def mean(st, key):
+    """The mean of a step metric over the measured steps (None where the run or
+    backend has none: null). Means, not medians: the iteration is a mean
+    (elapsed / steps), so forward + idle add up to it; on a loaded CPU a
+    step's forward time can be bimodal and its median far from its mean."""
+    v = st.get(key)
+    return v["mean"] if v else None
+
+
+def iteration_ms(st):
+    """The step period over the measured window (steps / elapsed). Pipelined
+    v1 workers complete steps in pairs, so a median of completion gaps would
+    land in either group; summaries before period_ms existed only had that."""
+    if st.get("period_ms"):
+        return st["period_ms"]
+    return mean(st, "iteration_ms") or 0.0
 
 
 def phases(s):
-    """Per-iteration phases in ms (p50 over measured steps)."""
+    """Per-iteration phases in ms (means over measured steps); the iteration is
+    the step period, idle the part of it the device did not compute."""
     st = s["steps"]
-    fwd = st["device_forward_us"]["p50"] or st["forward_us"]["p50"]
+    # The busiest rank's mean forward: the per-step maximum over ranks also
+    # counts a rank's wait for the slowest one at the all-reduces.
+    fwd = st.get("busiest_rank_forward_us") or mean(st, "device_forward_us") or mean(st, "forward_us") or 0.0
+    it = iteration_ms(st)
+    gpu_idle = mean(st, "gpu_idle_us")
     return {
-        "schedule": (st["schedule_us"]["p50"]) / 1e3,
-        "encode": st["encode_us"]["p50"] / 1e3,
-        "publish": st["publish_us"]["p50"] / 1e3,
-        "recv": st["recv_wait_us"]["p50"] / 1e3,
-        "apply": st["apply_us"]["p50"] / 1e3,
-        "build": st["build_us"]["p50"] / 1e3,
+        "schedule": (mean(st, "schedule_us") or 0) / 1e3,
+        "encode": (mean(st, "encode_us") or 0) / 1e3,
+        "publish": (mean(st, "publish_us") or 0) / 1e3,
+        "recv": (mean(st, "recv_wait_us") or 0) / 1e3,
+        "apply": (mean(st, "apply_us") or 0) / 1e3,
+        "build": (mean(st, "build_us") or 0) / 1e3,
         "forward": fwd / 1e3,
-        "sample": st["sample_us"]["p50"] / 1e3,
-        "return": st["result_return_us"]["p50"] / 1e3,
-        "iteration": st["iteration_ms"]["p50"],
-        "idle": st["gpu_idle_us"]["p50"] / 1e3,
-        "bytes": st["wire_bytes"]["p50"],
+        "sample": (mean(st, "sample_us") or 0) / 1e3,
+        "return": (mean(st, "result_return_us") or 0) / 1e3,
+        "iteration": it,
+        # GPU: measured by CUDA events; CPU: the iteration less the forward.
+        "idle": gpu_idle / 1e3 if gpu_idle is not None else max(0.0, it - fwd / 1e3),
+        "idle_measured": gpu_idle is not None,
+        "bytes": mean(st, "wire_bytes") or 0,
         "measured": st["measured"],
     }
+
+
+def machine_label(any_run, given):
+    if given:
+        return given
+    devs = any_run.get("devices") or []
+    if devs:
+        kinds = sorted(set(devs))
+        return " + ".join(f"{devs.count(k)} x {k}" for k in kinds)
+    return platform.node()
 
 
 def fmt(x, d=4):
@@ -66,6 +97,9 @@ def main():
     ap.add_argument("--context", default="?")
     ap.add_argument("--model", default="?")
     ap.add_argument("--overrides", default="")
+    ap.add_argument("--machine", default="", help="machine name for titles (default: from the runs)")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if a v1 cell's iteration is below its forward time or above twice it")
     a = ap.parse_args()
     data = load(a.runs)
     if not data:
@@ -74,30 +108,37 @@ def main():
     any_run = next(iter(data.values()))
     tps = sorted({k[1] for k in data})
     batches = sorted({k[2] for k in data})
+    machine = machine_label(any_run, a.machine)
+    model = a.model + (f" ({a.overrides})" if a.overrides else "")
+    backend = any_run["backend"]
+    idle_hdr = "GPU idle (ms)" if backend == "cuda" else "Idle (ms)"
     md = []
     md.append("# v0 vs v1 iteration time\n")
-    md.append(f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} on "
-              f"`{platform.node()}`; backend **{any_run['backend']}**; model "
-              f"**{a.model}** {('(' + a.overrides + ')') if a.overrides else ''}: "
-              f"`{json.dumps(any_run['model'])}`.\n")
+    md.append(f"Generated {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M')} UTC on "
+              f"`{platform.node()}` ({machine}); backend **{backend}**; model "
+              f"**{model}**: `{json.dumps(any_run['model'])}`; commit "
+              f"`{any_run.get('commit', 'unknown')}`.\n")
     md.append(f"Steady decode: the batch is held at exactly B running sequences at context "
-              f"{a.context}; each cell is the median over the measured steps (warm-up excluded). "
+              f"{a.context}. *Iteration* is the step period over the measured steps (warm-up "
+              "excluded): their number over the time between the first and the last completion; "
+              "the phases are means over the same steps (so forward + idle = iteration). "
               "v0: rank 0 schedules inline, builds the full padded batch "
               "([B, max_seq_len] token ids, positions and slot mapping, block tables, lengths) "
               "and broadcasts it every step; only rank 0 samples. v1: a separate scheduler "
               "process publishes incremental diffs over the shared-memory ring, planning step t+1 "
               "while step t runs; every rank samples.\n")
-    md.append("Times in ms. *Forward* is GPU time by CUDA events on the cuda backend (host time on "
+    md.append("Times in ms. *Forward* is the busiest rank's mean forward time (v1; v0: rank 0's), "
+              "GPU time by CUDA events on the cuda backend (host time on "
               "the cpu backend). *GPU idle* on the cuda backend is measured by CUDA events: from "
               "the previous step's last operation to this step's first (v0: rank 0, so it includes "
-              "the batch broadcast); on the cpu backend it is iteration time minus forward time. "
+              "the batch broadcast); on the cpu backend it is the iteration less the forward time. "
               "v1 workers are pipelined (step t+1 is launched while step t runs; "
               "`--pipeline=false` turns that off).\n")
     for tp in tps:
         md.append(f"\n## TP = {tp}\n")
         md.append("### v0: rank 0's scheduling overhead\n")
         md.append("| Batch | Schedule (ms) | Build batch (ms) | Broadcast (ms) | Forward (ms) | "
-                  "Iteration (ms) | GPU idle (ms) | Overhead % |")
+                  f"Iteration (ms) | {idle_hdr} | Overhead % |")
         md.append("|---|---|---|---|---|---|---|---|")
         for b in batches:
             s = data.get(("v0", tp, b))
@@ -110,7 +151,7 @@ def main():
                       f"{100 * p['idle'] / it if it else 0:.1f}% |")
         md.append("\n### v1: per-iteration phases (worker side: max over ranks)\n")
         md.append("| Batch | Schedule (ms) | Encode (ms) | Publish (ms) | Apply (ms) | Build inputs (ms) "
-                  "| Forward (ms) | Sample (ms) | Iteration (ms) | GPU idle (ms) | Iteration / forward |")
+                  f"| Forward (ms) | Sample (ms) | Iteration (ms) | {idle_hdr} | Iteration / forward |")
         md.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for b in batches:
             s = data.get(("v1", tp, b))
@@ -150,6 +191,19 @@ def main():
         i0, i1 = phases(data[("v0", tp, b)])["iteration"], phases(s)["iteration"]
         if i1 >= i0:
             losses.append(f"TP={tp} batch={b}: v1 {fmt(i1)} ms vs v0 {fmt(i0)} ms")
+    # Sanity: a v1 iteration cannot be shorter than its own forward pass, and
+    # with pipelined workers it should not take twice as long.
+    bad = []
+    for (mode, tp, b), s in sorted(data.items()):
+        if mode != "v1":
+            continue
+        p = phases(s)
+        if p["forward"] and not (p["forward"] <= p["iteration"] * 1.0005 <= 2 * p["forward"] * 1.0005):
+            bad.append(f"TP={tp} batch={b}: iteration {fmt(p['iteration'])} ms, forward "
+                       f"{fmt(p['forward'])} ms ({p['iteration'] / p['forward']:.2f}x)")
+    md.append("\n## Check: v1 iteration between its forward time and twice it\n")
+    md.append("\n".join(f"- outside: {l}" for l in bad) if bad else
+              "- every v1 cell: forward <= iteration <= 2 x forward.")
     md.append("\n## Where v1 does not win\n")
     md.append("\n".join(f"- {l}" for l in losses) if losses else
               "- v1's iteration time is below v0's in every measured cell.")
@@ -169,28 +223,43 @@ def main():
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch")
             ax.set_ylabel("iteration (ms)")
-            ax.set_title(f"TP={tp}")
+            ax.set_title(f"TP={tp}", fontsize=9)
             ax.legend()
+        fig.suptitle(f"Iteration time: {model}, {backend} backend, {machine}", fontsize=10)
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "iteration_vs_batch.png"), dpi=110)
         pngs.append("iteration_vs_batch.png")
-        keys = ["schedule", "encode", "publish", "apply", "build", "forward", "sample"]
-        labels = {"encode": "encode / build batch", "publish": "publish / broadcast"}
-        fig, axes = plt.subplots(1, len(tps), figsize=(6 * len(tps), 4), squeeze=False)
+        # Per cell two bars: the iteration as forward + idle (they add up to
+        # it), and beside it the control-plane phases (v1's overlap the
+        # forward of the step before; v0's are serial with it).
+        keys = ["schedule", "encode", "publish", "apply", "build", "sample"]
+        labels = {"encode": "encode / build batch", "publish": "publish / broadcast",
+                  "build": "build inputs"}
+        fig, axes = plt.subplots(1, len(tps), figsize=(6 * len(tps), 4.5), squeeze=False)
         for ax, tp in zip(axes[0], tps):
-            names, bottoms = [], []
             rows = [(m, b) for b in batches for m in ("v0", "v1") if (m, tp, b) in data]
             names = [f"{m}\nB={b}" for m, b in rows]
+            x = list(range(len(rows)))
+            ps = [phases(data[(m, tp, b)]) for m, b in rows]
+            fwd = [min(p["forward"], p["iteration"]) for p in ps]
+            idle = [p["iteration"] - f for p, f in zip(ps, fwd)]
+            ax.bar([i - 0.2 for i in x], fwd, width=0.4, color="tab:blue", label="forward")
+            ax.bar([i - 0.2 for i in x], idle, width=0.4, bottom=fwd, color="tab:gray",
+                   hatch="//", label="idle (iteration - forward)")
             bottom = [0.0] * len(rows)
-            for k in keys:
-                vals = [phases(data[(m, tp, b)])[k] for m, b in rows]
-                ax.bar(range(len(rows)), vals, bottom=bottom, label=labels.get(k, k))
-                bottom = [x + y for x, y in zip(bottom, vals)]
-            ax.set_xticks(range(len(rows)))
+            colors = ["tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
+            for k, c in zip(keys, colors):
+                vals = [p[k] for p in ps]
+                ax.bar([i + 0.2 for i in x], vals, width=0.4, bottom=bottom, color=c,
+                       label=labels.get(k, k))
+                bottom = [u + v for u, v in zip(bottom, vals)]
+            ax.set_xticks(x)
             ax.set_xticklabels(names, fontsize=7)
-            ax.set_ylabel("ms per iteration (p50 phases)")
-            ax.set_title(f"Phase breakdown, TP={tp}")
-            ax.legend(fontsize=7)
+            ax.set_ylabel("ms per iteration")
+            ax.set_title(f"TP={tp}: iteration = forward + idle (left), control-plane phases (right)",
+                         fontsize=8)
+            ax.legend(fontsize=6)
+        fig.suptitle(f"Phases: {model}, {backend} backend, {machine}", fontsize=10)
         fig.tight_layout()
         fig.savefig(os.path.join(a.out, "phase_breakdown.png"), dpi=110)
         pngs.append("phase_breakdown.png")
@@ -202,6 +271,10 @@ def main():
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump({f"{m}_tp{t}_b{b}": phases(s) for (m, t, b), s in sorted(data.items())}, f, indent=1)
+    if a.check and bad:
+        print("report.py: v1 iteration outside [forward, 2 x forward]:\n  " + "\n  ".join(bad),
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,6 +2,7 @@
 //   symtp launch [flags]     start a job (what tools/launch.sh runs)
 //   symtp scheduler [flags]  (spawned by the launcher) the v1 scheduler process
 //   symtp worker [flags]     (spawned by the launcher) one tensor-parallel rank
+//   symtp --version          the commit, build type, CUDA and NCCL versions
 // main() is the only place that decides how the process ends.
 #include <unistd.h>
 
@@ -9,12 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "runtime/launcher.h"
 #include "runtime/options.h"
 #include "runtime/processes.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && (args[0] == "--version" || args[0] == "version")) {
+    std::printf("%s", symtp::VersionText().c_str());
+    return 0;
+  }
   std::string role = "launch";
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
     role = args[0];

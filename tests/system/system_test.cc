@@ -35,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Proc {
   pid_t pid = -1;
@@ -284,6 +285,54 @@ TEST_F(SystemTest, WorkerSizedKvCacheMatchesTheSameBlockCountGivenByFlag) {
     EXPECT_THAT(ReadFile(p.err_path), ::testing::HasSubstr("cannot hold one sequence")) << mode;
   }
   EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+// Every job ends with a results block on stdout (v1: the scheduler, v0:
+// rank 0), writes one requests.jsonl line per request and a summary.json with
+// the build's commit and the flags as an object.
+TEST_F(SystemTest, JobPrintsAResultsBlockAndWritesPerRequestTimes) {
+  for (const char* mode : {"v1", "v0"}) {
+    Proc p = Start(Workload(Out(mode), 2, absl::StrCat("--mode=", mode)), prefix_);
+    int st = Wait(p, 60'000);
+    const std::string out = ReadFile(p.err_path);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+    EXPECT_THAT(out, HasSubstr("Successful requests:                     10 of 10\n")) << mode;
+    EXPECT_THAT(out, HasSubstr("Mean TTFT (ms):")) << mode;
+    EXPECT_THAT(out, HasSubstr("Output token throughput (tok/s):")) << mode;
+    EXPECT_THAT(out, HasSubstr("Start-up, not measured (s):")) << mode;
+    EXPECT_THAT(out, HasSubstr("n/a (cpu backend)")) << mode;
+    // Log lines name files relative to the source root.
+    EXPECT_THAT(out, HasSubstr(" runtime/launcher.cc:")) << mode;
+    EXPECT_THAT(out, Not(HasSubstr("/runtime/launcher.cc:"))) << mode;
+
+    std::ifstream f(Out(mode) + "/requests.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(f, line)) {
+      ++lines;
+      EXPECT_THAT(line, ::testing::MatchesRegex(
+                            "\\{\"id\":[0-9]+,\"arrival_s\":[0-9.]+,\"first_token_s\":[0-9.]+,"
+                            "\"finish_s\":[0-9.]+,\"input_tokens\":[0-9]+,\"output_tokens\":[0-9]+\\}"))
+          << mode;
+    }
+    EXPECT_EQ(lines, 10) << mode;
+    const std::string summary = ReadFile(Out(mode) + "/summary.json");
+    EXPECT_THAT(summary, HasSubstr("\"commit\": \"")) << mode;
+    EXPECT_THAT(summary, HasSubstr(absl::StrCat("\"mode\": \"", mode, "\""))) << mode;
+    EXPECT_THAT(summary, HasSubstr("\"flags\": {\"allreduce\": \"auto\"")) << mode;
+    EXPECT_THAT(summary, HasSubstr("\"device_forward_us\": null")) << mode;
+  }
+}
+
+TEST_F(SystemTest, VersionNamesTheCommitAndTheBuild) {
+  Proc p = Start({"--version"}, prefix_);
+  int st = Wait(p, 10'000);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  const std::string out = ReadFile(p.err_path);
+  EXPECT_THAT(out, ::testing::ContainsRegex("commit: [0-9a-f]{7,}|commit: unknown"));
+  EXPECT_THAT(out, HasSubstr("build type: "));
+  EXPECT_THAT(out, ::testing::ContainsRegex("CUDA: ([0-9]+\\.[0-9]+|none)"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("NCCL: ([0-9]+\\.[0-9]+|none)"));
 }
 
 TEST_F(SystemTest, V0ModeProducesTheSameTokensAsV1) {

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Prints README's headline-results table (Markdown) from the committed
+bench/results/<machine>/<measurement>/summary.json files: one row per
+measurement and machine, with the machine, date and commit of the run.
+
+  tools/results_table.py [--results DIR] [--check README.md]
+
+--check: exit 1 when a row of the table is missing from that file (README's
+table is stale).
+
+Each summary.json holds "measurement", "machine", "device", "date", "commit",
+"command" and "results"; the one-line result is built here from "results"
+for the known measurements, or taken from results["headline_text"]."""
+import argparse
+import glob
+import json
+import os
+import sys
+
+ORDER = ["decode_step", "v0_vs_v1", "allreduce", "overlap", "attention_bandwidth",
+         "ring_latency", "fault_teardown"]
+TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
+          "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
+          "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
+          "fault_teardown": "Fault teardown"}
+MACHINES = ["h200x2", "h200", "h100x2", "cpu-dev"]
+
+
+def span(xs, fmt="{:.2f}"):
+    lo, hi = min(xs), max(xs)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def headline(doc):
+    r, m = doc["results"], doc["measurement"]
+    if "headline_text" in r:
+        return r["headline_text"]
+    if m == "decode_step":
+        h = r["headline"]
+        return (f"{h['model']}, {h['layers']} layers, TP={h['tp']}: "
+                + " / ".join(f"{x:.2f}" for x in h["forward_ms"])
+                + f" ms at batch {' / '.join(str(b) for b in h['batches'])}")
+    if m == "v0_vs_v1":
+        parts = []
+        for tp in sorted({c["tp"] for c in r["cells"]}):
+            cs = [c for c in r["cells"] if c["tp"] == tp]
+            parts.append(f"TP={tp} {span([c['speedup'] for c in cs])}x")
+        bs = sorted({c["batch"] for c in r["cells"]})
+        model = r.get("model", "")
+        return (f"v1 speedup over v0: {', '.join(parts)} (batch {bs[0]}-{bs[-1]}"
+                + (f", {model}" if model else "") + ")")
+    if m == "allreduce":
+        pick = {c["bytes"]: c for c in r["per_call"]}
+        cells = [f"{pick[b]['ratio']:.2f}x at {b >> 10} KiB" for b in (65536, 262144) if b in pick]
+        if 1 << 20 in pick:
+            cells.append(f"{pick[1 << 20]['ratio']:.2f}x at 1 MiB")
+        wrong = sum(c["wrong"] for c in r["per_call"])
+        return f"custom / NCCL time per call (bf16, TP=2, graphs): {', '.join(cells)}; {wrong} wrong elements"
+    if m == "overlap":
+        t = r["t_k_over_t_1"]
+        d256 = [x["decode256"] for runs in t.values() for x in runs if "decode256" in x]
+        d16 = [x["decode16"] for runs in t.values() for x in runs if "decode16" in x]
+        return (f"{r['k']} buckets / 1: {span(d256, '{:.3f}')} at decode batch 256, "
+                f"{span(d16, '{:.3f}')} at batch 16 (below 1 pays); default 1 bucket")
+    if m == "attention_bandwidth":
+        return "; ".join(f"{row['shape']}: {span(row['percent_of_copy_bandwidth'], '{:.0f}')}% of copy bandwidth"
+                         for row in r["rows"])
+    if m == "ring_latency":
+        h = r.get("headline")
+        if not h:
+            rows = [x for x in r["rows"] if x["bytes"] == 4096 and x["case"] == "in place"]
+            h = rows[0] if rows else r["rows"][0]
+        return (f"{h['consumers']} consumer(s), {h['bytes'] // 1024} KiB, {h['case']}: "
+                f"p50 {h['p50_us']:.2f} us, p99 {h['p99_us']:.2f} us")
+    if m == "fault_teardown":
+        return (f"SIGKILL a worker at TP={r['tp']}: job ends in {r['seconds_to_exit']:.2f} s, exit "
+                f"{r['launcher_exit_code']}, {r['processes_left']} processes / "
+                f"{r['shm_segments_left']} segments left")
+    return ""
+
+
+def main():
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=root)
+    ap.add_argument("--check", metavar="FILE", help="fail if FILE lacks a row of the table")
+    a = ap.parse_args()
+    docs = []
+    for p in glob.glob(os.path.join(a.results, "*", "*", "summary.json")):
+        with open(p) as f:
+            d = json.load(f)
+        d["_path"] = os.path.relpath(os.path.dirname(p), os.path.join(a.results, "..", ".."))
+        docs.append(d)
+    if not docs:
+        print(f"results_table.py: no summary.json under {a.results}", file=sys.stderr)
+        return 1
+
+    def key(d):
+        m = d["measurement"]
+        return (ORDER.index(m) if m in ORDER else len(ORDER), m,
+                MACHINES.index(d["machine"]) if d["machine"] in MACHINES else len(MACHINES))
+    lines = ["| Measurement | Machine | Result | Date | Commit |", "|---|---|---|---|---|"]
+    for d in sorted(docs, key=key):
+        title = TITLES.get(d["measurement"], d["measurement"])
+        lines.append(f"| [{title}]({d['_path']}/summary.md) | {d['machine']} | {headline(d)} | "
+                     f"{d['date']} | `{d['commit']}` |")
+    if a.check:
+        with open(a.check) as f:
+            have = set(f.read().splitlines())
+        missing = [l for l in lines if l not in have]
+        for l in missing:
+            print(f"results_table.py: {a.check} lacks: {l}", file=sys.stderr)
+        return 1 if missing else 0
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
