@@ -72,10 +72,14 @@ absl::StatusOr<std::unique_ptr<kernels::DeviceComm>> MakeComm(const JobOptions& 
   if (opts.allreduce == "nccl") return std::unique_ptr<kernels::DeviceComm>(std::move(nccl));
   kernels::AllReduceDispatcher::Options o;
   o.calibrate = opts.allreduce == "auto" && pinned_crossover == 0;
-  o.crossover_bytes = opts.allreduce == "custom" ? (size_t{1} << 20)
+  // The custom path's capacity covers decode's row-parallel messages (rows x
+  // hidden x 2 bytes: 4 MiB at batch 512 of a 4096-wide model); above the
+  // calibrated crossover, or the capacity, NCCL.
+  const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
+  o.crossover_bytes = opts.allreduce == "custom" ? cap
                       : pinned_crossover > 0     ? pinned_crossover
                                                  : opts.crossover_bytes;
-  o.max_custom_bytes = std::max<size_t>(size_t{1} << 20, o.crossover_bytes);
+  o.max_custom_bytes = cap;
   SYMTP_ASSIGN_OR_RETURN(auto d, kernels::AllReduceDispatcher::Create(
                                      rank, opts.tp, device, std::move(nccl), exchange, boot, o));
   SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();

@@ -178,6 +178,7 @@ const std::map<std::string, Flag>& Flags() {
       {"pipeline", {Bool(&JobOptions::pipeline), Get(&JobOptions::pipeline), "v1 workers launch step t+1 while step t runs (false: one step at a time)"}},
       {"attention", {Str(&JobOptions::attention, {"tiled", "tensor-core"}), Get(&JobOptions::attention), "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)"}},
       {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
+      {"custom-allreduce-max-bytes", {I64(&JobOptions::custom_allreduce_max_bytes, 64 << 10, int64_t{256} << 20), Get(&JobOptions::custom_allreduce_max_bytes), "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL"}},
       {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
       {"bench-skip-allreduce", {Bool(&JobOptions::bench_skip_allreduce), Get(&JobOptions::bench_skip_allreduce), "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)"}},
       {"step-timeout-ms", {I64(&JobOptions::step_timeout_ms, 1, int64_t{1} << 40), Get(&JobOptions::step_timeout_ms), "deadline of any wait inside a step"}},

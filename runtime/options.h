@@ -70,6 +70,9 @@ struct JobOptions {
   std::string attention =
       "tensor-core";  // tiled | tensor-core (kernels/ops/attention.h)
   int64_t crossover_bytes = 1 << 20;
+  // Capacity of the custom all-reduce (its scratch is about twice this per
+  // rank); messages above it go to NCCL.
+  int64_t custom_allreduce_max_bytes = 8 << 20;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 
   // Robustness.

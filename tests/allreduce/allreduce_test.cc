@@ -283,6 +283,29 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
   });
 }
 
+// The runtime's capacity (8 MiB: decode's row-parallel messages up to batch
+// 512 of a 4096-wide model in bf16, 1024 of a 2048-wide one): staged
+// protocol, bitwise against the fixed-order reference.
+TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs)));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    for (DType t : kAllTypes) {
+      const size_t es = DTypeSize(t);
+      for (size_t count : {(size_t{2} << 20) / es + 3, (size_t{4} << 20) / es,
+                           (size_t{8} << 20) / es - 1}) {
+        SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
+                                       Name(t, count, "custom-auto"),
+                                       [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                                         return ar->AllReduceSum(d, n, dt, s);
+                                       }));
+      }
+    }
+    return ar->Poll();
+  });
+}
+
 TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     constexpr int kReplays = 10'000;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine: build, the micro-batch GPU tests, then tools/overlap.sh
 # for each "TP:MODEL:OVERRIDES:SHAPES" entry of $PLANS (one overlap table per
-# entry under $OUT), with the arms of $ARMS and $REPEATS repeats. Each step
+# entry under $OUT), with the arms of $ARMS_<n> (or $ARMS) and $REPEATS repeats;
+# $TESTS lists GPU test binaries and filters to run first. Each step
 # checks the time left ($BUDGET_S, default 560 s) and skips rather than overrun.
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="PLANS='2:llama-8b-shape:layers=32:decode256@1024' tools/device/overlap_run.sh")
 set -uo pipefail
@@ -18,23 +19,25 @@ log "device"; nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power
 git log -1 --format='commit %h %s' 2>/dev/null || true
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   log "build"
-  tools/device/build.sh symtp kernels_test >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  tools/device/build.sh symtp ${BUILD_TARGETS:-kernels_test} >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 fi
 export SYMTP_BIN=$PWD/build-gpu/tools/symtp
-if [[ -n ${TEST_FILTER:-} ]]; then
-  log "gpu tests: $TEST_FILTER"
-  timeout $(( $(left) - 30 )) build-gpu/tests/kernels/kernels_test --gtest_filter="$TEST_FILTER" \
-    >"$OUT/tests.log" 2>&1
-  echo "kernels_test exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran|SKIPPED \]" "$OUT/tests.log" | tail -15
-fi
+# $TESTS: "BINARY:GTEST_FILTER ..." (BINARY under build-gpu/tests/*/).
+for t in ${TESTS:-}; do
+  bin=${t%%:*} filter=${t#*:}
+  log "gpu tests: $bin $filter"
+  timeout $(( $(left) - 30 )) build-gpu/tests/*/"$bin" --gtest_filter="$filter" >>"$OUT/tests.log" 2>&1
+  echo "$bin exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" "$OUT/tests.log" | tail -6
+done
 i=0
 for plan in ${PLANS:-}; do
   IFS=: read -r tp model ov shapes <<<"$plan"
   i=$((i + 1))
   if (( $(left) < ${MIN_LEFT_S:-60} )); then log "skip $plan: too little time left"; continue; fi
   log "overlap $plan"
+  arms_var=ARMS_$i; arms=${!arms_var:-${ARMS:-m1=--micro-batches=1 m2=--micro-batches=2}}
   timeout $(( $(left) - 10 )) tools/overlap.sh --tp "$tp" --model "$model" --overrides "$ov" \
-    --shapes "${shapes//,/ }" --repeats "${REPEATS:-1}" --arms "${ARMS:-m1=--micro-batches=1 m2=--micro-batches=2}" \
+    --shapes "${shapes//,/ }" --repeats "${REPEATS:-1}" --arms "$arms" \
     ${NOAR:+--noar} --out "$OUT/ov$i" -- ${EXTRA:-} 2>"$OUT/ov$i.err" | tail -n +3
   tail -3 "$OUT/ov$i.err"
   # Keep only the tables and per-run summaries' step statistics.
