@@ -133,53 +133,6 @@ absl::Status BatchInput::Validate(const ModelConfig& cfg, int num_kv_blocks) con
   return absl::OkStatus();
 }
 
-SequenceSplit SplitBySequences(const BatchInput& in, int parts) {
-  SequenceSplit out;
-  const int S = in.num_seqs(), T = in.num_tokens();
-  if (S == 0) return out;
-  parts = std::clamp(parts, 1, S);
-  // Sequence boundaries: part k ends at the first sequence end at or past
-  // k / parts of the tokens (at least one sequence per part).
-  std::vector<int> seq_end;
-  int s = 0;
-  for (int k = 1; k <= parts; ++k) {
-    const int64_t target = static_cast<int64_t>(T) * k / parts;
-    const int left = parts - k;  // parts still to fill, one sequence each
-    ++s;
-    while (s < S - left && in.seq_start[s] < target) ++s;
-    if (k == parts) s = S;
-    seq_end.push_back(s);
-  }
-  std::vector<int> part_of_token(static_cast<size_t>(T));
-  std::vector<int> token_base;
-  int s0 = 0;
-  for (int k = 0; k < static_cast<int>(seq_end.size()); ++k) {
-    const int s1 = seq_end[k];
-    BatchInput p;
-    p.max_blocks_per_seq = in.max_blocks_per_seq;
-    const int t0 = in.seq_start[s0], t1 = in.seq_start[s1];
-    p.tokens.assign(in.tokens.begin() + t0, in.tokens.begin() + t1);
-    p.positions.assign(in.positions.begin() + t0, in.positions.begin() + t1);
-    p.slot_mapping.assign(in.slot_mapping.begin() + t0, in.slot_mapping.begin() + t1);
-    for (int q = s0; q <= s1; ++q) p.seq_start.push_back(in.seq_start[q] - t0);
-    p.context_len.assign(in.context_len.begin() + s0, in.context_len.begin() + s1);
-    const size_t w = static_cast<size_t>(in.max_blocks_per_seq);
-    p.block_tables.assign(in.block_tables.begin() + s0 * w, in.block_tables.begin() + s1 * w);
-    for (int t = t0; t < t1; ++t) part_of_token[t] = k;
-    token_base.push_back(t0);
-    out.parts.push_back(std::move(p));
-    s0 = s1;
-  }
-  for (int32_t t : in.sample_index) {
-    // An out-of-range index stays out of range in part 0 (Validate reports it).
-    const int k = t >= 0 && t < T ? part_of_token[t] : 0;
-    BatchInput& p = out.parts[k];
-    out.sample_of.emplace_back(k, static_cast<int>(p.sample_index.size()));
-    p.sample_index.push_back(t >= 0 && t < T ? t - token_base[k] : t);
-  }
-  return out;
-}
-
 BatchBuilder::BatchBuilder(int block_size, int max_blocks_per_seq) : block_size_(block_size) {
   batch_.max_blocks_per_seq = max_blocks_per_seq;
   batch_.seq_start.push_back(0);

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,19 +35,6 @@ struct BatchInput {
   int num_tokens() const { return static_cast<int>(tokens.size()); }
   void Clear();
 };
-
-// A step split into micro-batches at sequence boundaries (the CPU backend's
-// --micro-batches: it runs them one after the other).
-struct SequenceSplit {
-  std::vector<BatchInput> parts;
-  // Per entry of the input's sample_index: its part and its index in that
-  // part's sample_index.
-  std::vector<std::pair<int, int>> sample_of;
-};
-// Cuts `in` into at most `parts` non-empty parts of consecutive sequences,
-// about equal in tokens (fewer parts when there are fewer sequences); every
-// field is rebased to its part. An empty batch gives no part.
-SequenceSplit SplitBySequences(const BatchInput& in, int parts);
 
 // Convenience builder (tests, tools, the CPU worker): appends sequences' chunks
 // and fills every derived field. The block table given for a sequence may be

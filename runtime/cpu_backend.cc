@@ -25,18 +25,14 @@ int MaxLen(const LengthDist& d, int cap) {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(std::unique_ptr<ShmHostComm> comm, model::CpuModel m, int micro_batches,
-             int micro_batch_min_rows)
-      : comm_(std::move(comm)),
-        model_(std::move(m)),
-        micro_batches_(micro_batches),
-        micro_batch_min_rows_(micro_batch_min_rows) {}
+  CpuBackend(std::unique_ptr<ShmHostComm> comm, model::CpuModel m)
+      : comm_(std::move(comm)), model_(std::move(m)) {}
 
   absl::Status Step(const model::BatchInput& in, absl::Span<const model::SamplingParams> params,
                     absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
                     BackendTimings* t) override {
     int64_t t0 = MonotonicNs();
-    SYMTP_RETURN_IF_ERROR(Forward(in));
+    SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(in, &logits_), "cpu forward");
     int64_t t1 = MonotonicNs();
     const int vocab = model_.config().vocab;
     if (params.size() != in.sample_index.size() || positions.size() != params.size()) {
@@ -55,7 +51,7 @@ class CpuBackend : public Backend {
 
   absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* t) override {
     int64_t t0 = MonotonicNs();
-    SYMTP_RETURN_IF_ERROR(Forward(in));
+    SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(in, &logits_), "cpu forward");
     t->forward_ns = MonotonicNs() - t0;
     return absl::OkStatus();
   }
@@ -72,39 +68,8 @@ class CpuBackend : public Backend {
   int num_kv_blocks() const override { return model_.num_kv_blocks(); }
 
  private:
-  // The step's logits into logits_: one forward pass, or one per micro-batch
-  // (split at sequence boundaries, run one after the other; every rank
-  // splits alike, so the all-reduces stay in one order).
-  absl::Status Forward(const model::BatchInput& in) {
-    const int rows = in.num_tokens();
-    const int micro = micro_batches_ > 0 ? micro_batches_
-                      : rows >= micro_batch_min_rows_ ? 2
-                                                      : 1;
-    if (micro <= 1 || in.num_seqs() < 2) {
-      SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(in, &logits_), "cpu forward");
-      return absl::OkStatus();
-    }
-    const model::SequenceSplit split = model::SplitBySequences(in, micro);
-    part_logits_.resize(split.parts.size());
-    for (size_t k = 0; k < split.parts.size(); ++k) {
-      SYMTP_RETURN_IF_ERROR_CTX(model_.Forward(split.parts[k], &part_logits_[k]),
-                                absl::StrCat("cpu forward, micro-batch ", k));
-    }
-    const size_t vocab = static_cast<size_t>(model_.config().vocab);
-    logits_.resize(split.sample_of.size() * vocab);
-    for (size_t i = 0; i < split.sample_of.size(); ++i) {
-      const auto [k, j] = split.sample_of[i];
-      std::copy_n(part_logits_[k].data() + static_cast<size_t>(j) * vocab, vocab,
-                  logits_.data() + i * vocab);
-    }
-    return absl::OkStatus();
-  }
-
   std::unique_ptr<ShmHostComm> comm_;
   model::CpuModel model_;
-  int micro_batches_ = 1;
-  int micro_batch_min_rows_ = 128;
-  std::vector<std::vector<float>> part_logits_;
   std::vector<float> logits_;
   model::SamplingScratch scratch_;
 };
@@ -245,8 +210,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const JobOptions& opts
   SYMTP_ASSIGN_OR_RETURN(model::CpuModel m,
                          model::CpuModel::Create(cfg, rank, opts.tp, blocks,
                                                  opts.tp > 1 ? comm.get() : nullptr));
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(comm), std::move(m),
-                                                 opts.micro_batches, opts.micro_batch_min_rows));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(comm), std::move(m)));
 }
 
 }  // namespace symtp::runtime

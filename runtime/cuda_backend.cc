@@ -52,40 +52,6 @@ class ShmPeerExchange : public kernels::PeerExchange {
   int rank_, tp_;
 };
 
-// This rank's communicator of the TP group: NCCL, or the custom all-reduce
-// with NCCL behind it (--allreduce). `pinned_crossover` > 0 pins the
-// dispatcher's crossover instead of calibrating it (auto).
-absl::StatusOr<std::unique_ptr<kernels::DeviceComm>> MakeComm(const JobOptions& opts, int rank,
-                                                              int device,
-                                                              kernels::PeerExchange* exchange,
-                                                              Deadline boot,
-                                                              size_t pinned_crossover) {
-  // NCCL unique id from rank 0 to everyone through the exchange area.
-  ncclUniqueId id{};
-  if (rank == 0) {
-    SYMTP_ASSIGN_OR_RETURN(id, kernels::NcclComm::NewUniqueId());
-  }
-  std::vector<ncclUniqueId> ids(opts.tp);
-  SYMTP_RETURN_IF_ERROR_CTX(exchange->AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
-  SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
-                         kernels::NcclComm::Create(ids[0], rank, opts.tp, device, boot));
-  if (opts.allreduce == "nccl") return std::unique_ptr<kernels::DeviceComm>(std::move(nccl));
-  kernels::AllReduceDispatcher::Options o;
-  o.calibrate = opts.allreduce == "auto" && pinned_crossover == 0;
-  // The custom path's capacity covers decode's row-parallel messages (rows x
-  // hidden x 2 bytes: 4 MiB at batch 512 of a 4096-wide model); above the
-  // calibrated crossover, or the capacity, NCCL.
-  const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
-  o.crossover_bytes = opts.allreduce == "custom" ? cap
-                      : pinned_crossover > 0     ? pinned_crossover
-                                                 : opts.crossover_bytes;
-  o.max_custom_bytes = cap;
-  SYMTP_ASSIGN_OR_RETURN(auto d, kernels::AllReduceDispatcher::Create(
-                                     rank, opts.tp, device, std::move(nccl), exchange, boot, o));
-  SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
-  return std::unique_ptr<kernels::DeviceComm>(std::move(d));
-}
-
 class CudaBackend : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const JobOptions& opts,
@@ -105,19 +71,31 @@ class CudaBackend : public Backend {
         Deadline::AfterNs(std::max<int64_t>(opts.step_timeout_ms, 120'000) * 1'000'000);
     ShmPeerExchange exchange(job->control, rank, opts.tp);
     if (opts.tp > 1) {
-      SYMTP_ASSIGN_OR_RETURN(b->comm_, MakeComm(opts, rank, b->device_, &exchange, boot, 0));
-      // One more communicator per extra micro-batch (each runs on its own
-      // stream; the custom all-reduce is one ordered instance per
-      // communicator), dispatching at the first one's crossover.
-      const int micro = opts.micro_batches == 0 ? 2 : opts.micro_batches;
-      size_t crossover = opts.crossover_bytes;
-      if (auto* d = dynamic_cast<kernels::AllReduceDispatcher*>(b->comm_.get())) {
-        crossover = d->crossover_bytes();
+      // NCCL unique id from rank 0 to everyone through the exchange area.
+      ncclUniqueId id{};
+      if (rank == 0) {
+        SYMTP_ASSIGN_OR_RETURN(id, kernels::NcclComm::NewUniqueId());
       }
-      for (int m = 1; m < micro; ++m) {
-        SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceComm> c,
-                               MakeComm(opts, rank, b->device_, &exchange, boot, crossover));
-        b->micro_comms_.push_back(std::move(c));
+      std::vector<ncclUniqueId> ids(opts.tp);
+      SYMTP_RETURN_IF_ERROR_CTX(exchange.AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
+      SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
+                             kernels::NcclComm::Create(ids[0], rank, opts.tp, b->device_, boot));
+      if (opts.allreduce == "nccl") {
+        b->comm_ = std::move(nccl);
+      } else {
+        kernels::AllReduceDispatcher::Options o;
+        o.calibrate = opts.allreduce == "auto";
+        // The custom path's capacity covers decode's row-parallel messages
+        // (rows x hidden x 2 bytes: 4 MiB at batch 512 of a 4096-wide model);
+        // above the calibrated crossover, or the capacity, NCCL.
+        const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
+        o.crossover_bytes = opts.allreduce == "custom" ? cap : opts.crossover_bytes;
+        o.max_custom_bytes = cap;
+        SYMTP_ASSIGN_OR_RETURN(
+            auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
+                                                         &exchange, boot, o));
+        SYMTP_LOG(INFO, "worker") << "rank " << rank << " all-reduce: " << d->Describe();
+        b->comm_ = std::move(d);
       }
     }
     model::GpuModelOptions mo;
@@ -149,15 +127,9 @@ class CudaBackend : public Backend {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
-    mo.micro_batches = opts.micro_batches;
-    mo.micro_batch_min_rows = opts.micro_batch_min_rows;
-    mo.micro_batch_attention_slots = opts.micro_batch_attention_slots;
-    mo.micro_batch_gemm_sm_margin = opts.micro_batch_sm_margin;
-    std::vector<kernels::DeviceComm*> micro_comms;
-    for (auto& c : b->micro_comms_) micro_comms.push_back(c.get());
-    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
-                           model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo,
-                                                   b->comm_.get(), micro_comms));
+    SYMTP_ASSIGN_OR_RETURN(
+        model::GpuModel m,
+        model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo, b->comm_.get()));
     b->model_.emplace(std::move(m));
     return b;
   }
@@ -260,22 +232,13 @@ class CudaBackend : public Backend {
 
   std::string Describe() const override {
     return absl::StrFormat(
-        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), micro-batches %s, "
-        "buckets %d, graphs %s",
+        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
         device_, opts_.dtype, model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(),
-        opts_.micro_batches == 0 ? std::string("auto") : absl::StrCat(opts_.micro_batches),
-        opts_.buckets, opts_.cuda_graphs ? "on" : "off");
+        model_->num_kv_blocks(), opts_.buckets, opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
   ~CudaBackend() override {
-    // The model (its streams may still reference the communicators) goes
-    // first; a communicator with an error is aborted so nothing can hang.
-    model_.reset();
-    for (auto& c : micro_comms_) {
-      if (!c->Poll().ok()) c->Abort();
-    }
     if (comm_) {
       if (!comm_->Poll().ok()) comm_->Abort();
     }
@@ -283,28 +246,6 @@ class CudaBackend : public Backend {
 
  private:
   CudaBackend() = default;
-
-  // First asynchronous error of any communicator (a dead peer); aborts them
-  // all on one, so no collective of another micro-batch can hang.
-  absl::Status PollComms() {
-    for (kernels::DeviceComm* c : AllComms()) {
-      absl::Status st = c->Poll();
-      if (!st.ok()) {
-        AbortComms();
-        return st;
-      }
-    }
-    return absl::OkStatus();
-  }
-  void AbortComms() {
-    for (kernels::DeviceComm* c : AllComms()) c->Abort();
-  }
-  std::vector<kernels::DeviceComm*> AllComms() const {
-    std::vector<kernels::DeviceComm*> all;
-    if (comm_) all.push_back(comm_.get());
-    for (const auto& c : micro_comms_) all.push_back(c.get());
-    return all;
-  }
 
   // Waits for `ev` with the step deadline, polling the communicator so that a
   // dead peer is an error instead of a hang.
@@ -316,9 +257,9 @@ class CudaBackend : public Backend {
       cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) CUDA_RETURN_IF_ERROR(e);
-      if ((i & 255) == 0) SYMTP_RETURN_IF_ERROR(PollComms());
+      if (comm_ && (i & 255) == 0) SYMTP_RETURN_IF_ERROR(comm_->Poll());
       if (d.Expired()) {
-        AbortComms();
+        if (comm_) comm_->Abort();
         return absl::DeadlineExceededError(
             absl::StrCat(what, " did not complete before the step deadline"));
       }
@@ -340,7 +281,6 @@ class CudaBackend : public Backend {
   JobOptions opts_;
   int device_ = 0;
   std::unique_ptr<kernels::DeviceComm> comm_;
-  std::vector<std::unique_ptr<kernels::DeviceComm>> micro_comms_;  // micro-batches 1, 2, ...
   std::optional<model::GpuModel> model_;
   cuda::Stream stream_;
   cuda::Event sync_;  // SyncStream's

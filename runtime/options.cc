@@ -161,16 +161,6 @@ const std::map<std::string, Flag>& Flags() {
       {"kv-cache-mib", {Real(&JobOptions::kv_cache_mib, 0, 1 << 24), Get(&JobOptions::kv_cache_mib), "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report"}},
       {"kv-cache-fraction", {Real(&JobOptions::kv_cache_fraction, 0, 0.95), Get(&JobOptions::kv_cache_fraction), "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)"}},
       {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
-      {"micro-batches", {[](const std::string& v, JobOptions* o) -> absl::Status {
-                           if (v == "auto") {
-                             o->micro_batches = 0;
-                             return absl::OkStatus();
-                           }
-                           return Int(&JobOptions::micro_batches, 1, 4)(v, o);
-                         }, [](const JobOptions& o) { return o.micro_batches == 0 ? std::string("auto") : absl::StrCat(o.micro_batches); }, "N | auto: split each step's rows into N micro-batches that run the layer stack staggered on N streams, one's all-reduce and attention beside another's GEMMs (1: no split; auto: 2 for steps of at least --micro-batch-min-rows rows); the CPU backend runs them one after the other"}},
-      {"micro-batch-min-rows", {Int(&JobOptions::micro_batch_min_rows, 1, 1 << 24), Get(&JobOptions::micro_batch_min_rows), "with --micro-batches=auto: the smallest step (token rows) that is split in two"}},
-      {"micro-batch-attention-slots", {Bool(&JobOptions::micro_batch_attention_slots), Get(&JobOptions::micro_batch_attention_slots), "cuda: micro-batch schedule with one micro-batch's attention beside another's GEMMs (false: the all-reduces beside the other's compute)"}},
-      {"micro-batch-sm-margin", {Int(&JobOptions::micro_batch_sm_margin, 0, 128), Get(&JobOptions::micro_batch_sm_margin), "cuda: SMs the GEMMs of a micro-batched step leave free for the attention / all-reduce beside them (0: none)"}},
       {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
       {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
       {"comm-priority", {Str(&JobOptions::comm_priority, {"normal", "high"}), Get(&JobOptions::comm_priority), "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)"}},
@@ -267,10 +257,6 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
     return absl::InvalidArgumentError(
         "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
         "at most one");
-  }
-  if (o.buckets > 1 && o.micro_batches != 1) {
-    return absl::InvalidArgumentError(
-        "--buckets and --micro-batches are two overlap mechanisms: give at most one");
   }
   if (o.kv_cache_fraction > 0 && o.resolved_backend == "cpu") {
     return absl::InvalidArgumentError(

@@ -53,14 +53,6 @@ struct JobOptions {
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.
-  // Micro-batches per step (models/cuda/gpu_model.h): 1 = one batch; N =
-  // split every step into N; 0 ("auto") = 2 for steps of at least
-  // micro_batch_min_rows rows, else 1. The CPU backend runs them one after
-  // the other.
-  int micro_batches = 1;
-  int micro_batch_min_rows = 128;
-  bool micro_batch_attention_slots = false;  // GpuModelOptions::micro_batch_attention_slots
-  int micro_batch_sm_margin = 0;  // SMs a micro-batched step's GEMMs leave free
   int buckets = 1;
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority

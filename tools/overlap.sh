@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Micro-batch overlap, measured side by side (GPU): for each shape, one job per
-# arm (default: --micro-batches=1 and --micro-batches=2), the arms alternating
+# Launcher flags measured side by side (GPU), e.g. the all-reduce overlap: for
+# each shape, one job per arm (default: --buckets=1 and --buckets=4), the arms alternating
 # within each repeat, all in one build on one machine. Reports the GPU forward
 # time per step (CUDA events; median over the measured steps, then over the
 # repeats), each arm against the first, and with --noar the share of the
@@ -12,7 +12,7 @@
 # beside decode rows, 32 running).
 #   tools/overlap.sh [--tp 2] [--model llama-8b-shape] [--overrides layers=32]
 #       [--shapes "decode32@1024 decode256@1024 prefill4096 mixed"] [--repeats 2]
-#       [--arms "m1=--micro-batches=1 m2=--micro-batches=2,--micro-batch-sm-margin=8"]
+#       [--arms "k1=--buckets=1 k4=--buckets=4,--gemm-sm-margin=16"]
 #       [--noar] [--out DIR]   (an arm is NAME=FLAGS, FLAGS comma-separated)
 #       [-- more launcher flags for every run]
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
@@ -20,7 +20,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TP=2 MODEL=llama-8b-shape OVERRIDES=layers=32 OUT=out/overlap REPEATS=2 NOAR=0
 SHAPES="decode32@1024 decode64@1024 decode128@1024 decode256@1024 decode512@1024 prefill512 prefill4096 mixed"
-ARMS="m1=--micro-batches=1 m2=--micro-batches=2"
+ARMS="k1=--buckets=1 k4=--buckets=4"
 EXTRA=()
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
@@ -66,7 +66,7 @@ for shape in $SHAPES; do
         # shellcheck disable=SC2086
         run --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" $flags \
           --bench-skip-allreduce=$skip --progress=false --out="$dir" "${wl[@]}" "${EXTRA[@]}" \
-          2>"$dir.log" || { echo "overlap: FAILED, see $dir.log" >&2; tail -3 "$dir.log" >&2; failed=1; }
+          >"$dir.out" 2>"$dir.log" || { echo "overlap: FAILED, see $dir.log" >&2; tail -3 "$dir.log" >&2; failed=1; }
         rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"
       done
     done
@@ -116,7 +116,7 @@ for s in shapes:
     rows.append(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " | " +
                 (", ".join(hid) or "-") + " |")
     res[s] = r
-md = (f"# Micro-batch overlap: {model} ({ov}), TP={tp}\n\n"
+md = (f"# Side by side: {model} ({ov}), TP={tp}\n\n"
       f"GPU forward time per step (CUDA events), median over the measured steps of a run, then "
       f"over the repeats (arms alternate). Arms: " + "; ".join(f"{a} = `{f}`" for a, f in arms) +
       ".\n\n" + "\n".join(rows) + "\n")

@@ -90,24 +90,6 @@ struct StepShape {
   int num_sampled = 0;  // LM-head rows
   bool sample = false;
   bool forward_tokens = false;
-  // Micro-batches: micro-batch m has rows [row0[m], row0[m + 1]) and
-  // attention items [item0[m], item0[m + 1]) (items rebased to its first row).
-  int micro = 1;
-  int row0[kMaxMicroBatches + 1] = {};
-  int item0[kMaxMicroBatches + 1] = {};
-  bool decode = false;
-};
-
-// One micro-batch's view of the step (M = 1: the whole step).
-struct MicroBatch {
-  int row0 = 0, rows = 0;
-  int item0 = 0, num_items = 0;
-  int split_grid = 0;
-  cudaStream_t stream = nullptr;
-  kernels::DeviceComm* comm = nullptr;
-  void* gemm_ws = nullptr;
-  void* attn_ws = nullptr;
-  size_t attn_ws_bytes = 0;
 };
 
 }  // namespace
@@ -117,7 +99,6 @@ struct GpuModel::State {
   ShardLayout layout;
   GpuModelOptions opt;
   kernels::DeviceComm* comm = nullptr;
-  std::vector<kernels::DeviceComm*> comms;  // per micro-batch; comms[0] == comm
   int device = 0;
   int tp = 1;
   DType dt = DType::kBF16;
@@ -132,11 +113,6 @@ struct GpuModel::State {
   kernels::CublasLtHandle gemm;
   cuda::Stream side;
   std::vector<cuda::Event> ev_gemm, ev_ar;
-  int max_micro = 1;                     // micro-batches the buffers are sized for
-  std::vector<cuda::Stream> mb_streams;  // micro-batches 1..max_micro-1
-  cuda::Event ev_fork;
-  std::vector<cuda::Event> ev_slot;  // [class][micro-batch]: the end of its last half
-  std::vector<cuda::Event> ev_join;  // per micro-batch
   cuda::Event step_done;
   cuda::Event staging_done[2];
   bool staging_used[2] = {false, false};
@@ -158,7 +134,7 @@ struct GpuModel::State {
   int32_t* sampled = nullptr;
   void* attn_ws = nullptr;
   size_t attn_ws_bytes = 0;
-  void* gemm_ws = nullptr;  // max_micro workspaces of opt.gemm_workspace_bytes
+  void* gemm_ws = nullptr;
   void* bucket_tmp = nullptr;  // [rows, H] split in column buckets (num_buckets > 1)
 
   // Device inputs.
@@ -193,14 +169,11 @@ struct GpuModel::State {
   absl::Status InitWeights(cudaStream_t s);
   absl::Status Forward(const BatchInput& in, cudaStream_t stream, const StepOptions& so);
   absl::Status Enqueue(const StepShape& sh, cudaStream_t s);
-  absl::Status EnqueueLayers(const StepShape& sh, cudaStream_t s);
-  void PlanMicroBatches(int rows, bool decode, StepShape* sh);
-  int MicroBatchesFor(int rows) const;
   absl::StatusOr<cuda::GraphExec> Capture(const StepShape& sh, cudaStream_t s);
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
                            cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
-                    cudaStream_t s, int sm_count_target = 0, void* workspace = nullptr);
+                    cudaStream_t s, int sm_count_target = 0);
   absl::Status Mark(int cls, cudaStream_t s);
 };
 
@@ -213,10 +186,9 @@ std::vector<int> DefaultGraphSizes() {
 }  // namespace
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
-                                   DType out_dt, cudaStream_t s, int sm_count_target,
-                                   void* workspace) {
-  kernels::GemmArgs g = kernels::ContiguousGemmArgs(
-      a, w, c, m, n, k, dt, workspace != nullptr ? workspace : gemm_ws, opt.gemm_workspace_bytes);
+                                   DType out_dt, cudaStream_t s, int sm_count_target) {
+  kernels::GemmArgs g =
+      kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, gemm_ws, opt.gemm_workspace_bytes);
   g.out_dtype = out_dt;
   g.sm_count_target = sm_count_target;
   return kernels::Gemm(gemm, g, s);
@@ -288,246 +260,6 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
   return absl::OkStatus();
 }
 
-int GpuModel::State::MicroBatchesFor(int rows) const {
-  const int want = opt.micro_batches > 0 ? opt.micro_batches
-                   : rows >= opt.micro_batch_min_rows ? 2
-                                                      : 1;
-  return std::clamp(std::min(want, max_micro), 1, std::max(1, rows));
-}
-
-// Splits the step's rows (and the attention items in items_scratch, which
-// are rebased to their micro-batch's first row) into sh->micro micro-batches
-// of about equal rows, cutting only at item boundaries. Decode rows split in
-// multiples of 16 where the batch allows (GEMM tiles).
-void GpuModel::State::PlanMicroBatches(int rows, bool decode, StepShape* sh) {
-  const int want = MicroBatchesFor(rows);
-  const int n_items = static_cast<int>(items_scratch.size());
-  int m = 0;
-  sh->row0[0] = 0;
-  sh->item0[0] = 0;
-  for (int k = 1; k < want; ++k) {
-    int target = static_cast<int>(static_cast<int64_t>(rows) * k / want);
-    if (decode && rows >= 16 * want) target = (target + 15) / 16 * 16;
-    // The first item that starts at or after the target row.
-    int it = sh->item0[m];
-    while (it < n_items && items_scratch[it].token_begin < target) ++it;
-    if (it <= sh->item0[m] || it >= n_items) continue;
-    ++m;
-    sh->item0[m] = it;
-    sh->row0[m] = items_scratch[it].token_begin;
-  }
-  sh->micro = m + 1;
-  sh->row0[sh->micro] = rows;
-  sh->item0[sh->micro] = n_items;
-  for (int k = 1; k < sh->micro; ++k) {
-    for (int i = sh->item0[k]; i < sh->item0[k + 1]; ++i) {
-      items_scratch[i].token_begin -= sh->row0[k];
-    }
-  }
-}
-
-// The layer stack. One micro-batch: every op on `s` (the bucketed
-// row-parallel path included). Several: see the file comment in gpu_model.h
-// (fork, a two-slot pipeline of attention and compute halves, join).
-absl::Status GpuModel::State::EnqueueLayers(const StepShape& sh, cudaStream_t s) {
-  const float eps = cfg.rms_eps;
-  const int M = sh.micro;
-  const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
-  MicroBatch mb[kMaxMicroBatches];
-  size_t ws_off = 0;
-  for (int m = 0; m < M; ++m) {
-    MicroBatch& v = mb[m];
-    v.row0 = sh.row0[m];
-    v.rows = sh.row0[m + 1] - sh.row0[m];
-    v.item0 = sh.item0[m];
-    v.num_items = sh.item0[m + 1] - sh.item0[m];
-    v.stream = m == 0 ? s : mb_streams[m - 1].get();
-    v.comm = comms[m];
-    v.gemm_ws = Offset(gemm_ws, static_cast<size_t>(m) * opt.gemm_workspace_bytes);
-    v.split_grid = sh.split_grid;
-    if (M > 1 && sh.split_grid > 0) {
-      // As for the whole batch (Forward): about 2 x SMs blocks in flight.
-      const int64_t pairs = static_cast<int64_t>(std::max(1, v.rows)) * NKVl;
-      v.split_grid = static_cast<int>(std::clamp<int64_t>(
-          (2 * static_cast<int64_t>(num_sms) + pairs - 1) / pairs, 1, std::max(1, sh.splits)));
-    }
-    const size_t ws = kernels::PagedAttentionWorkspaceBytes(v.rows, NHl, D, sh.splits);
-    v.attn_ws = ws > 0 ? Offset(attn_ws, ws_off) : nullptr;
-    v.attn_ws_bytes = ws;
-    ws_off += ws;
-  }
-  if (ws_off > attn_ws_bytes) {
-    return absl::InternalError(absl::StrFormat(
-        "GpuModel: attention workspace of %d bytes > capacity %d", ws_off, attn_ws_bytes));
-  }
-  auto rowp = [&](void* base, int width, const MicroBatch& v) {
-    return Offset(base, static_cast<size_t>(v.row0) * width * esz);
-  };
-  const int gemm_sms = M > 1 && opt.micro_batch_gemm_sm_margin > 0
-                           ? std::max(1, num_sms - opt.micro_batch_gemm_sm_margin)
-                           : 0;
-  // Round-robin edges: each compute half of a micro-batch waits for the one
-  // enqueued just before it (the previous micro-batch's).
-  enum { kCompute = 0, kAttention = 1 };
-  int last[2] = {-1, -1};
-  auto enter = [&](int cls, int m) -> absl::Status {
-    if (M > 1 && last[cls] >= 0 && last[cls] != m) {
-      CUDA_RETURN_IF_ERROR(
-          cudaStreamWaitEvent(mb[m].stream, ev_slot[cls * max_micro + last[cls]].get(), 0));
-    }
-    return absl::OkStatus();
-  };
-  auto leave = [&](int cls, int m) -> absl::Status {
-    if (M == 1) return absl::OkStatus();
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_slot[cls * max_micro + m].get(), mb[m].stream));
-    last[cls] = m;
-    return absl::OkStatus();
-  };
-  auto all_reduce = [&](const MicroBatch& v, const char* what, int l) -> absl::Status {
-    if (!reduce || v.comm == nullptr) return absl::OkStatus();
-    SYMTP_RETURN_IF_ERROR_CTX(
-        v.comm->AllReduceSum(rowp(proj, H, v), static_cast<size_t>(v.rows) * H, dt, v.stream),
-        absl::StrCat(what, " all-reduce, layer ", l));
-    return absl::OkStatus();
-  };
-  // Norm, QKV GEMM, RoPE + KV write of layer l (the first norm has no delta).
-  auto qkv_part = [&](const MicroBatch& v, int l) -> absl::Status {
-    const LayerPtrs& w = L[l];
-    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), l == 0 ? nullptr : rowp(proj, H, v),
-                                              w.attn_norm, rowp(h, H, v), v.rows, H, eps, dt,
-                                              v.stream));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-    SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wqkv, rowp(qkv, QKVW, v), v.rows, QKVW, H, dt,
-                               v.stream, gemm_sms, v.gemm_ws));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(
-        rowp(qkv, QKVW, v), QKVW, NHl, NKVl, D, d_positions + v.row0, d_slots + v.row0, v.rows,
-        rope, cfg.max_seq_len, w.k_cache, w.v_cache, dt, v.stream));
-    return Mark(kClsOther, s);
-  };
-  auto attention = [&](const MicroBatch& v, int l) -> absl::Status {
-    const LayerPtrs& w = L[l];
-    kernels::PagedAttentionArgs a;
-    a.q = rowp(qkv, QKVW, v);
-    a.q_row_stride = QKVW;
-    a.k_cache = w.k_cache;
-    a.v_cache = w.v_cache;
-    a.out = rowp(attn, QW, v);
-    a.positions = d_positions + v.row0;
-    a.block_tables = d_block_tables;
-    a.block_table_stride = cap_blocks;
-    a.block_size = cfg.block_size;
-    a.items = d_items + v.item0;
-    a.num_items = v.num_items;
-    a.max_item_tokens = sh.max_item_tokens;
-    a.num_tokens = v.rows;
-    a.num_q_heads = NHl;
-    a.num_kv_heads = NKVl;
-    a.head_dim = D;
-    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    a.num_splits = sh.splits;
-    a.split_grid = v.split_grid;
-    a.split_chunk = opt.attention_split_chunk;
-    a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
-    a.workspace = v.attn_ws;
-    a.workspace_bytes = v.attn_ws_bytes;
-    a.decode_kernel = opt.attention_decode_kernel;
-    a.prefill_kernel = opt.attention_prefill_kernel;
-    SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, v.stream), absl::StrCat("layer ", l));
-    return Mark(kClsAttn, s);
-  };
-  // O projection (+ all-reduce with one micro-batch) of layer l.
-  auto o_part = [&](const MicroBatch& v, int l) -> absl::Status {
-    if (M == 1) {
-      SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, L[l].wo, proj, sh.rows, s));
-      return Mark(kClsRowPar, s);
-    }
-    return Gemm(rowp(attn, QW, v), L[l].wo, rowp(proj, H, v), v.rows, H, QW, dt, v.stream,
-                gemm_sms, v.gemm_ws);
-  };
-  // Norm, gate/up GEMM, SiLU, down GEMM (+ all-reduce with one micro-batch).
-  auto ffn_part = [&](const MicroBatch& v, int l) -> absl::Status {
-    const LayerPtrs& w = L[l];
-    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(rowp(x, H, v), rowp(proj, H, v), w.mlp_norm,
-                                              rowp(h, H, v), v.rows, H, eps, dt, v.stream));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-    SYMTP_RETURN_IF_ERROR(Gemm(rowp(h, H, v), w.wgu, rowp(gu, 2 * FL, v), v.rows, 2 * FL, H, dt,
-                               v.stream, gemm_sms, v.gemm_ws));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    SYMTP_RETURN_IF_ERROR(
-        kernels::SiluMul(rowp(gu, 2 * FL, v), rowp(act, FL, v), v.rows, FL, dt, v.stream));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-    if (M == 1) {
-      SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, sh.rows, s));
-      return Mark(kClsRowPar, s);
-    }
-    return Gemm(rowp(act, FL, v), w.wdown, rowp(proj, H, v), v.rows, H, FL, dt, v.stream,
-                gemm_sms, v.gemm_ws);
-  };
-
-  if (M > 1) {  // fork: every micro-batch stream starts after the embedding
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_fork.get(), s));
-    for (int m = 1; m < M; ++m) {
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(mb[m].stream, ev_fork.get(), 0));
-    }
-  }
-  // Two compute halves per layer (attention half: norm, QKV, RoPE + KV
-  // write, attention, O GEMM; MLP half: norm, gate/up, SiLU, down), each
-  // followed by its all-reduce outside the round robin, so it runs beside
-  // the next micro-batch's half. A later micro-batch's attention half
-  // follows the earlier one's, so its KV reads follow that KV write (a
-  // prefill sequence may be cut between them).
-  if (M > 1 && opt.micro_batch_attention_slots) {
-    // Attention halves and compute halves (O GEMM + all-reduce, MLP +
-    // all-reduce, the next layer's QKV part) as two round robins: a two-slot
-    // pipeline, one micro-batch's attention beside another's compute.
-    for (int m = 0; m < M && cfg.layers > 0; ++m) {
-      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], 0));
-      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
-    }
-    for (int l = 0; l < cfg.layers; ++l) {
-      for (int m = 0; m < M; ++m) {
-        SYMTP_RETURN_IF_ERROR(enter(kAttention, m));
-        SYMTP_RETURN_IF_ERROR(attention(mb[m], l));
-        SYMTP_RETURN_IF_ERROR(leave(kAttention, m));
-      }
-      for (int m = 0; m < M; ++m) {
-        SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-        SYMTP_RETURN_IF_ERROR(o_part(mb[m], l));
-        SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "attention output", l));
-        SYMTP_RETURN_IF_ERROR(ffn_part(mb[m], l));
-        SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "MLP output", l));
-        if (l + 1 < cfg.layers) SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l + 1));
-        SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
-      }
-    }
-  }
-  for (int l = 0; l < cfg.layers && !(M > 1 && opt.micro_batch_attention_slots); ++l) {
-    for (int m = 0; m < M; ++m) {
-      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-      SYMTP_RETURN_IF_ERROR(qkv_part(mb[m], l));
-      SYMTP_RETURN_IF_ERROR(attention(mb[m], l));
-      SYMTP_RETURN_IF_ERROR(o_part(mb[m], l));
-      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
-      if (M > 1) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "attention output", l));
-    }
-    for (int m = 0; m < M; ++m) {
-      SYMTP_RETURN_IF_ERROR(enter(kCompute, m));
-      SYMTP_RETURN_IF_ERROR(ffn_part(mb[m], l));
-      SYMTP_RETURN_IF_ERROR(leave(kCompute, m));
-      if (M > 1) SYMTP_RETURN_IF_ERROR(all_reduce(mb[m], "MLP output", l));
-    }
-  }
-  if (M > 1) {  // join: `s` continues once every micro-batch is through the stack
-    for (int m = 1; m < M; ++m) {
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_join[m].get(), mb[m].stream));
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_join[m].get(), 0));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   const int rows = sh.rows;
   const float eps = cfg.rms_eps;
@@ -537,7 +269,56 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   }
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-  SYMTP_RETURN_IF_ERROR(EnqueueLayers(sh, s));
+  for (int l = 0; l < cfg.layers; ++l) {
+    const LayerPtrs& w = L[l];
+    SYMTP_RETURN_IF_ERROR(
+        kernels::AddRmsNorm(x, l == 0 ? nullptr : proj, w.attn_norm, h, rows, H, eps, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
+                                                    rows, rope, cfg.max_seq_len, w.k_cache,
+                                                    w.v_cache, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    kernels::PagedAttentionArgs a;
+    a.q = qkv;
+    a.q_row_stride = QKVW;
+    a.k_cache = w.k_cache;
+    a.v_cache = w.v_cache;
+    a.out = attn;
+    a.positions = d_positions;
+    a.block_tables = d_block_tables;
+    a.block_table_stride = cap_blocks;
+    a.block_size = cfg.block_size;
+    a.items = d_items;
+    a.num_items = sh.num_items;
+    a.max_item_tokens = sh.max_item_tokens;
+    a.num_tokens = rows;
+    a.num_q_heads = NHl;
+    a.num_kv_heads = NKVl;
+    a.head_dim = D;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    a.num_splits = sh.splits;
+    a.split_grid = sh.split_grid;
+    a.split_chunk = opt.attention_split_chunk;
+    a.split_chunk_dev = d_split_chunk;  // this step's chunk (a graph replays with it)
+    a.workspace = attn_ws;
+    a.workspace_bytes = attn_ws_bytes;
+    a.decode_kernel = opt.attention_decode_kernel;
+    a.prefill_kernel = opt.attention_prefill_kernel;
+    SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
+    SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, proj, w.mlp_norm, h, rows, H, eps, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+  }
   if (sh.num_sampled == 0) return absl::OkStatus();
   SYMTP_RETURN_IF_ERROR(
       kernels::AddRmsNorm(x, cfg.layers > 0 ? proj : nullptr, final_norm, h, rows, H, eps, dt, s));
@@ -621,7 +402,6 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   // ---- plan
   bool decode = T > 0 && T == S && NS == S;
   for (int i = 0; decode && i < NS; ++i) decode = in.sample_index[i] == i;
-
   int P = T;
   bool padded = false;
   if (decode && !graph_sizes.empty() && S <= graph_sizes.back()) {
@@ -660,8 +440,6 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     return absl::InternalError(
         absl::StrFormat("GpuModel: %d attention items > capacity %d", sh.num_items, max_items));
   }
-  sh.decode = decode;
-  PlanMicroBatches(P, decode, &sh);
 
   // ---- stage (pinned slot, then async copies into the persistent inputs)
   const int slot = static_cast<int>(step & 1);
@@ -777,12 +555,12 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     }
   }
   if (!done && T > 0) {
-    prof_active = profiling && sh.micro == 1;  // per-class events need one stream
+    prof_active = profiling;
     prof_n = 0;
     prof_cls.clear();
     const absl::Status es = Enqueue(sh, stream);
-    prof_valid = prof_active && es.ok();
     prof_active = false;
+    prof_valid = profiling && es.ok();
     SYMTP_RETURN_IF_ERROR(es);
     ++stats.eager_steps;
   } else if (done) {
@@ -874,19 +652,6 @@ absl::Status GpuModel::State::Init() {
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
   }
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
-  if (opt.micro_batches < 0 || opt.micro_batches > kMaxMicroBatches ||
-      opt.micro_batch_min_rows < 1 || opt.micro_batch_gemm_sm_margin < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "GpuModel: bad micro-batch options micro_batches=%d (0..%d) micro_batch_min_rows=%d "
-        "micro_batch_gemm_sm_margin=%d",
-        opt.micro_batches, kMaxMicroBatches, opt.micro_batch_min_rows,
-        opt.micro_batch_gemm_sm_margin));
-  }
-  max_micro = opt.micro_batches == 0 ? 2 : opt.micro_batches;
-  if (opt.num_buckets > 1 && max_micro > 1) {
-    return absl::InvalidArgumentError(
-        "GpuModel: bucketed all-reduce (num_buckets > 1) and micro-batches are exclusive");
-  }
   if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
       opt.bucket_gemm_sm_margin < 0 || opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
     return absl::InvalidArgumentError(
@@ -968,7 +733,7 @@ absl::Status GpuModel::State::Init() {
     attn_ws_bytes =
         max_splits > 1 ? kernels::PagedAttentionWorkspaceBytes(max_seqs, NHl, D, max_splits) : 0;
     const size_t o_aws = c.Take(attn_ws_bytes);
-    const size_t o_gws = c.Take(opt.gemm_workspace_bytes * static_cast<size_t>(max_micro));
+    const size_t o_gws = c.Take(opt.gemm_workspace_bytes);
     const size_t o_bt = opt.num_buckets > 1 ? c.Take(T * H * esz) : 0;
     SYMTP_ASSIGN_OR_RETURN(acts, cuda::DeviceBuffer::Create(c.size()));
     x = At<void>(acts, o_x);
@@ -1072,17 +837,6 @@ absl::Status GpuModel::State::Init() {
     ev_gemm.push_back(std::move(e1));
     ev_ar.push_back(std::move(e2));
   }
-  for (int m = 1; m < max_micro; ++m) {
-    SYMTP_ASSIGN_OR_RETURN(cuda::Stream st, cuda::Stream::Create());
-    mb_streams.push_back(std::move(st));
-  }
-  SYMTP_ASSIGN_OR_RETURN(ev_fork, cuda::Event::Create());
-  for (auto* evs : {&ev_slot, &ev_slot, &ev_join}) {
-    for (int m = 0; m < max_micro; ++m) {
-      SYMTP_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::Create());
-      evs->push_back(std::move(e));
-    }
-  }
   SYMTP_ASSIGN_OR_RETURN(step_done, cuda::Event::Create());
   for (auto& e : staging_done) {
     SYMTP_ASSIGN_OR_RETURN(e, cuda::Event::Create());
@@ -1103,8 +857,7 @@ absl::Status GpuModel::State::Init() {
 
 absl::StatusOr<GpuModel> GpuModel::Create(const ModelConfig& cfg, int tp_rank, int tp_size,
                                           int device, const GpuModelOptions& options,
-                                          kernels::DeviceComm* comm,
-                                          absl::Span<kernels::DeviceComm* const> micro_batch_comms) {
+                                          kernels::DeviceComm* comm) {
   SYMTP_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(cfg, tp_rank, tp_size));
   if (comm == nullptr && tp_size != 1 && !options.bench_skip_allreduce) {
     return absl::InvalidArgumentError(
@@ -1115,30 +868,7 @@ absl::StatusOr<GpuModel> GpuModel::Create(const ModelConfig& cfg, int tp_rank, i
         absl::StrFormat("GpuModel: DeviceComm is rank %d of %d, model is rank %d of %d",
                         comm->rank(), comm->size(), tp_rank, tp_size));
   }
-  const int max_micro = options.micro_batches == 0 ? 2 : std::max(1, options.micro_batches);
-  std::vector<kernels::DeviceComm*> comms(static_cast<size_t>(max_micro), nullptr);
-  comms[0] = comm;
-  for (size_t m = 0; m < micro_batch_comms.size() && m + 1 < comms.size(); ++m) {
-    kernels::DeviceComm* c = micro_batch_comms[m];
-    if (c != nullptr && (c->rank() != tp_rank || c->size() != tp_size || c == comm)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "GpuModel: micro-batch %d's communicator is rank %d of %d (model: rank %d of %d) or "
-          "the main one",
-          m + 1, c->rank(), c->size(), tp_rank, tp_size));
-    }
-    comms[m + 1] = c;
-  }
-  if (comm != nullptr && tp_size > 1 && !options.bench_skip_allreduce) {
-    for (int m = 1; m < max_micro; ++m) {
-      if (comms[m] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "GpuModel: %d micro-batches at TP %d need %d micro-batch communicators, got %d",
-            max_micro, tp_size, max_micro - 1, micro_batch_comms.size()));
-      }
-    }
-  }
   auto s = std::make_unique<State>();
-  s->comms = std::move(comms);
   s->cfg = cfg;
   s->layout = layout;
   s->opt = options;
@@ -1233,7 +963,6 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 }
 
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
-int GpuModel::MicroBatchesFor(int rows) const { return s_->MicroBatchesFor(rows); }
 void GpuModel::FailNextCaptureForTesting(absl::Status status) {
   s_->inject_capture_failure = std::move(status);
 }

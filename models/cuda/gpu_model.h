@@ -18,23 +18,6 @@
 //      next step can read directly) and copies tokens / logits to pinned host
 //      memory asynchronously, then records the step's done-event.
 //
-// Micro-batches (GpuModelOptions::micro_batches): a step's rows can be split
-// into M micro-batches that each run the whole layer stack on a stream of
-// their own (micro-batch 0 on `stream`), forked from `stream` after the
-// embedding and joined back before the final norm and the LM head. Each
-// micro-batch has its own all-reduce communicator (the custom all-reduce is
-// one ordered instance per communicator), GEMM workspace and attention
-// workspace slice. A layer is two compute halves per micro-batch (norm, QKV
-// GEMM, RoPE + KV write, attention, O GEMM; then norm, gate/up GEMM, SiLU,
-// down GEMM), each followed by its row-parallel all-reduce. The compute
-// halves of all micro-batches run one at a time, round robin (an event edge
-// from the previous micro-batch's half), and the all-reduces stay outside
-// that order, so one micro-batch's all-reduce runs beside the next one's
-// compute half: the all-reduce time is hidden where it is shorter than a
-// compute half. Rows split only at attention-item boundaries; a prefill
-// sequence cut between two micro-batches is safe because the later one's
-// attention half follows the earlier one's (and its KV write).
-//
 // Row-parallel layers are one function that splits the output (hidden)
 // columns into K buckets (GpuModelOptions::num_buckets), so the weights are
 // read once whatever K: bucket i's GEMM runs on `stream` into a contiguous
@@ -68,9 +51,6 @@
 
 namespace symtp::model {
 
-// Largest number of micro-batches a step can be split into.
-inline constexpr int kMaxMicroBatches = 4;
-
 struct GpuModelOptions {
   // Activations, weights and KV cache: kF32 or kBF16 (GEMMs accumulate fp32).
   kernels::DType dtype = kernels::DType::kBF16;
@@ -84,21 +64,6 @@ struct GpuModelOptions {
   int max_batch_tokens = 2048;
   int max_seqs = 256;
   int max_sampled_rows = 0;
-  // Micro-batches per step: 1 runs the step as one batch; N in [2,
-  // kMaxMicroBatches] splits every step of at least 2 rows (fewer when
-  // the step has fewer attention items); 0 is the policy: 2 for steps of at
-  // least micro_batch_min_rows rows, else 1. With N != 1 and TP > 1, Create
-  // needs one more communicator per extra micro-batch.
-  int micro_batches = 1;
-  int micro_batch_min_rows = 128;
-  // Schedule of a micro-batched step: false, compute halves round robin with
-  // the all-reduces beside them (above); true, attention halves and compute
-  // halves in two round robins (one micro-batch's attention beside another's
-  // GEMMs and all-reduces).
-  bool micro_batch_attention_slots = false;
-  // GEMMs of a micro-batched step (they run beside another micro-batch's
-  // attention or all-reduce) are asked to leave this many SMs free (0: all).
-  int micro_batch_gemm_sm_margin = 0;
   // K of the bucketed row-parallel all-reduce (1: no overlap).
   int num_buckets = 1;
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
@@ -178,16 +143,9 @@ class GpuModel {
   // size() == tp_size and outlive the model. Errors: InvalidArgument
   // (config, TP, comm, options, unsupported head_dim), ResourceExhausted
   // (device memory), CUDA errors.
-  // `micro_batch_comms`: the communicators of micro-batches 1, 2, ... (same
-  // group as `comm`, each used on one stream only); with TP > 1 it needs
-  // max(micro_batches, 2 if micro_batches == 0) - 1 of them.
-  static absl::StatusOr<GpuModel> Create(
-      const ModelConfig& cfg, int tp_rank, int tp_size, int device, const GpuModelOptions& options,
-      kernels::DeviceComm* comm, absl::Span<kernels::DeviceComm* const> micro_batch_comms = {});
-
-  // The micro-batches a step of `rows` token rows runs with (the policy of
-  // options().micro_batches; before the split at item boundaries).
-  int MicroBatchesFor(int rows) const;
+  static absl::StatusOr<GpuModel> Create(const ModelConfig& cfg, int tp_rank, int tp_size,
+                                         int device, const GpuModelOptions& options,
+                                         kernels::DeviceComm* comm);
 
   GpuModel(GpuModel&&) noexcept;
   GpuModel& operator=(GpuModel&&) noexcept;

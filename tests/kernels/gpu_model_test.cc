@@ -59,18 +59,12 @@ class GpuModelTest : public testing::GpuTest {
   // Runs prompts (chunked prefill, then greedy decode on the CPU's tokens)
   // through both models; per step, the GPU logits must be within `rtol` of
   // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
-  // `micro` > 1 runs every step in that many micro-batches (0: the policy
-  // with a threshold of 8 rows; -N: N with the attention-slot schedule).
   void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
                       int decode_steps, double rtol, double norm_tol,
-                      DecodeKernel dk = DecodeKernel::kTiled, int micro = 1) {
+                      DecodeKernel dk = DecodeKernel::kTiled) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
-    GpuModelOptions o = Opts(dt, false, dk);
-    o.micro_batches = std::abs(micro);  // negative: the attention-slot schedule
-    o.micro_batch_attention_slots = micro < 0;
-    o.micro_batch_min_rows = 8;
-    auto gpu = GpuModel::Create(cfg, 0, 1, 0, o, nullptr);
+    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
     ASSERT_OK(gpu);
     SimBatch sim(cfg, kBlocks, 42);
     for (int p : prompts) sim.AddSequence(p, cfg.vocab);
@@ -509,91 +503,6 @@ TEST_F(GpuModelTest, BucketedRowParallelThroughOneRankNccl) {
   EXPECT_EQ(g4->graph_stats().capture_failures, 0);
 }
 #endif
-
-}  // namespace
-}  // namespace symtp::kernels
-
-namespace symtp::kernels {
-namespace {
-
-// Micro-batched steps (prefill chunks split inside a sequence, mixed
-// prefill + decode steps, decode) against the CPU reference.
-TEST_F(GpuModelTest, TinyFp32TwoMicroBatchesLogitsMatchCpu) {
-  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
-                 DecodeKernel::kTiled, 2);
-}
-TEST_F(GpuModelTest, TinyFp32ThreeMicroBatchesLogitsMatchCpu) {
-  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
-                 DecodeKernel::kTiled, 3);
-}
-TEST_F(GpuModelTest, TinyFp32TwoMicroBatchesAttentionSlotsLogitsMatchCpu) {
-  CompareWithCpu(Cfg("tiny"), DType::kF32, {5, 17, 33, 1, 70, 9}, 40, 6, 1e-4, 0,
-                 DecodeKernel::kTiled, -2);
-}
-TEST_F(GpuModelTest, SmallTwoLayersBf16MicroBatchPolicyLogitsCloseToCpu) {
-  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64, 12}, 64, 4, 0, 0.08,
-                 DecodeKernel::kTensorCore, 0);
-}
-
-// Greedy decode with device sampling and CUDA graphs, two micro-batches,
-// while the batch changes (3 sequences padded to 4 and split 2 + 2, then 5
-// padded to 8, then 10 padded to 16; the steps that admit sequences are
-// mixed prefill + decode steps, eager): the tokens of one unsplit eager
-// batch, logits within fp32 rounding.
-TEST_F(GpuModelTest, MicroBatchedGraphDecodeMatchesOneBatchAsTheBatchChanges) {
-  const auto cfg = Cfg("tiny");
-  GpuModelOptions mo = Opts(DType::kF32, true);
-  mo.micro_batches = 2;
-  auto a = GpuModel::Create(cfg, 0, 1, 0, mo, nullptr);
-  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(DType::kF32, false), nullptr);
-  ASSERT_OK(a);
-  ASSERT_OK(b);
-  EXPECT_EQ(a->MicroBatchesFor(1), 1);
-  EXPECT_EQ(a->MicroBatchesFor(16), 2);
-  SimBatch sim(cfg, kBlocks, 9);
-  for (int p : {12, 3, 25}) sim.AddSequence(p, cfg.vocab);
-  auto stream_b = cuda::Stream::Create();
-  ASSERT_OK(stream_b);
-  for (int step = 0; step < 14; ++step) {
-    if (step == 4) {
-      for (int p : {7, 30}) sim.AddSequence(p, cfg.vocab);
-    }
-    if (step == 8) {
-      for (int p : {2, 9, 14, 4, 21}) sim.AddSequence(p, cfg.vocab);
-    }
-    std::vector<int> rows;
-    auto batch = sim.NextStep(32, &rows);
-    ASSERT_OK(batch);
-    StepOptions so;
-    so.sampling.assign(batch->sample_index.size(), model::SamplingParams{});
-    ASSERT_OK(a->Forward(*batch, stream(), so));
-    ASSERT_OK(b->Forward(*batch, stream_b->get(), so));
-    ASSERT_OK(a->WaitForStep(Deadline::AfterMs(60'000)));
-    ASSERT_OK(b->WaitForStep(Deadline::AfterMs(60'000)));
-    const auto ta = a->host_tokens(), tb = b->host_tokens();
-    ASSERT_EQ(std::vector<int32_t>(ta.begin(), ta.end()), std::vector<int32_t>(tb.begin(), tb.end()))
-        << "step " << step;
-    testing::CheckClose(HostLogits(*a), testing::ToDouble(HostLogits(*b)), 1e-5,
-                        "step " + std::to_string(step) + " logits");
-    sim.Commit(rows, std::vector<int32_t>(ta.begin(), ta.end()));
-  }
-  EXPECT_GE(a->graph_stats().replays, 4);
-  EXPECT_EQ(a->graph_stats().capture_failures, 0);
-}
-
-TEST_F(GpuModelTest, RejectsBadMicroBatchOptions) {
-  const auto cfg = Cfg("tiny");
-  GpuModelOptions o = Opts(DType::kF32, false);
-  using symtp::testing::StatusIs;
-  using ::testing::HasSubstr;
-  o.micro_batches = model::kMaxMicroBatches + 1;
-  EXPECT_THAT(GpuModel::Create(cfg, 0, 1, 0, o, nullptr),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro_batches")));
-  o.micro_batches = 2;
-  o.num_buckets = 2;
-  EXPECT_THAT(GpuModel::Create(cfg, 0, 1, 0, o, nullptr),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exclusive")));
-}
 
 }  // namespace
 }  // namespace symtp::kernels

@@ -1,9 +1,8 @@
 // TP = 2 across two processes, as deployed: the parent spawns this binary
 // twice (fresh processes: CUDA does not survive fork), one rank per GPU,
 // joined by an NcclComm whose id travels through a file named after the
-// parent's pid. Each rank runs prefill + greedy decode with device sampling
-// and CUDA graphs, with 2 all-reduce buckets, or with 2 micro-batches (one
-// more NcclComm for the second micro-batch's stream), and writes its logits and tokens;
+// parent's pid. Each rank runs prefill + greedy decode with device sampling,
+// 2 all-reduce buckets and CUDA graphs, and writes its logits and tokens;
 // the parent checks that both ranks agree bitwise and match the CPU
 // reference at TP = 1 (fp32).
 #include <signal.h>
@@ -40,24 +39,16 @@ std::string PathFor(pid_t parent, const std::string& what) {
 
 model::ModelConfig TinyCfg() { return *model::PresetConfig("tiny"); }
 
-void RunRank(int rank, bool micro) {
+void RunRank(int rank) {
   const pid_t parent = getppid();
   std::ifstream idf(PathFor(parent, "id"), std::ios::binary);
   if (!idf) GTEST_SKIP() << "only run as a child of GpuModelTp2Test";
-  ncclUniqueId id[2];
-  idf.read(reinterpret_cast<char*>(id), sizeof(id));
+  ncclUniqueId id;
+  idf.read(reinterpret_cast<char*>(&id), sizeof(id));
   ASSERT_TRUE(idf.good());
   ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-  auto comm = NcclComm::Create(id[0], rank, 2, rank, Deadline::AfterMs(60'000));
+  auto comm = NcclComm::Create(id, rank, 2, rank, Deadline::AfterMs(60'000));
   ASSERT_OK(comm);
-  std::unique_ptr<NcclComm> comm2;
-  std::vector<DeviceComm*> micro_comms;
-  if (micro) {
-    auto c2 = NcclComm::Create(id[1], rank, 2, rank, Deadline::AfterMs(60'000));
-    ASSERT_OK(c2);
-    comm2 = std::move(*c2);
-    micro_comms.push_back(comm2.get());
-  }
   auto stream = cuda::Stream::Create();
   ASSERT_OK(stream);
   const auto cfg = TinyCfg();
@@ -66,10 +57,9 @@ void RunRank(int rank, bool micro) {
   o.num_kv_blocks = kBlocks;
   o.max_batch_tokens = 128;
   o.max_seqs = 8;
-  o.num_buckets = micro ? 1 : 2;
-  o.micro_batches = micro ? 2 : 1;
+  o.num_buckets = 2;
   o.cuda_graphs = true;
-  auto m = GpuModel::Create(cfg, rank, 2, rank, o, comm->get(), micro_comms);
+  auto m = GpuModel::Create(cfg, rank, 2, rank, o, comm->get());
   ASSERT_OK(m);
   SimBatch sim(cfg, kBlocks, 21);
   for (int p : kPrompts) sim.AddSequence(p, cfg.vocab);
@@ -92,9 +82,6 @@ void RunRank(int rank, bool micro) {
     sim.Commit(rows, toks);
   }
   ASSERT_OK(comm.value()->Poll());
-  if (comm2) {
-    ASSERT_OK(comm2->Poll());
-  }
   std::printf("[ rank %d ] graph replays %lld captures %lld failures %lld\n", rank,
               static_cast<long long>(m->graph_stats().replays),
               static_cast<long long>(m->graph_stats().captures),
@@ -102,41 +89,30 @@ void RunRank(int rank, bool micro) {
   EXPECT_EQ(m->graph_stats().capture_failures, 0);
 }
 
-TEST(GpuModelTp2Child, DISABLED_Rank0) { RunRank(0, false); }
-TEST(GpuModelTp2Child, DISABLED_Rank1) { RunRank(1, false); }
-TEST(GpuModelTp2Child, DISABLED_Rank0Micro) { RunRank(0, true); }
-TEST(GpuModelTp2Child, DISABLED_Rank1Micro) { RunRank(1, true); }
+TEST(GpuModelTp2Child, DISABLED_Rank0) { RunRank(0); }
+TEST(GpuModelTp2Child, DISABLED_Rank1) { RunRank(1); }
 
-class GpuModelTp2Test : public testing::GpuTest {
- protected:
-  void RunBoth(bool micro);
-};
+class GpuModelTp2Test : public testing::GpuTest {};
 
 std::vector<char> ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-TEST_F(GpuModelTp2Test, TwoProcessesAgreeAndMatchCpuTp1) { RunBoth(false); }
-TEST_F(GpuModelTp2Test, TwoProcessesWithTwoMicroBatchesAgreeAndMatchCpuTp1) { RunBoth(true); }
-
-void GpuModelTp2Test::RunBoth(bool micro) {
+TEST_F(GpuModelTp2Test, TwoProcessesAgreeAndMatchCpuTp1) {
   std::string why;
   if (cuda::VisibleDeviceCount(&why) < 2) GTEST_SKIP() << "needs 2 GPUs";
   const pid_t self = getpid();
+  auto id = NcclComm::NewUniqueId();
+  ASSERT_OK(id);
   {
     std::ofstream f(PathFor(self, "id"), std::ios::binary);
-    for (int c = 0; c < 2; ++c) {
-      auto id = NcclComm::NewUniqueId();
-      ASSERT_OK(id);
-      f.write(reinterpret_cast<const char*>(&id.value()), sizeof(ncclUniqueId));
-    }
+    f.write(reinterpret_cast<const char*>(&id.value()), sizeof(ncclUniqueId));
     ASSERT_TRUE(f.good());
   }
   pid_t kids[2] = {-1, -1};
   for (int r = 0; r < 2; ++r) {
-    std::string filter = "--gtest_filter=GpuModelTp2Child.DISABLED_Rank" + std::to_string(r) +
-                         (micro ? "Micro" : "");
+    std::string filter = "--gtest_filter=GpuModelTp2Child.DISABLED_Rank" + std::to_string(r);
     std::string also = "--gtest_also_run_disabled_tests";
     std::string exe = "/proc/self/exe";
     char* argv[] = {exe.data(), filter.data(), also.data(), nullptr};

@@ -54,37 +54,6 @@ TEST_F(BatchValidateTest, BuilderFillsEveryField) {
   EXPECT_OK(BatchInput().Validate(cfg_, kBlocks));  // empty step
 }
 
-// Parts of consecutive whole sequences, each a valid batch with its fields
-// rebased; every sampled row maps back to its part and index there.
-TEST_F(BatchValidateTest, SplitBySequencesRebasesEveryField) {
-  good_.sample_index.push_back(22);  // a third sampled row, in sequence 2
-  const SequenceSplit two = SplitBySequences(good_, 2);
-  ASSERT_EQ(two.parts.size(), 2u);
-  // 26 tokens: the first part ends at the first sequence end >= 13 (20).
-  EXPECT_EQ(two.parts[0].seq_start, (std::vector<int32_t>{0, 20}));
-  EXPECT_EQ(two.parts[1].seq_start, (std::vector<int32_t>{0, 1, 6}));
-  EXPECT_EQ(two.parts[1].tokens, (std::vector<int32_t>{42, 1, 2, 3, 4, 5}));
-  EXPECT_EQ(two.parts[1].positions, (std::vector<int32_t>{16, 0, 1, 2, 3, 4}));
-  EXPECT_EQ(two.parts[1].context_len, (std::vector<int32_t>{17, 5}));
-  EXPECT_EQ(two.parts[1].block_tables,
-            (std::vector<int32_t>{5, 7, -1, -1, 1, -1, -1, -1}));
-  EXPECT_EQ(two.parts[1].slot_mapping[0], 7 * 16 + 0);
-  EXPECT_EQ(two.parts[0].sample_index, (std::vector<int32_t>{19}));
-  EXPECT_EQ(two.parts[1].sample_index, (std::vector<int32_t>{0, 2}));
-  EXPECT_EQ(two.sample_of,
-            (std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {1, 1}}));
-  for (const BatchInput& p : two.parts) EXPECT_OK(p.Validate(cfg_, kBlocks));
-  // More parts than sequences: one sequence each; one part: the batch.
-  const SequenceSplit many = SplitBySequences(good_, 5);
-  ASSERT_EQ(many.parts.size(), 3u);
-  for (const BatchInput& p : many.parts) EXPECT_EQ(p.num_seqs(), 1);
-  const SequenceSplit one = SplitBySequences(good_, 1);
-  ASSERT_EQ(one.parts.size(), 1u);
-  EXPECT_EQ(one.parts[0].tokens, good_.tokens);
-  EXPECT_EQ(one.parts[0].sample_index, good_.sample_index);
-  EXPECT_TRUE(SplitBySequences(BatchInput(), 2).parts.empty());
-}
-
 TEST_F(BatchValidateTest, RejectsBadInputs) {
   ExpectRejected([](BatchInput* b) { b->positions.pop_back(); }, "differ in size");
   ExpectRejected([](BatchInput* b) { b->slot_mapping.push_back(0); }, "differ in size");

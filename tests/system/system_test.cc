@@ -202,30 +202,6 @@ TEST_F(SystemTest, TensorParallelTokensMatchTp1Sampled) {
   EXPECT_EQ(tokens[8], tokens[1]);
 }
 
-// Micro-batches on the CPU backend (run one after the other, split at
-// sequence boundaries; prefill chunks and decode rows mixed in one step):
-// the tokens of the unsplit run, at TP = 2 and 4, for a fixed count and the
-// policy (auto with a threshold the workload's steps cross both ways).
-TEST_F(SystemTest, MicroBatchedStepsProduceTheTokensOfOneBatch) {
-  const std::string w = "--temperature=0.7 --seed=3";
-  const std::vector<std::pair<std::string, std::string>> runs = {
-      {"ref", "--micro-batches=1"},
-      {"tp2_m2", "--micro-batches=2"},
-      {"tp4_m3", "--micro-batches=3"},
-      {"tp2_auto", "--micro-batches=auto --micro-batch-min-rows=8"},
-      {"tp4_auto", "--micro-batches=auto --micro-batch-min-rows=8"}};
-  for (const auto& [name, flags] : runs) {
-    const int tp = name == "ref" ? 2 : name[2] - '0';
-    Proc p = Start(Workload(Out(name), tp, absl::StrCat(w, " ", flags)), prefix_);
-    int st = Wait(p, 60'000);
-    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << name << ": " << ReadFile(p.err_path);
-  }
-  const auto ref = ReadTokens(Out("ref"));
-  ASSERT_EQ(ref.size(), 10u);
-  for (const auto& [name, flags] : runs) EXPECT_EQ(ReadTokens(Out(name)), ref) << name;
-  EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
-}
-
 // Pipelined workers (step t+1 launched before step t's tokens are known)
 // under KV pressure (preemption by recompute), end-of-sequence stops and
 // sampling, at several planning depths: the tokens of the one-step-at-a-time

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: build, the micro-batch GPU tests, then tools/overlap.sh
+# On the device machine: build, GPU tests ($TESTS), then tools/overlap.sh
 # for each "TP:MODEL:OVERRIDES:SHAPES" entry of $PLANS (one overlap table per
 # entry under $OUT), with the arms of $ARMS_<n> (or $ARMS) and $REPEATS repeats;
 # $TESTS lists GPU test binaries and filters to run first. Each step
@@ -35,7 +35,7 @@ for plan in ${PLANS:-}; do
   i=$((i + 1))
   if (( $(left) < ${MIN_LEFT_S:-60} )); then log "skip $plan: too little time left"; continue; fi
   log "overlap $plan"
-  arms_var=ARMS_$i; arms=${!arms_var:-${ARMS:-m1=--micro-batches=1 m2=--micro-batches=2}}
+  arms_var=ARMS_$i; arms=${!arms_var:-${ARMS:-k1=--buckets=1 k4=--buckets=4}}
   timeout $(( $(left) - 10 )) tools/overlap.sh --tp "$tp" --model "$model" --overrides "$ov" \
     --shapes "${shapes//,/ }" --repeats "${REPEATS:-1}" --arms "$arms" \
     ${NOAR:+--noar} --out "$OUT/ov$i" -- ${EXTRA:-} 2>"$OUT/ov$i.err" | tail -n +3
