@@ -1,5 +1,6 @@
 #include "runtime/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <vector>
 
@@ -69,6 +71,38 @@ absl::StatusOr<pid_t> Spawn(const std::string& exe, const std::vector<std::strin
   return pid;
 }
 
+// Creates `dir` (and its parents) and proves that a file can be created in
+// it: the outputs are written there, through a temporary file and a rename,
+// only after the whole workload ran.
+absl::Status CheckWritableDir(const std::filesystem::path& dir, absl::string_view flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(flag, ": creating ", dir.string(), ": ", ec.message()));
+  const std::string probe = (dir / absl::StrCat(".symtp-write-probe.", getpid())).string();
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": cannot write in ", dir.string(), ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputs(const JobOptions& opts) {
+  if (!opts.out_dir.empty()) SYMTP_RETURN_IF_ERROR(CheckWritableDir(opts.out_dir, "--out"));
+  if (!opts.trace_file.empty()) {
+    const std::filesystem::path trace(opts.trace_file);
+    if (std::filesystem::is_directory(trace)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--trace ", opts.trace_file, " is a directory; give a file name"));
+    }
+    SYMTP_RETURN_IF_ERROR(CheckWritableDir(
+        trace.has_parent_path() ? trace.parent_path() : std::filesystem::path("."), "--trace"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunLauncher(JobOptions opts, const std::string& self_exe) {
@@ -79,6 +113,10 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     return 2;
   }
   if (absl::Status s = ResolveBackend(&opts); !s.ok()) {
+    std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = CheckOutputs(opts); !s.ok()) {
     std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
     return 2;
   }

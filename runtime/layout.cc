@@ -5,8 +5,10 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "runtime/backend.h"
 #include "runtime/launcher.h"
 #include "runtime/shm_host_comm.h"
 #if defined(SYMTP_HAVE_CUDA)
@@ -30,6 +32,42 @@ int MaxLen(const LengthDist& d) {
   return 1 << 16;  // unbounded distributions are clamped by the model's max_seq_len
 }
 
+// The workload against the model: no prompt, output or steady context
+// longer than a sequence can be (a prompt leaves room for one output token;
+// a prompt plus its output beyond max_seq_len ends at max_seq_len), and a
+// --num-kv-blocks that holds the longest sequence.
+absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfig& m) {
+  const int limit = m.max_seq_len - 1;
+  auto check = [&](const char* flag, const LengthDist& d) -> absl::Status {
+    if (d.Max() <= limit) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--%s %s asks for %s%g tokens; the model's max_seq_len %d allows at most %d", flag,
+        d.ToString(), d.kind == "normal" || d.kind == "lognormal" ? "a median of " : "", d.Max(),
+        m.max_seq_len, limit));
+  };
+  if (o.steady_batch > 0) {
+    if (o.steady_context > limit) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--steady-context %d is longer than the model's max_seq_len %d allows (at most %d)",
+          o.steady_context, m.max_seq_len, limit));
+    }
+  } else {
+    SYMTP_RETURN_IF_ERROR(check("prompt-len", o.prompt_len));
+    SYMTP_RETURN_IF_ERROR(check("output-len", o.output_len));
+  }
+  if (o.num_kv_blocks > 0) {
+    const int64_t longest = JobMaxSeqLen(o, m);
+    const int64_t need = (longest + m.block_size - 1) / m.block_size;
+    if (o.num_kv_blocks < need) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--num-kv-blocks %d cannot hold one sequence of this workload (%d tokens: %d blocks "
+          "of %d)",
+          o.num_kv_blocks, longest, need, m.block_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
@@ -37,6 +75,7 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   SYMTP_ASSIGN_OR_RETURN(l.model, model::PresetConfig(opts.model));
   SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &l.model));
   SYMTP_RETURN_IF_ERROR(model::ValidateForTp(l.model, opts.tp));
+  SYMTP_RETURN_IF_ERROR(CheckWorkloadFitsModel(opts, l.model));
   const int max_seq = l.model.max_seq_len;
   const int max_prompt = std::min(
       max_seq, std::max(MaxLen(opts.prompt_len), opts.steady_batch > 0 ? opts.steady_context : 0));

@@ -22,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "models/batch.h"
@@ -415,6 +416,85 @@ TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
     EXPECT_THAT(err, HasSubstr(why)) << args[1];
   }
   EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+}  // namespace
+}  // namespace symtp
+
+namespace symtp {
+namespace {
+
+// Issue 27's hostile values through the real binary: exit 2, one line, fast,
+// nothing started (no segment).
+TEST_F(SystemTest, HostileFlagsExit2QuicklyWithOneLineBeforeAnyProcess) {
+  const std::string unwritable = Out("ro");
+  fs::create_directories(unwritable);
+  fs::permissions(unwritable, fs::perms::owner_read | fs::perms::owner_exec);
+  const bool can_probe_perms = ::access(unwritable.c_str(), W_OK) != 0;  // false as root
+  std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"launch", "--backend=cpu", "--temperature", "nan"}, "--temperature"},
+      {{"launch", "--backend=cpu", "--top-p", "nan"}, "--top-p"},
+      {{"launch", "--backend=cpu", "--arrival-rate", "nan"}, "--arrival-rate"},
+      {{"launch", "--backend=cpu", "--kv-cache-mib", "nan"}, "--kv-cache-mib"},
+      {{"launch", "--backend=cpu", "--prompt-len", "inf"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "nan"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "1e30"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--output-len", "inf"}, "--output-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "3e9"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "normal:nan:1"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "lognormal:1000:0"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "5000"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--output-len", "5000"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--steady-batch=2", "--steady-context=4096"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--tp", "2.5"}, "--tp"},
+      {{"launch", "--backend=cpu", "--num-requests", "1.5"}, "--num-requests"},
+      {{"launch", "--backend=cpu", "--tp", " 2"}, "whitespace"},
+      {{"bogus"}, "unknown role"},
+      {{"bogus", "--job=x"}, "unknown role"},
+      {{"launch", "--backend=cpu", "--out", "/proc/symtp-no/such"}, "--out"},
+      {{"launch", "--backend=cpu", "--trace", "/proc/symtp-no/t.json"}, "--trace"},
+      {{"launch", "--backend=cpu", "--trace", out_.string()}, "--trace"},
+  };
+  if (can_probe_perms) {
+    cases.push_back({{"launch", "--backend=cpu", "--out", unwritable + "/run"}, "--out"});
+    cases.push_back({{"launch", "--backend=cpu", "--out", unwritable}, "--out"});
+  }
+  for (const auto& [args, why] : cases) {
+    const std::string what = absl::StrJoin(args, " ");
+    const int64_t t0 = MonotonicNs();
+    Proc p = Start(args, prefix_);
+    int st = Wait(p, 20'000);
+    const double secs = (MonotonicNs() - t0) / 1e9;
+    ASSERT_TRUE(WIFEXITED(st)) << what;
+    EXPECT_EQ(WEXITSTATUS(st), 2) << what;
+    std::string err = ReadFile(p.err_path);
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << what << ": " << err;
+    EXPECT_THAT(err, HasSubstr(why)) << what;
+    EXPECT_LT(secs, 2.0) << what;  // about 10 ms unloaded; slack for a busy CI machine
+    EXPECT_TRUE(ShmWithPrefix(prefix_).empty()) << what;
+  }
+  fs::permissions(unwritable, fs::perms::owner_all);
+}
+
+// Outputs are written through a temporary file and a rename: after a run
+// the files are complete and no temporary is left beside them.
+TEST_F(SystemTest, OutputsAreWrittenWholeWithNoTemporaryLeft) {
+  const std::string trace = Out("traces/run.json");
+  std::vector<std::string> args = Workload(Out("run"), 2);
+  args.push_back(absl::StrCat("--trace=", trace));
+  Proc p = Start(args, prefix_);
+  int st = Wait(p, 60'000);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+  EXPECT_EQ(ReadTokens(Out("run")).size(), 10u);
+  std::string t = ReadFile(trace);
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.back() == '\n' ? t[t.size() - 2] : t.back(), '}');
+  for (const fs::path dir : {fs::path(Out("run")), fs::path(Out("traces"))}) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+      EXPECT_EQ(e.path().filename().string().find("probe"), std::string::npos) << e.path();
+    }
+  }
 }
 
 }  // namespace
