@@ -87,7 +87,10 @@ class ShmSegment {
   // it, writes the header and registers the name for cleanup (see above).
   // Errors: AlreadyExists if the name exists; InvalidArgument for a bad name
   // (allowed: [A-Za-z0-9._-], 1..200 chars, not starting with '.');
-  // ResourceExhausted when /dev/shm is full.
+  // ResourceExhausted (naming the size and /dev/shm's free space) when
+  // /dev/shm cannot hold it: every page is reserved here (posix_fallocate),
+  // so a shortage is this error, never a SIGBUS in a process that touches
+  // the memory later.
   static absl::StatusOr<ShmSegment> Create(const std::string& name, size_t bytes);
 
   // Maps an existing segment read-write. NotFound if it does not exist;

@@ -1,5 +1,7 @@
 #include "runtime/layout.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -141,6 +143,7 @@ absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLa
   SYMTP_ASSIGN_OR_RETURN(void* ctl, seg->Allocate(kRegionControl, layout.control_bytes));
   auto* cb = new (ctl) ControlBlock();
   cb->tp = opts.tp;
+  cb->launcher_pid.store(getpid(), std::memory_order_relaxed);
   cb->version = kControlVersion;
   cb->magic = kControlMagic;
 
@@ -160,6 +163,35 @@ absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLa
   SYMTP_RETURN_IF_ERROR(ShmHostComm::Format(hc, hb, opts.tp, floats));
   return cb;
 }
+
+namespace {
+
+// Only a process the launcher started joins the job: its parent is the
+// launcher, and the launcher recorded its pid in the slot (right after fork;
+// waited for, bounded, as this process may get here first).
+absl::Status CheckMembership(const std::string& name, const ControlBlock* cb, int proc_index) {
+  const pid_t launcher = cb->launcher_pid.load(std::memory_order_acquire);
+  const pid_t parent = getppid();
+  if (parent != launcher) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "job %s: this process (pid %d, parent %d) was not started by the job's launcher (pid "
+        "%d); only `symtp launch` starts its processes",
+        name, getpid(), parent, launcher));
+  }
+  const Deadline deadline = Deadline::AfterMs(2000);
+  for (;;) {
+    const pid_t holder = cb->procs[proc_index].pid.load(std::memory_order_acquire);
+    if (holder == getpid()) return absl::OkStatus();
+    if (deadline.Expired()) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "job %s: the launcher did not record this process (pid %d) as %s (the slot holds pid %d)",
+          name, getpid(), ProcName(proc_index), holder));
+    }
+    usleep(1000);
+  }
+}
+
+}  // namespace
 
 void JobHandle::SetPhase(ProcPhase p) {
   self->phase.store(static_cast<int32_t>(p), std::memory_order_release);
@@ -186,6 +218,7 @@ absl::StatusOr<std::unique_ptr<JobHandle>> AttachJob(const std::string& name, in
     return absl::FailedPreconditionError(
         absl::StrCat("job ", name, ": control block does not match this build or --tp"));
   }
+  SYMTP_RETURN_IF_ERROR(CheckMembership(name, h->control, proc_index));
   SYMTP_ASSIGN_OR_RETURN(auto diff, h->segment->Find(kRegionDiff));
   SYMTP_ASSIGN_OR_RETURN(ipc::SpmcRing dr, ipc::SpmcRing::Attach(diff.first, diff.second));
   h->diff_ring.emplace(dr);
