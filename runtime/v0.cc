@@ -102,8 +102,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   wc.block_size = cfg.block_size;
   SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));
 
-  std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
-  const int n = static_cast<int>(workload.size());
+  WorkloadStream workload(opts, cfg);  // drawn as admitted: memory is what is in flight
+  const int n = workload.size();
   const int concurrency = opts.arrival_rate > 0 || opts.steady_batch > 0
                               ? n : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
   RunSummaryInput summary;
@@ -126,8 +126,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
     const int64_t now = MonotonicNs();
     while (next < n && next - finished < concurrency &&
-           (opts.arrival_rate <= 0 || start + workload[next].arrival_offset_ns <= now)) {
-      WorkloadRequest& w = workload[next];
+           (opts.arrival_rate <= 0 || start + workload.Peek().arrival_offset_ns <= now)) {
+      WorkloadRequest w = workload.Take();
       summary.requests[next].id = w.id;
       summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
       if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
@@ -141,7 +141,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     SYMTP_ASSIGN_OR_RETURN(sched::StepPlan plan, sched.PlanNextStep());
     if (plan.idle) {
       if (next < n) {
-        int64_t wait = start + workload[next].arrival_offset_ns - MonotonicNs();
+        int64_t wait = start + workload.Peek().arrival_offset_ns - MonotonicNs();
         if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
         continue;
       }
