@@ -18,9 +18,10 @@
 // (a handler that chains back to ours is safe: re-entry does not loop). An
 // ignored signal stays ignored. Mappings outlive the name: processes
 // that have attached keep using the memory after it is unlinked. A creator
-// killed by SIGKILL leaves its segment behind; ListSegments() reports it with
-// creator_alive == false and RemoveStaleSegments() (or `symtp_shm clean`)
-// removes it.
+// killed by SIGKILL leaves its segment behind unless it arranged otherwise
+// (symtp's launcher does: runtime/launcher.cc's segment guard);
+// ListSegments() reports such a segment with creator_alive == false and
+// RemoveStaleSegments() (or `symtp_shm clean`) removes it.
 //
 // Attaching processes validate the header (magic, layout version, size): a
 // name that exists but is not a symtp segment of this layout is
