@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -57,14 +58,27 @@ absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfi
     SYMTP_RETURN_IF_ERROR(check("prompt-len", o.prompt_len));
     SYMTP_RETURN_IF_ERROR(check("output-len", o.output_len));
   }
-  if (o.num_kv_blocks > 0) {
-    const int64_t longest = JobMaxSeqLen(o, m);
-    const int64_t need = (longest + m.block_size - 1) / m.block_size;
-    if (o.num_kv_blocks < need) {
+  const int64_t longest = JobMaxSeqLen(o, m);
+  const int64_t need = (longest + m.block_size - 1) / m.block_size;
+  if (o.num_kv_blocks > 0 && o.num_kv_blocks < need) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--num-kv-blocks %d cannot hold one sequence of this workload (%d tokens: %d blocks "
+        "of %d)",
+        o.num_kv_blocks, longest, need, m.block_size));
+  }
+  // The CPU workers size --kv-cache-mib in fp32 (CreateCpuBackend): the same
+  // count here, so a budget below one sequence fails before any process.
+  if (o.num_kv_blocks <= 0 && o.kv_cache_mib > 0 &&
+      (o.backend == "cpu" || o.resolved_backend == "cpu")) {
+    int blocks = INT32_MAX;
+    for (int r = 0; r < o.tp; ++r) {
+      blocks = std::min(blocks, KvBlocksForBytes(m, r, o.tp, sizeof(float), o.kv_cache_mib * 1048576.0));
+    }
+    if (blocks < need) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--num-kv-blocks %d cannot hold one sequence of this workload (%d tokens: %d blocks "
-          "of %d)",
-          o.num_kv_blocks, longest, need, m.block_size));
+          "--kv-cache-mib %g (%d blocks of %d on the smallest rank) cannot hold one sequence of "
+          "this workload (%d tokens: %d blocks)",
+          o.kv_cache_mib, blocks, m.block_size, longest, need));
     }
   }
   return absl::OkStatus();

@@ -119,6 +119,7 @@ TEST(OptionsTest, LengthsBeyondTheModelAreErrorsAtPlanning) {
       {{"--output-len", std::to_string(max)}, "--output-len"},
       {{"--steady-batch", "2", "--steady-context", std::to_string(max)}, "--steady-context"},
       {{"--num-kv-blocks", "1", "--prompt-len", "40"}, "cannot hold one sequence"},
+      {{"--backend=cpu", "--tp=2", "--kv-cache-mib", "0.01"}, "cannot hold one sequence"},
   };
   for (const Hostile& h : cases) {
     JobOptions c;
