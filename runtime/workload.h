@@ -38,8 +38,8 @@ class WorkloadStream {
 
  private:
   void Generate();
-  const JobOptions& opts_;
-  const model::ModelConfig& cfg_;
+  const JobOptions opts_;  // copies: the stream may outlive its arguments
+  const model::ModelConfig cfg_;
   std::mt19937_64 rng_;
   std::exponential_distribution<double> gap_;
   double t_ = 0;
