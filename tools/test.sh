@@ -42,8 +42,9 @@ fi
 if [[ ${SYMTP_SKIP_SANITIZERS:-0} != 1 ]]; then
   # The shared-memory ring, the diff decoder (with its corruption test) and the
   # scheduler/worker state under ASan+UBSan and TSan (host code only).
-  SAN_TARGETS=(common_test ipc_test protocol_test scheduler_test)
-  SAN_FILTER='^(StatusMacros|Histogram|Deadline|Log|Ring|Spmc|Spsc|Shm|Segment|Liveness|PidWatch|Futex|Crc32c|Varint|Diff|Result|Corruption|BlockManager|Scheduler|WorkerState|Simulation)'
+  # The flag parser, the workload stream and the fuzz target's seed corpus too.
+  SAN_TARGETS=(common_test ipc_test protocol_test scheduler_test runtime_options_test diff_fuzzer_replay)
+  SAN_FILTER='^(StatusMacros|Histogram|Deadline|Log|Ring|Spmc|Spsc|Shm|Segment|Liveness|PidWatch|Futex|Crc32c|Varint|Diff|Result|Corruption|BlockManager|Scheduler|WorkerState|Simulation|Options|Workload|protocol_fuzz_corpus_replay)'
   for san in asan tsan; do
     echo "=== sanitizer build: $san ==="
     cmake --preset "$san" >/dev/null
