@@ -176,6 +176,9 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job) {
           rr.first_token_ns = o->first_token_ns;
           rr.finish_ns = o->finish_ns;
           tokens_out += o->tokens.size();
+          // Recorded: the scheduler forgets it (its prompt included), so
+          // memory follows the requests in flight, not the workload.
+          SYMTP_RETURN_IF_ERROR(sched.ReleaseOutput(t.request_id));
         }
       }
       progress.Update(rec.step, finished, tokens_out);

@@ -234,6 +234,14 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
         recorded[t.request_id] = true;
         ++finished;
         tokens_out += o->tokens.size();
+        // Recorded now and forgotten by the scheduler (its prompt included),
+        // so memory follows the requests in flight, not the workload.
+        RequestRecord& rr = summary.requests[t.request_id];
+        rr.tokens = o->tokens;
+        rr.token_times_ns = o->token_times_ns;
+        rr.first_token_ns = o->first_token_ns;
+        rr.finish_ns = o->finish_ns;
+        SYMTP_RETURN_IF_ERROR(sched.ReleaseOutput(t.request_id));
       }
     }
     progress.Update(rec.step, finished, tokens_out);
@@ -243,6 +251,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   summary.end_ns = MonotonicNs();
   progress.Finish();
   for (int i = 0; i < n; ++i) {
+    if (recorded[i]) continue;
     if (const sched::RequestOutput* o = sched.GetOutput(i)) {
       RequestRecord& rr = summary.requests[i];
       rr.tokens = o->tokens;
