@@ -119,7 +119,8 @@ TEST_F(ShmSegmentTest, FullDevShmIsResourceExhaustedNotSigbus) {
         },
         &why);
     if (WIFEXITED(st) && WEXITSTATUS(st) == ::symtp::testing::kNoPrivateTmpfs) {
-      GTEST_SKIP() << "cannot mount a private tmpfs here (no user namespaces for this user): "
+      GTEST_SKIP() << "cannot set up a private tmpfs on /dev/shm here (user namespaces off, or "
+                      "a multithreaded process such as a TSan build): "
                    << why;
     }
     ASSERT_TRUE(WIFEXITED(st)) << size << ": " << DescribeWaitStatus(st);

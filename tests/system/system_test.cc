@@ -611,7 +611,9 @@ TEST_F(SystemTest, SmallDevShmIsOneClearErrorNotSigbus) {
         },
         &why);
     if (WIFEXITED(st) && WEXITSTATUS(st) == testing::kNoPrivateTmpfs) {
-      GTEST_SKIP() << "cannot mount a private tmpfs here (no user namespaces for this user): " << why;
+      GTEST_SKIP() << "cannot set up a private tmpfs on /dev/shm here (user namespaces off, or "
+                      "a multithreaded process such as a TSan build): "
+                   << why;
     }
     ASSERT_TRUE(WIFEXITED(st)) << size;
     EXPECT_EQ(WEXITSTATUS(st), 1) << size << " (100 + n: the launcher died of signal n)";
