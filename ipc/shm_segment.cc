@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -293,6 +294,26 @@ absl::Status CheckHeader(const SegmentHeader& h, uint64_t actual_size, const std
   return absl::OkStatus();
 }
 
+// posix_fallocate over the whole object: ResourceExhausted naming the size
+// and /dev/shm's free space when the pages are not there.
+absl::Status Reserve(int fd, const std::string& name, size_t total) {
+  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
+  if (rc == 0) return absl::OkStatus();
+  if (rc == ENOSPC || rc == ENOMEM || rc == EFBIG) {
+    struct statvfs vfs;
+    const std::string free_text =
+        ::statvfs(kShmDir, &vfs) == 0
+            ? absl::StrFormat("%u KiB free there", static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize / 1024)
+            : std::string("free space unknown");
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "shm '%s': /dev/shm cannot hold the job's segment of %u bytes (%.2f MiB; %s): "
+        "posix_fallocate: %s",
+        name, total, total / 1048576.0, free_text, std::strerror(rc)));
+  }
+  return absl::InternalError(absl::StrFormat("shm '%s': reserving %u bytes in /dev/shm: posix_fallocate: %s",
+                                             name, total, std::strerror(rc)));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -362,6 +383,14 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name, size_t by
     created = true;
     cleanup_slot = RegisterForCleanup(name);
     shm.truncate(static_cast<bip::offset_t>(total));
+    // ftruncate reserves no page on tmpfs: a full /dev/shm would show later
+    // as SIGBUS in whichever process first touches a missing page. Reserve
+    // every page now so that a shortage is this one error.
+    if (absl::Status s = Reserve(shm.get_mapping_handle().handle, name, total); !s.ok()) {
+      bip::shared_memory_object::remove(name.c_str());
+      UnregisterFromCleanup(cleanup_slot);
+      return s;
+    }
     mapping->region = bip::mapped_region(shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
     absl::Status s = BoostError(e, created ? "ftruncate/mmap" : "shm_open(O_CREAT|O_EXCL, 0600)",

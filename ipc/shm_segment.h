@@ -18,9 +18,10 @@
 // (a handler that chains back to ours is safe: re-entry does not loop). An
 // ignored signal stays ignored. Mappings outlive the name: processes
 // that have attached keep using the memory after it is unlinked. A creator
-// killed by SIGKILL leaves its segment behind; ListSegments() reports it with
-// creator_alive == false and RemoveStaleSegments() (or `symtp_shm clean`)
-// removes it.
+// killed by SIGKILL leaves its segment behind unless it arranged otherwise
+// (symtp's launcher does: runtime/launcher.cc's segment guard);
+// ListSegments() reports such a segment with creator_alive == false and
+// RemoveStaleSegments() (or `symtp_shm clean`) removes it.
 //
 // Attaching processes validate the header (magic, layout version, size): a
 // name that exists but is not a symtp segment of this layout is
@@ -87,7 +88,10 @@ class ShmSegment {
   // it, writes the header and registers the name for cleanup (see above).
   // Errors: AlreadyExists if the name exists; InvalidArgument for a bad name
   // (allowed: [A-Za-z0-9._-], 1..200 chars, not starting with '.');
-  // ResourceExhausted when /dev/shm is full.
+  // ResourceExhausted (naming the size and /dev/shm's free space) when
+  // /dev/shm cannot hold it: every page is reserved here (posix_fallocate),
+  // so a shortage is this error, never a SIGBUS in a process that touches
+  // the memory later.
   static absl::StatusOr<ShmSegment> Create(const std::string& name, size_t bytes);
 
   // Maps an existing segment read-write. NotFound if it does not exist;

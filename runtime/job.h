@@ -30,7 +30,7 @@ namespace symtp::runtime {
 inline constexpr int kMaxRanks = 8;
 inline constexpr int kMaxProcs = kMaxRanks + 1;  // slot 0: scheduler, 1..N: worker ranks
 inline constexpr uint64_t kControlMagic = 0x53594D54504A4F42ull;  // "SYMTPJOB"
-inline constexpr uint32_t kControlVersion = 2;  // 2: ProcSlot::kv_blocks
+inline constexpr uint32_t kControlVersion = 3;  // 2: ProcSlot::kv_blocks; 3: launcher_pid
 inline constexpr size_t kExchangeBytesPerRank = 4096;
 
 enum class ProcRole : int32_t { kScheduler = 0, kWorker = 1 };
@@ -72,6 +72,10 @@ struct alignas(64) ControlBlock {
   // probes): an all-gather between two barriers.
   BarrierWord exchange_barrier;
   uint8_t exchange[kMaxRanks][kExchangeBytesPerRank];
+  // Membership: a process of the job is a child of this pid whose pid the
+  // launcher recorded in its slot (AttachJob checks both before the process
+  // touches anything shared, so a stranger's failure never aborts the job).
+  std::atomic<int32_t> launcher_pid;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);

@@ -1,6 +1,8 @@
 #include "runtime/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <vector>
 
@@ -69,6 +72,98 @@ absl::StatusOr<pid_t> Spawn(const std::string& exe, const std::vector<std::strin
   return pid;
 }
 
+// The segment guard: a helper forked (no exec) before the segment exists,
+// holding the read end of a pipe whose write end only the launcher holds.
+// However the launcher ends - SIGKILL included - the kernel closes the write
+// end, the guard's read() returns, and the guard unlinks the segment's name
+// (a no-op when the launcher already removed it). The job's processes die
+// with the launcher (PR_SET_PDEATHSIG), so the segment cannot outlive the
+// job; its mappings go with its last process. The guard has its own process
+// group and ignores terminal signals, so a signal to the launcher's group
+// does not take it first. Between fork and _exit it makes only
+// async-signal-safe calls (the launcher may have threads, e.g. CUDA's).
+struct SegmentGuard {
+  pid_t pid = -1;
+  int write_fd = -1;
+};
+
+absl::StatusOr<SegmentGuard> StartSegmentGuard(const std::string& segment_name) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ::symtp::ErrnoToStatus(errno, "pipe2", __FILE__, __LINE__);
+  const std::string path = "/" + segment_name;  // built before fork: no allocation in the child
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return ::symtp::ErrnoToStatus(e, "fork (segment guard)", __FILE__, __LINE__);
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) sigaction(sig, &ign, nullptr);
+    // Hold nothing of the launcher's but the pipe (a captured stdout must
+    // see EOF when the launcher ends, not when the guard does).
+    for (int fd = 0; fd < 1024; ++fd) {
+      if (fd != fds[0]) ::close(fd);
+    }
+    char c;
+    for (;;) {
+      const ssize_t n = ::read(fds[0], &c, 1);
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    ::shm_unlink(path.c_str());
+    _exit(0);
+  }
+  ::close(fds[0]);
+  return SegmentGuard{pid, fds[1]};
+}
+
+// Normal end of the launcher: the segment is removed; let the guard go.
+void StopSegmentGuard(SegmentGuard& g) {
+  if (g.write_fd >= 0) ::close(g.write_fd);
+  g.write_fd = -1;
+  if (g.pid <= 0) return;
+  const int64_t until = MonotonicNs() + 1'000'000'000;
+  int st;
+  while (waitpid(g.pid, &st, WNOHANG) == 0 && MonotonicNs() < until) usleep(1000);
+  g.pid = -1;
+}
+
+// Creates `dir` (and its parents) and proves that a file can be created in
+// it: the outputs are written there, through a temporary file and a rename,
+// only after the whole workload ran.
+absl::Status CheckWritableDir(const std::filesystem::path& dir, absl::string_view flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(flag, ": creating ", dir.string(), ": ", ec.message()));
+  const std::string probe = (dir / absl::StrCat(".symtp-write-probe.", getpid())).string();
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": cannot write in ", dir.string(), ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputs(const JobOptions& opts) {
+  if (!opts.out_dir.empty()) SYMTP_RETURN_IF_ERROR(CheckWritableDir(opts.out_dir, "--out"));
+  if (!opts.trace_file.empty()) {
+    const std::filesystem::path trace(opts.trace_file);
+    if (std::filesystem::is_directory(trace)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--trace ", opts.trace_file, " is a directory; give a file name"));
+    }
+    SYMTP_RETURN_IF_ERROR(CheckWritableDir(
+        trace.has_parent_path() ? trace.parent_path() : std::filesystem::path("."), "--trace"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunLauncher(JobOptions opts, const std::string& self_exe) {
@@ -82,6 +177,10 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  if (absl::Status s = CheckOutputs(opts); !s.ok()) {
+    std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -89,13 +188,22 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  auto seg = ipc::ShmSegment::Create(ipc::ShmSegment::NewJobName(), layout->total_bytes);
+  const std::string job_name = ipc::ShmSegment::NewJobName();
+  absl::StatusOr<SegmentGuard> guard = StartSegmentGuard(job_name);
+  if (!guard.ok()) {
+    std::fprintf(stderr, "symtp: starting the segment guard: %s\n", guard.status().ToString().c_str());
+    return 1;
+  }
+  auto seg = ipc::ShmSegment::Create(job_name, layout->total_bytes);
   if (!seg.ok()) {
+    StopSegmentGuard(*guard);
     std::fprintf(stderr, "symtp: creating the job segment: %s\n", seg.status().ToString().c_str());
     return 1;
   }
   absl::StatusOr<ControlBlock*> cb_or = FormatJobSegment(&*seg, *layout, opts);
   if (!cb_or.ok()) {
+    (void)seg->Remove();
+    StopSegmentGuard(*guard);
     std::fprintf(stderr, "symtp: formatting the job segment: %s\n", cb_or.status().ToString().c_str());
     return 1;
   }
@@ -273,6 +381,7 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
   }
   absl::Status rm = seg->Remove();
   if (!rm.ok()) SYMTP_LOG(WARN, "launch") << "removing " << seg->name() << ": " << rm;
+  StopSegmentGuard(*guard);
   if (exit_code == 0) SYMTP_LOG(INFO, "launch") << "job finished";
   return exit_code;
 }

@@ -4,7 +4,9 @@
 // when any of them dies, stops answering (stale heartbeat) or fails — within
 // about a second — or when the launcher gets SIGINT/SIGTERM. Children get
 // PR_SET_PDEATHSIG so that they never outlive it, and the segment is removed
-// on every exit path.
+// on every exit path: by the launcher, or, when the launcher is killed, by
+// its segment guard (launcher.cc), a helper that unlinks the name when the
+// launcher's end closes a pipe.
 #pragma once
 
 #include <string>

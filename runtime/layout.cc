@@ -1,12 +1,17 @@
 #include "runtime/layout.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "runtime/backend.h"
 #include "runtime/launcher.h"
 #include "runtime/shm_host_comm.h"
 #if defined(SYMTP_HAVE_CUDA)
@@ -30,6 +35,55 @@ int MaxLen(const LengthDist& d) {
   return 1 << 16;  // unbounded distributions are clamped by the model's max_seq_len
 }
 
+// The workload against the model: no prompt, output or steady context
+// longer than a sequence can be (a prompt leaves room for one output token;
+// a prompt plus its output beyond max_seq_len ends at max_seq_len), and a
+// --num-kv-blocks that holds the longest sequence.
+absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfig& m) {
+  const int limit = m.max_seq_len - 1;
+  auto check = [&](const char* flag, const LengthDist& d) -> absl::Status {
+    if (d.Max() <= limit) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--%s %s asks for %s%g tokens; the model's max_seq_len %d allows at most %d", flag,
+        d.ToString(), d.kind == "normal" || d.kind == "lognormal" ? "a median of " : "", d.Max(),
+        m.max_seq_len, limit));
+  };
+  if (o.steady_batch > 0) {
+    if (o.steady_context > limit) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--steady-context %d is longer than the model's max_seq_len %d allows (at most %d)",
+          o.steady_context, m.max_seq_len, limit));
+    }
+  } else {
+    SYMTP_RETURN_IF_ERROR(check("prompt-len", o.prompt_len));
+    SYMTP_RETURN_IF_ERROR(check("output-len", o.output_len));
+  }
+  const int64_t longest = JobMaxSeqLen(o, m);
+  const int64_t need = (longest + m.block_size - 1) / m.block_size;
+  if (o.num_kv_blocks > 0 && o.num_kv_blocks < need) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--num-kv-blocks %d cannot hold one sequence of this workload (%d tokens: %d blocks "
+        "of %d)",
+        o.num_kv_blocks, longest, need, m.block_size));
+  }
+  // The CPU workers size --kv-cache-mib in fp32 (CreateCpuBackend): the same
+  // count here, so a budget below one sequence fails before any process.
+  if (o.num_kv_blocks <= 0 && o.kv_cache_mib > 0 &&
+      (o.backend == "cpu" || o.resolved_backend == "cpu")) {
+    int blocks = INT32_MAX;
+    for (int r = 0; r < o.tp; ++r) {
+      blocks = std::min(blocks, KvBlocksForBytes(m, r, o.tp, sizeof(float), o.kv_cache_mib * 1048576.0));
+    }
+    if (blocks < need) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--kv-cache-mib %g (%d blocks of %d on the smallest rank) cannot hold one sequence of "
+          "this workload (%d tokens: %d blocks)",
+          o.kv_cache_mib, blocks, m.block_size, longest, need));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
@@ -37,6 +91,7 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   SYMTP_ASSIGN_OR_RETURN(l.model, model::PresetConfig(opts.model));
   SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &l.model));
   SYMTP_RETURN_IF_ERROR(model::ValidateForTp(l.model, opts.tp));
+  SYMTP_RETURN_IF_ERROR(CheckWorkloadFitsModel(opts, l.model));
   const int max_seq = l.model.max_seq_len;
   const int max_prompt = std::min(
       max_seq, std::max(MaxLen(opts.prompt_len), opts.steady_batch > 0 ? opts.steady_context : 0));
@@ -102,6 +157,7 @@ absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLa
   SYMTP_ASSIGN_OR_RETURN(void* ctl, seg->Allocate(kRegionControl, layout.control_bytes));
   auto* cb = new (ctl) ControlBlock();
   cb->tp = opts.tp;
+  cb->launcher_pid.store(getpid(), std::memory_order_relaxed);
   cb->version = kControlVersion;
   cb->magic = kControlMagic;
 
@@ -121,6 +177,35 @@ absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLa
   SYMTP_RETURN_IF_ERROR(ShmHostComm::Format(hc, hb, opts.tp, floats));
   return cb;
 }
+
+namespace {
+
+// Only a process the launcher started joins the job: its parent is the
+// launcher, and the launcher recorded its pid in the slot (right after fork;
+// waited for, bounded, as this process may get here first).
+absl::Status CheckMembership(const std::string& name, const ControlBlock* cb, int proc_index) {
+  const pid_t launcher = cb->launcher_pid.load(std::memory_order_acquire);
+  const pid_t parent = getppid();
+  if (parent != launcher) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "job %s: this process (pid %d, parent %d) was not started by the job's launcher (pid "
+        "%d); only `symtp launch` starts its processes",
+        name, getpid(), parent, launcher));
+  }
+  const Deadline deadline = Deadline::AfterMs(2000);
+  for (;;) {
+    const pid_t holder = cb->procs[proc_index].pid.load(std::memory_order_acquire);
+    if (holder == getpid()) return absl::OkStatus();
+    if (deadline.Expired()) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "job %s: the launcher did not record this process (pid %d) as %s (the slot holds pid %d)",
+          name, getpid(), ProcName(proc_index), holder));
+    }
+    usleep(1000);
+  }
+}
+
+}  // namespace
 
 void JobHandle::SetPhase(ProcPhase p) {
   self->phase.store(static_cast<int32_t>(p), std::memory_order_release);
@@ -147,6 +232,7 @@ absl::StatusOr<std::unique_ptr<JobHandle>> AttachJob(const std::string& name, in
     return absl::FailedPreconditionError(
         absl::StrCat("job ", name, ": control block does not match this build or --tp"));
   }
+  SYMTP_RETURN_IF_ERROR(CheckMembership(name, h->control, proc_index));
   SYMTP_ASSIGN_OR_RETURN(auto diff, h->segment->Find(kRegionDiff));
   SYMTP_ASSIGN_OR_RETURN(ipc::SpmcRing dr, ipc::SpmcRing::Attach(diff.first, diff.second));
   h->diff_ring.emplace(dr);

@@ -1,9 +1,11 @@
 #include "runtime/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,24 +15,92 @@
 
 namespace symtp::runtime {
 
+namespace {
+
+// Flag values are parsed strictly, one helper per type: the whole text must
+// be the number (no surrounding whitespace), finite, integral where an
+// integer is meant, and in range. absl::SimpleAtoi / SimpleAtod alone accept
+// surrounding whitespace, and SimpleAtod accepts "nan" and "inf".
+absl::Status CheckNumberText(absl::string_view v) {
+  if (v.empty()) return absl::InvalidArgumentError("expected a number, got ''");
+  if (absl::ascii_isspace(static_cast<unsigned char>(v.front())) ||
+      absl::ascii_isspace(static_cast<unsigned char>(v.back()))) {
+    return absl::InvalidArgumentError(absl::StrCat("'", v, "' has whitespace around the number"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ParseInteger(absl::string_view v, int64_t lo, int64_t hi) {
+  SYMTP_RETURN_IF_ERROR(CheckNumberText(v));
+  int64_t x;
+  if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expected an integer in [%d, %d], got '%s'", lo, hi, v));
+  }
+  return x;
+}
+
+absl::StatusOr<uint64_t> ParseUnsigned(absl::string_view v) {
+  SYMTP_RETURN_IF_ERROR(CheckNumberText(v));
+  uint64_t x;
+  if (v.front() == '-' || !absl::SimpleAtoi(v, &x)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expected an integer in [0, %u], got '%s'", UINT64_MAX, v));
+  }
+  return x;
+}
+
+absl::StatusOr<double> ParseReal(absl::string_view v, double lo, double hi) {
+  SYMTP_RETURN_IF_ERROR(CheckNumberText(v));
+  double x;
+  if (!absl::SimpleAtod(v, &x) || !std::isfinite(x) || x < lo || x > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expected a finite number in [%g, %g], got '%s'", lo, hi, v));
+  }
+  return x;
+}
+
+}  // namespace
+
 std::string LengthDist::ToString() const {
   if (kind == "fixed") return absl::StrCat(static_cast<int64_t>(a));
-  return absl::StrCat(kind, ":", a, ":", b);
+  return absl::StrFormat("%s:%.17g:%.17g", kind, a, b);  // exact round trip to the children
+}
+
+double LengthDist::Max() const {
+  if (kind == "fixed") return a;
+  if (kind == "uniform") return b;
+  if (kind == "normal") return a;
+  return std::exp(a);  // lognormal: the median
 }
 
 absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   LengthDist d;
-  auto num = [&](const std::string& s, double* out) -> absl::Status {
-    if (!absl::SimpleAtod(s, out)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad number '", s, "' in length '", spec, "'"));
+  // Lengths are token counts: integers in [1, kMaxLength] (fixed, uniform);
+  // the normal's mean and spread and the lognormal's mu and sigma are reals
+  // whose median length lies in the same range.
+  auto num = [&](const std::string& s, bool integer, double lo, double hi,
+                 double* out) -> absl::Status {
+    absl::StatusOr<double> x;
+    if (integer) {
+      absl::StatusOr<int64_t> i =
+          ParseInteger(s, static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+      if (i.ok()) x = static_cast<double>(*i);
+      else x = i.status();
+    } else {
+      x = ParseReal(s, lo, hi);
     }
+    if (!x.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("length '", spec, "': ", x.status().message()));
+    }
+    *out = *x;
     return absl::OkStatus();
   };
+  constexpr double kMax = LengthDist::kMaxLength;
   if (parts.size() == 1) {
     d.kind = "fixed";
-    SYMTP_RETURN_IF_ERROR(num(parts[0], &d.a));
-    if (d.a < 1) return absl::InvalidArgumentError(absl::StrCat("length must be >= 1: ", spec));
+    SYMTP_RETURN_IF_ERROR(num(parts[0], true, 1, kMax, &d.a));
     return d;
   }
   if (parts.size() != 3 || (parts[0] != "uniform" && parts[0] != "normal" && parts[0] != "lognormal")) {
@@ -38,13 +108,18 @@ absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
         "length '", spec, "': expected N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MU:SIGMA"));
   }
   d.kind = parts[0];
-  SYMTP_RETURN_IF_ERROR(num(parts[1], &d.a));
-  SYMTP_RETURN_IF_ERROR(num(parts[2], &d.b));
-  if (d.kind == "uniform" && (d.a < 1 || d.b < d.a)) {
-    return absl::InvalidArgumentError(absl::StrCat("uniform length needs 1 <= MIN <= MAX: ", spec));
-  }
-  if (d.kind != "uniform" && d.b < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("negative spread in length: ", spec));
+  if (d.kind == "uniform") {
+    SYMTP_RETURN_IF_ERROR(num(parts[1], true, 1, kMax, &d.a));
+    SYMTP_RETURN_IF_ERROR(num(parts[2], true, 1, kMax, &d.b));
+    if (d.b < d.a) {
+      return absl::InvalidArgumentError(absl::StrCat("uniform length needs MIN <= MAX: ", spec));
+    }
+  } else if (d.kind == "normal") {
+    SYMTP_RETURN_IF_ERROR(num(parts[1], false, 1, kMax, &d.a));
+    SYMTP_RETURN_IF_ERROR(num(parts[2], false, 0, kMax, &d.b));
+  } else {
+    SYMTP_RETURN_IF_ERROR(num(parts[1], false, 0, std::log(kMax), &d.a));
+    SYMTP_RETURN_IF_ERROR(num(parts[2], false, 0, 4, &d.b));
   }
   return d;
 }
@@ -61,39 +136,27 @@ struct Flag {
 
 Setter Int(int JobOptions::*f, int lo, int hi) {
   return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    int x;
-    if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
-      return absl::InvalidArgumentError(absl::StrFormat("expected an integer in [%d, %d], got '%s'", lo, hi, v));
-    }
-    o->*f = x;
+    SYMTP_ASSIGN_OR_RETURN(int64_t x, ParseInteger(v, lo, hi));
+    o->*f = static_cast<int>(x);
     return absl::OkStatus();
   };
 }
 Setter I64(int64_t JobOptions::*f, int64_t lo, int64_t hi) {
   return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    int64_t x;
-    if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) {
-      return absl::InvalidArgumentError(absl::StrFormat("expected an integer in [%d, %d], got '%s'", lo, hi, v));
-    }
-    o->*f = x;
+    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseInteger(v, lo, hi));
     return absl::OkStatus();
   };
 }
 Setter U64(uint64_t JobOptions::*f) {
   return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    uint64_t x;
-    if (!absl::SimpleAtoi(v, &x)) return absl::InvalidArgumentError(absl::StrCat("expected an unsigned integer, got '", v, "'"));
-    o->*f = x;
+    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseUnsigned(v));
     return absl::OkStatus();
   };
 }
 template <typename T>
 Setter Real(T JobOptions::*f, double lo, double hi) {
   return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    double x;
-    if (!absl::SimpleAtod(v, &x) || x < lo || x > hi) {
-      return absl::InvalidArgumentError(absl::StrFormat("expected a number in [%g, %g], got '%s'", lo, hi, v));
-    }
+    SYMTP_ASSIGN_OR_RETURN(double x, ParseReal(v, lo, hi));
     o->*f = static_cast<T>(x);
     return absl::OkStatus();
   };
@@ -128,6 +191,7 @@ Getter Get(T JobOptions::*f) {
     if constexpr (std::is_same_v<T, std::string>) return o.*f;
     else if constexpr (std::is_same_v<T, bool>) return std::string(o.*f ? "true" : "false");
     else if constexpr (std::is_same_v<T, LengthDist>) return (o.*f).ToString();
+    else if constexpr (std::is_floating_point_v<T>) return absl::StrFormat("%.17g", double{o.*f});
     else return absl::StrCat(o.*f);
   };
 }
@@ -215,11 +279,9 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
       if (name == "job") {
         proc->job = value;
       } else {
-        int x;
-        if (!absl::SimpleAtoi(value, &x) || x < 0 || x >= 64) {
-          return absl::InvalidArgumentError(absl::StrCat("--", name, ": bad value '", value, "'"));
-        }
-        (name == "rank" ? proc->rank : proc->device) = x;
+        absl::StatusOr<int64_t> x = ParseInteger(value, 0, 63);
+        if (!x.ok()) return Annotate(x.status(), absl::StrCat("--", name));
+        (name == "rank" ? proc->rank : proc->device) = static_cast<int>(*x);
       }
       continue;
     }

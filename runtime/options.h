@@ -15,7 +15,13 @@ struct LengthDist {
   // "128" (fixed), "uniform:64:256", "normal:mean:std", "lognormal:mu:sigma"
   std::string kind = "fixed";
   double a = 128, b = 0;
+  // Longest length any form may ask for; the model's max_seq_len bounds it
+  // further (PlanJobLayout). Draws of normal and lognormal beyond [1, the
+  // model's limit] are clamped to it; their median must lie inside it.
+  static constexpr int kMaxLength = 1 << 24;
   std::string ToString() const;
+  // The longest length (fixed, uniform) or the median (normal, lognormal).
+  double Max() const;
 };
 absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec);
 

@@ -60,8 +60,8 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t proce
                              << " blocks (the smallest the workers allocated)";
   }
   SYMTP_ASSIGN_OR_RETURN(sched::Scheduler sched, sched::Scheduler::Create(sc));
-  std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
-  const int n = static_cast<int>(workload.size());
+  WorkloadStream workload(opts, cfg);  // drawn as admitted: memory is what is in flight
+  const int n = workload.size();
   const int concurrency = opts.arrival_rate > 0 ? n
                           : opts.steady_batch > 0 ? n
                           : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
@@ -87,8 +87,8 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t proce
 
   auto admit = [&](int64_t now) -> absl::Status {
     while (next < n && next - finished < concurrency &&
-           (opts.arrival_rate <= 0 || start + workload[next].arrival_offset_ns <= now)) {
-      WorkloadRequest& w = workload[next];
+           (opts.arrival_rate <= 0 || start + workload.Peek().arrival_offset_ns <= now)) {
+      WorkloadRequest w = workload.Take();
       summary.requests[next].id = w.id;
       summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
       if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
@@ -179,6 +179,9 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t proce
           rr.first_token_ns = o->first_token_ns;
           rr.finish_ns = o->finish_ns;
           tokens_out += o->tokens.size();
+          // Recorded: the scheduler forgets it (its prompt included), so
+          // memory follows the requests in flight, not the workload.
+          SYMTP_RETURN_IF_ERROR(sched.ReleaseOutput(t.request_id));
         }
       }
       progress.Update(rec.step, finished, tokens_out);
@@ -186,7 +189,7 @@ absl::Status SchedulerMain(const JobOptions& opts, JobHandle* job, int64_t proce
     }
     // Idle: wait for the next arrival (bounded sleep; the loop re-checks).
     if (next < n) {
-      int64_t wait = start + workload[next].arrival_offset_ns - MonotonicNs();
+      int64_t wait = start + workload.Peek().arrival_offset_ns - MonotonicNs();
       if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
     } else if (!sched.Done()) {
       return absl::InternalError("scheduler has unfinished requests but nothing to plan or wait for");

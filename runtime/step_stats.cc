@@ -26,12 +26,26 @@
 namespace symtp::runtime {
 namespace {
 
+// Atomic: the data goes to a temporary file beside `p`, renamed over `p`
+// once complete, so a reader never sees a half-written file.
 absl::Status WriteFile(const std::filesystem::path& p, const std::string& data) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  if (!f) return absl::UnavailableError(absl::StrCat("cannot open ", p.string(), " for writing"));
+  const std::string tmp = absl::StrCat(p.string(), ".tmp.", ::getpid());
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  if (!f) return absl::UnavailableError(absl::StrCat("cannot open ", tmp, " for writing"));
   f << data;
   f.close();
-  if (!f) return absl::UnavailableError(absl::StrCat("writing ", p.string(), " failed"));
+  std::error_code ec;
+  if (!f) {
+    std::filesystem::remove(tmp, ec);
+    return absl::UnavailableError(absl::StrCat("writing ", tmp, " failed"));
+  }
+  std::filesystem::rename(tmp, p, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return absl::UnavailableError(
+        absl::StrCat("renaming ", tmp, " to ", p.string(), ": ", ec.message()));
+  }
   return absl::OkStatus();
 }
 

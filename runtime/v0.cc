@@ -102,8 +102,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   wc.block_size = cfg.block_size;
   SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));
 
-  std::vector<WorkloadRequest> workload = GenerateWorkload(opts, cfg);
-  const int n = static_cast<int>(workload.size());
+  WorkloadStream workload(opts, cfg);  // drawn as admitted: memory is what is in flight
+  const int n = workload.size();
   const int concurrency = opts.arrival_rate > 0 || opts.steady_batch > 0
                               ? n : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
   RunSummaryInput summary;
@@ -128,8 +128,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
     const int64_t now = MonotonicNs();
     while (next < n && next - finished < concurrency &&
-           (opts.arrival_rate <= 0 || start + workload[next].arrival_offset_ns <= now)) {
-      WorkloadRequest& w = workload[next];
+           (opts.arrival_rate <= 0 || start + workload.Peek().arrival_offset_ns <= now)) {
+      WorkloadRequest w = workload.Take();
       summary.requests[next].id = w.id;
       summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
       if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
@@ -143,7 +143,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     SYMTP_ASSIGN_OR_RETURN(sched::StepPlan plan, sched.PlanNextStep());
     if (plan.idle) {
       if (next < n) {
-        int64_t wait = start + workload[next].arrival_offset_ns - MonotonicNs();
+        int64_t wait = start + workload.Peek().arrival_offset_ns - MonotonicNs();
         if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
         continue;
       }
@@ -236,6 +236,14 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
         recorded[t.request_id] = true;
         ++finished;
         tokens_out += o->tokens.size();
+        // Recorded now and forgotten by the scheduler (its prompt included),
+        // so memory follows the requests in flight, not the workload.
+        RequestRecord& rr = summary.requests[t.request_id];
+        rr.tokens = o->tokens;
+        rr.token_times_ns = o->token_times_ns;
+        rr.first_token_ns = o->first_token_ns;
+        rr.finish_ns = o->finish_ns;
+        SYMTP_RETURN_IF_ERROR(sched.ReleaseOutput(t.request_id));
       }
     }
     progress.Update(rec.step, finished, tokens_out);
@@ -245,6 +253,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   summary.end_ns = MonotonicNs();
   progress.Finish();
   for (int i = 0; i < n; ++i) {
+    if (recorded[i]) continue;
     if (const sched::RequestOutput* o = sched.GetOutput(i)) {
       RequestRecord& rr = summary.requests[i];
       rr.tokens = o->tokens;

@@ -21,45 +21,68 @@ int Draw(const LengthDist& d, std::mt19937_64& rng, int cap) {
 
 }  // namespace
 
-std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const model::ModelConfig& cfg) {
-  std::mt19937_64 rng(opts.seed * 0x9E3779B97F4A7C15ull + 17);
+WorkloadStream::WorkloadStream(const JobOptions& opts, const model::ModelConfig& cfg)
+    : opts_(opts),
+      cfg_(cfg),
+      rng_(opts.seed * 0x9E3779B97F4A7C15ull + 17),
+      gap_(opts.arrival_rate > 0 ? opts.arrival_rate : 1.0),
+      n_(opts.steady_batch > 0 ? opts.steady_batch : opts.num_requests) {}
+
+const WorkloadRequest& WorkloadStream::Peek() {
+  if (!pending_) Generate();
+  return *pending_;
+}
+
+WorkloadRequest WorkloadStream::Take() {
+  if (!pending_) Generate();
+  WorkloadRequest r = std::move(*pending_);
+  pending_.reset();
+  ++next_;
+  return r;
+}
+
+void WorkloadStream::Generate() {
+  const JobOptions& opts = opts_;
+  const model::ModelConfig& cfg = cfg_;
   const bool steady = opts.steady_batch > 0;
-  const int n = steady ? opts.steady_batch : opts.num_requests;
-  std::vector<WorkloadRequest> out(n);
-  double t = 0;
-  std::exponential_distribution<double> gap(opts.arrival_rate > 0 ? opts.arrival_rate : 1.0);
-  for (int i = 0; i < n; ++i) {
-    WorkloadRequest& r = out[i];
-    r.id = static_cast<uint64_t>(i);
-    int plen, olen;
-    if (steady) {
-      plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
-      // Enough decode steps that, after the chunked prefill of the whole
-      // batch, warmup + steady_steps steps run with all B sequences decoding.
-      const int64_t prefill_steps =
-          (static_cast<int64_t>(n) * plen + opts.max_batched_tokens - 1) / opts.max_batched_tokens;
-      olen = opts.warmup_steps + opts.steady_steps + static_cast<int>(prefill_steps) + 2;
-    } else {
-      plen = Draw(opts.prompt_len, rng, cfg.max_seq_len - 1);
-      olen = Draw(opts.output_len, rng, cfg.max_seq_len);
-    }
-    olen = std::max(1, std::min(olen, cfg.max_seq_len - plen));
-    r.max_new_tokens = olen;
-    r.prompt.resize(plen);
-    std::uniform_int_distribution<int32_t> tok(0, cfg.vocab - 1);
-    for (int32_t& x : r.prompt) {
-      x = tok(rng);
-      if (x == opts.eos_id) x = (x + 1) % cfg.vocab;
-    }
-    r.sampling.temperature = opts.temperature;
-    r.sampling.top_k = opts.top_k;
-    r.sampling.top_p = opts.top_p;
-    r.sampling.seed = opts.seed * 1000003ull + r.id;
-    if (!steady && opts.arrival_rate > 0) {
-      t += gap(rng);
-      r.arrival_offset_ns = static_cast<int64_t>(t * 1e9);
-    }
+  const int n = n_;
+  WorkloadRequest& r = pending_.emplace();
+  r.id = static_cast<uint64_t>(next_);
+  int plen, olen;
+  if (steady) {
+    plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
+    // Enough decode steps that, after the chunked prefill of the whole
+    // batch, warmup + steady_steps steps run with all B sequences decoding.
+    const int64_t prefill_steps =
+        (static_cast<int64_t>(n) * plen + opts.max_batched_tokens - 1) / opts.max_batched_tokens;
+    olen = opts.warmup_steps + opts.steady_steps + static_cast<int>(prefill_steps) + 2;
+  } else {
+    plen = Draw(opts.prompt_len, rng_, cfg.max_seq_len - 1);
+    olen = Draw(opts.output_len, rng_, cfg.max_seq_len);
   }
+  olen = std::max(1, std::min(olen, cfg.max_seq_len - plen));
+  r.max_new_tokens = olen;
+  r.prompt.resize(plen);
+  std::uniform_int_distribution<int32_t> tok(0, cfg.vocab - 1);
+  for (int32_t& x : r.prompt) {
+    x = tok(rng_);
+    if (x == opts.eos_id) x = (x + 1) % cfg.vocab;
+  }
+  r.sampling.temperature = opts.temperature;
+  r.sampling.top_k = opts.top_k;
+  r.sampling.top_p = opts.top_p;
+  r.sampling.seed = opts.seed * 1000003ull + r.id;
+  if (!steady && opts.arrival_rate > 0) {
+    t_ += gap_(rng_);
+    r.arrival_offset_ns = static_cast<int64_t>(t_ * 1e9);
+  }
+}
+
+std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const model::ModelConfig& cfg) {
+  WorkloadStream stream(opts, cfg);
+  std::vector<WorkloadRequest> out;
+  out.reserve(stream.size());
+  while (!stream.done()) out.push_back(stream.Take());
   return out;
 }
 

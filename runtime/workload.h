@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <random>
 #include <vector>
 
 #include "models/config.h"
@@ -21,6 +23,32 @@ struct WorkloadRequest {
   int64_t arrival_offset_ns = 0;  // open loop only; 0 otherwise
 };
 
+// The workload as a stream: each request is drawn from the seeded generator
+// when it is first looked at (Peek) and handed over by Take, so memory holds
+// only the requests already admitted and not finished, whatever
+// --num-requests is. The sequence is GenerateWorkload's, request for request.
+class WorkloadStream {
+ public:
+  WorkloadStream(const JobOptions& opts, const model::ModelConfig& cfg);
+  int size() const { return n_; }  // requests in the whole workload
+  bool done() const { return next_ >= n_; }
+  // The next request (done() must be false).
+  const WorkloadRequest& Peek();
+  WorkloadRequest Take();
+
+ private:
+  void Generate();
+  const JobOptions opts_;  // copies: the stream may outlive its arguments
+  const model::ModelConfig cfg_;
+  std::mt19937_64 rng_;
+  std::exponential_distribution<double> gap_;
+  double t_ = 0;
+  int n_ = 0;
+  int next_ = 0;
+  std::optional<WorkloadRequest> pending_;
+};
+
+// The whole workload at once (tests, small runs).
 std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const model::ModelConfig& cfg);
 
 }  // namespace symtp::runtime

@@ -26,6 +26,10 @@ int main(int argc, char** argv) {
     role = args[0];
     args.erase(args.begin());
   }
+  if (role != "launch" && role != "scheduler" && role != "worker") {
+    std::fprintf(stderr, "symtp: unknown role '%s' (launch, scheduler, worker)\n", role.c_str());
+    return 2;
+  }
   symtp::runtime::JobOptions opts;
   symtp::runtime::ProcArgs proc;
   absl::Status s = symtp::runtime::ParseArgs(args, &opts, &proc);
@@ -52,7 +56,5 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (role == "scheduler") return symtp::runtime::RunSchedulerProcess(opts, proc);
-  if (role == "worker") return symtp::runtime::RunWorkerProcess(opts, proc);
-  std::fprintf(stderr, "symtp: unknown role '%s' (launch, scheduler, worker)\n", role.c_str());
-  return 2;
+  return symtp::runtime::RunWorkerProcess(opts, proc);
 }

@@ -1,7 +1,9 @@
-// libFuzzer target for the wire decoders. Built only with clang (see
-// protocol/CMakeLists.txt):
-//   cmake -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ... && ninja diff_fuzzer
-//   ./diff_fuzzer -max_len=4096 corpus/
+// libFuzzer target for the wire decoders. As a fuzzer only with clang (see
+// protocol/CMakeLists.txt; tools/test.sh runs it for a bounded time):
+//   cmake --preset fuzz && cmake --build --preset fuzz --target diff_fuzzer
+//   build-fuzz/protocol/diff_fuzzer -max_len=4096 corpus/
+// With any compiler, diff_fuzzer_replay (fuzz/replay_main.cc) runs it over
+// files, e.g. the seed corpus tests/protocol/corpus (a CTest test).
 //
 // Properties checked on every input:
 //  - decoding never crashes or reads out of bounds (ASan/UBSan);

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "common/env.h"
 #include "tests/ipc/ipc_test_util.h"
+#include "tests/testing/private_tmpfs.h"
 
 namespace symtp::ipc {
 namespace {
@@ -88,6 +89,43 @@ TEST_F(ShmSegmentTest, CreateAttachFindRemove) {
   // Both mappings stay valid after the name is gone.
   EXPECT_STREQ(static_cast<const char*>(a), "hello");
   EXPECT_THAT(ShmSegment::Attach(name), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+// A /dev/shm without room for the segment: Create reserves every page, so
+// the shortage is one ResourceExhausted naming the size and /dev/shm, never
+// a SIGBUS when the memory is touched (private tmpfs of 4 KiB .. 8 MiB free).
+TEST_F(ShmSegmentTest, FullDevShmIsResourceExhaustedNotSigbus) {
+  for (const char* size : {"4k", "12k", "1m", "8m"}) {
+    std::string why;
+    const std::string name = SegName(size);
+    int st = ::symtp::testing::RunWithPrivateDevShm(
+        size,
+        [&]() -> int {
+          absl::StatusOr<ShmSegment> seg = ShmSegment::Create(name, 16 << 20);
+          if (seg.ok()) {
+            // Touching it would SIGBUS if the pages were not there.
+            std::memset(seg->base(), 1, seg->size());
+            return 10;
+          }
+          if (seg.status().code() != absl::StatusCode::kResourceExhausted) return 11;
+          if (!absl::StrContains(seg.status().message(), "/dev/shm")) return 12;
+          if (!absl::StrContains(seg.status().message(), "16781312 bytes")) return 13;
+          if (ShmExists(name)) return 14;  // removed after the failure
+          // What fits still works, touched in full.
+          absl::StatusOr<ShmSegment> small = ShmSegment::Create(name + "_s", 0);
+          if (!small.ok()) return 15;
+          std::memset(small->base(), 1, small->size());
+          return 0;
+        },
+        &why);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == ::symtp::testing::kNoPrivateTmpfs) {
+      GTEST_SKIP() << "cannot set up a private tmpfs on /dev/shm here (user namespaces off, or "
+                      "a multithreaded process such as a TSan build): "
+                   << why;
+    }
+    ASSERT_TRUE(WIFEXITED(st)) << size << ": " << DescribeWaitStatus(st);
+    EXPECT_EQ(WEXITSTATUS(st), 0) << size;
+  }
 }
 
 TEST_F(ShmSegmentTest, ModeIs0600) {

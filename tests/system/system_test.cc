@@ -22,12 +22,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/cpu_model.h"
 #include "models/sampling.h"
+#include "tests/testing/private_tmpfs.h"
 #include "tests/testing/unique_name.h"
 
 namespace symtp {
@@ -456,6 +458,212 @@ TEST_F(SystemTest, BadFlagsAreOneLineAndExitCode2) {
     EXPECT_THAT(err, HasSubstr(why)) << args[1];
   }
   EXPECT_TRUE(ShmWithPrefix(prefix_).empty());
+}
+
+}  // namespace
+}  // namespace symtp
+
+namespace symtp {
+namespace {
+
+// Issue 27's hostile values through the real binary: exit 2, one line, fast,
+// nothing started (no segment).
+TEST_F(SystemTest, HostileFlagsExit2QuicklyWithOneLineBeforeAnyProcess) {
+  const std::string unwritable = Out("ro");
+  fs::create_directories(unwritable);
+  fs::permissions(unwritable, fs::perms::owner_read | fs::perms::owner_exec);
+  const bool can_probe_perms = ::access(unwritable.c_str(), W_OK) != 0;  // false as root
+  std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"launch", "--backend=cpu", "--temperature", "nan"}, "--temperature"},
+      {{"launch", "--backend=cpu", "--top-p", "nan"}, "--top-p"},
+      {{"launch", "--backend=cpu", "--arrival-rate", "nan"}, "--arrival-rate"},
+      {{"launch", "--backend=cpu", "--kv-cache-mib", "nan"}, "--kv-cache-mib"},
+      {{"launch", "--backend=cpu", "--prompt-len", "inf"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "nan"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "1e30"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--output-len", "inf"}, "--output-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "3e9"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "normal:nan:1"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "lognormal:1000:0"}, "--prompt-len"},
+      {{"launch", "--backend=cpu", "--prompt-len", "5000"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--output-len", "5000"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--steady-batch=2", "--steady-context=4096"}, "max_seq_len"},
+      {{"launch", "--backend=cpu", "--tp", "2.5"}, "--tp"},
+      {{"launch", "--backend=cpu", "--num-requests", "1.5"}, "--num-requests"},
+      {{"launch", "--backend=cpu", "--tp", " 2"}, "whitespace"},
+      {{"bogus"}, "unknown role"},
+      {{"bogus", "--job=x"}, "unknown role"},
+      {{"launch", "--backend=cpu", "--out", "/proc/symtp-no/such"}, "--out"},
+      {{"launch", "--backend=cpu", "--trace", "/proc/symtp-no/t.json"}, "--trace"},
+      {{"launch", "--backend=cpu", "--trace", out_.string()}, "--trace"},
+  };
+  if (can_probe_perms) {
+    cases.push_back({{"launch", "--backend=cpu", "--out", unwritable + "/run"}, "--out"});
+    cases.push_back({{"launch", "--backend=cpu", "--out", unwritable}, "--out"});
+  }
+  for (const auto& [args, why] : cases) {
+    const std::string what = absl::StrJoin(args, " ");
+    const int64_t t0 = MonotonicNs();
+    Proc p = Start(args, prefix_);
+    int st = Wait(p, 20'000);
+    const double secs = (MonotonicNs() - t0) / 1e9;
+    ASSERT_TRUE(WIFEXITED(st)) << what;
+    EXPECT_EQ(WEXITSTATUS(st), 2) << what;
+    std::string err = ReadFile(p.err_path);
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << what << ": " << err;
+    EXPECT_THAT(err, HasSubstr(why)) << what;
+    EXPECT_LT(secs, 2.0) << what;  // about 10 ms unloaded; slack for a busy CI machine
+    EXPECT_TRUE(ShmWithPrefix(prefix_).empty()) << what;
+  }
+  fs::permissions(unwritable, fs::perms::owner_all);
+}
+
+// Outputs are written through a temporary file and a rename: after a run
+// the files are complete and no temporary is left beside them.
+TEST_F(SystemTest, OutputsAreWrittenWholeWithNoTemporaryLeft) {
+  const std::string trace = Out("traces/run.json");
+  std::vector<std::string> args = Workload(Out("run"), 2);
+  args.push_back(absl::StrCat("--trace=", trace));
+  Proc p = Start(args, prefix_);
+  int st = Wait(p, 60'000);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+  EXPECT_EQ(ReadTokens(Out("run")).size(), 10u);
+  std::string t = ReadFile(trace);
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.back() == '\n' ? t[t.size() - 2] : t.back(), '}');
+  for (const std::string& dir : {Out("run"), Out("traces")}) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+      EXPECT_EQ(e.path().filename().string().find("probe"), std::string::npos) << e.path();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace symtp
+
+namespace symtp {
+namespace {
+
+// Live processes (not zombies) whose environment carries this test's shm
+// prefix: the launcher, its guard, the scheduler and the workers, wherever
+// they were reparented.
+std::vector<pid_t> JobProcesses(const std::string& prefix) {
+  std::vector<pid_t> out;
+  const std::string needle = "SYMTP_SHM_PREFIX=" + prefix;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    int pid;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid) || pid == getpid()) continue;
+    std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    bool match = false;
+    for (absl::string_view v : absl::StrSplit(env, '\0')) match |= v == needle;
+    if (match && Alive(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+// Polls until no process and no segment of the job is left; returns the
+// seconds it took, or -1 after `limit_s`.
+double WaitUntilNothingLeft(const std::string& prefix, double limit_s) {
+  const int64_t t0 = MonotonicNs();
+  for (;;) {
+    const double secs = (MonotonicNs() - t0) / 1e9;
+    if (JobProcesses(prefix).empty() && ShmWithPrefix(prefix).empty()) return secs;
+    if (secs > limit_s) return -1;
+    usleep(5'000);
+  }
+}
+
+std::vector<std::string> SteadyJob(int tp) {
+  return {"launch", "--backend=cpu", absl::StrCat("--tp=", tp), "--model=tiny",
+          "--steady-batch=4", "--steady-context=32", "--steady-steps=100000", "--progress=false"};
+}
+
+// SIGKILL of the launcher at moments from its start-up to mid-run: its
+// processes die with it and the segment guard unlinks the segment.
+TEST_F(SystemTest, KilledLauncherLeavesNoProcessAndNoSegment) {
+  std::mt19937 rng(static_cast<uint32_t>(MonotonicNs()));
+  for (int delay_ms : {0, 2, 5, 10, 20, 40, 80, 150, 300, 600}) {
+    const int jitter = static_cast<int>(rng() % 5);
+    Proc p = Start(SteadyJob(2), prefix_);
+    usleep((delay_ms + jitter) * 1000);
+    ASSERT_EQ(kill(p.pid, SIGKILL), 0);
+    int st = Wait(p, 5'000);
+    ASSERT_TRUE(WIFSIGNALED(st)) << delay_ms;
+    const double secs = WaitUntilNothingLeft(prefix_, 2.0);
+    EXPECT_GE(secs, 0) << "after " << delay_ms << " ms: processes "
+                       << absl::StrJoin(JobProcesses(prefix_), ",") << ", segments "
+                       << absl::StrJoin(ShmWithPrefix(prefix_), ",");
+  }
+}
+
+// A process started by hand against a live job's name is turned away before
+// it touches the job, and the job keeps running.
+TEST_F(SystemTest, StrangerThatFailsToAttachLeavesTheJobRunning) {
+  Proc job = Start(SteadyJob(2), prefix_);
+  ASSERT_EQ(WaitForWorkers(job.pid, 2).size(), 2u) << ReadFile(job.err_path);
+  std::vector<std::string> segs = ShmWithPrefix(prefix_);
+  ASSERT_EQ(segs.size(), 1u);
+  const std::string name = fs::path(segs[0]).filename().string();
+  for (const std::vector<std::string>& role :
+       {std::vector<std::string>{"worker", "--rank=0"}, std::vector<std::string>{"worker", "--rank=1"},
+        std::vector<std::string>{"scheduler"}}) {
+    std::vector<std::string> args = role;
+    for (const char* a : {"--backend=cpu", "--tp=2", "--model=tiny", "--steady-batch=4",
+                          "--steady-context=32", "--progress=false"}) {
+      args.push_back(a);
+    }
+    args.push_back("--resolved-backend=cpu");
+    args.push_back("--job=" + name);
+    Proc stranger = Start(args, prefix_ + "_stranger");
+    int st = Wait(stranger, 10'000);
+    ASSERT_TRUE(WIFEXITED(st)) << role[0];
+    EXPECT_NE(WEXITSTATUS(st), 0) << role[0];
+    EXPECT_THAT(ReadFile(stranger.err_path), HasSubstr("not started by the job's launcher"));
+  }
+  usleep(300'000);
+  EXPECT_TRUE(Alive(job.pid)) << ReadFile(job.err_path);
+  EXPECT_THAT(ReadFile(job.err_path), ::testing::Not(HasSubstr("job failed")));
+  kill(job.pid, SIGINT);
+  int st = Wait(job, 5'000);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 128 + SIGINT);  // interrupted, not failed
+  EXPECT_GE(WaitUntilNothingLeft(prefix_, 2.0), 0);
+}
+
+// /dev/shm too small for the job (a private tmpfs of 4 KiB .. 8 MiB): one
+// clear error before any process starts, never SIGBUS.
+TEST_F(SystemTest, SmallDevShmIsOneClearErrorNotSigbus) {
+  for (const char* size : {"4k", "12k", "1m", "8m"}) {
+    std::string why;
+    const std::string err_path = Out(absl::StrCat("shm_", size, ".stderr"));
+    fs::create_directories(out_);
+    int st = testing::RunWithPrivateDevShm(
+        size,
+        [&]() -> int {
+          // Default batch limits: a segment of about 10 MiB at TP=2.
+          Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny",
+                          "--num-requests=2", "--progress=false"},
+                         prefix_);
+          int s = Wait(p, 20'000);
+          fs::copy_file(p.err_path, err_path, fs::copy_options::overwrite_existing);
+          if (!WIFEXITED(s)) return 100 + (WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+          return WEXITSTATUS(s);
+        },
+        &why);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == testing::kNoPrivateTmpfs) {
+      GTEST_SKIP() << "cannot set up a private tmpfs on /dev/shm here (user namespaces off, or "
+                      "a multithreaded process such as a TSan build): "
+                   << why;
+    }
+    ASSERT_TRUE(WIFEXITED(st)) << size;
+    EXPECT_EQ(WEXITSTATUS(st), 1) << size << " (100 + n: the launcher died of signal n)";
+    const std::string err = ReadFile(err_path);
+    EXPECT_THAT(err, HasSubstr("RESOURCE_EXHAUSTED")) << size;
+    EXPECT_THAT(err, HasSubstr("/dev/shm")) << size;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_THAT(err, ::testing::Not(HasSubstr("worker"))) << "no process started";
+  }
 }
 
 }  // namespace
