@@ -249,9 +249,11 @@ const std::map<std::string, Flag>& Flags() {
 
 std::string Usage() {
   std::string s = "flags (--name=value):\n";
+  const JobOptions defaults;
   for (const auto& [name, f] : Flags()) {
     if (name == "resolved-backend") continue;
-    absl::StrAppend(&s, absl::StrFormat("  --%-20s %s\n", name, f.help));
+    const std::string d = f.get(defaults);
+    absl::StrAppend(&s, absl::StrFormat("  --%-20s %s (default: %s)\n", name, f.help, d.empty() ? "\"\"" : d));
   }
   return s;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a GPU run on the device machine (see docs/DEVICE.md):
+# One command for a GPU run on the device machine (see docs/GPU.md, remote-run scripts):
 #   builds from the carried tree + .deps, runs the GPU tests and benchmarks,
 #   and leaves everything under $OUT: gpu_run.log and results.tar.gz
 #   (JSON, Markdown, PNG). Steps can be chosen: STEPS="build test ar ipc kernels launch ardecode decode fault overlap report";
