@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "tests/testing/procfs.h"
 #include "tests/testing/unique_name.h"
 
 namespace symtp {
@@ -31,63 +32,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using testing::ChildrenMatching;
+using testing::ReadFile;
+using testing::ShmWithPrefix;
 
-// pid's state letter from /proc/<pid>/stat ('\0' if it is gone).
-char StateOf(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const auto rp = stat.rfind(')');
-  return rp == std::string::npos || rp + 2 >= stat.size() ? '\0' : stat[rp + 2];
-}
-
-// Live (not zombie) processes whose environment carries `prefix` as
-// SYMTP_SHM_PREFIX: every process of one trial's job, wherever reparented.
-std::vector<pid_t> JobProcesses(const std::string& prefix) {
-  std::vector<pid_t> out;
-  const std::string needle = "SYMTP_SHM_PREFIX=" + prefix;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    int pid;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid) || pid == getpid()) continue;
-    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
-    bool match = false;
-    for (absl::string_view v : absl::StrSplit(env, '\0')) match |= v == needle;
-    const char st = StateOf(pid);
-    if (match && st != '\0' && st != 'Z' && st != 'X') out.push_back(pid);
-  }
-  return out;
-}
-
-std::vector<std::string> Segments(const std::string& prefix) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
-  }
-  return out;
-}
-
-// Children of `parent` whose command line has `needle` (" worker ", " scheduler ").
-std::vector<pid_t> Children(pid_t parent, const std::string& needle) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    int pid;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-    const auto rp = stat.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(stat.substr(rp + 2), ' ');
-    int ppid;
-    if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid) || ppid != parent) continue;
-    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
-  }
-  return out;
-}
+using testing::JobProcesses;
 
 pid_t StartJob(int tp, const std::string& prefix, const std::string& err_path) {
   const std::vector<std::string> args = {
@@ -143,7 +92,7 @@ TEST(ChaosTest, TwentyRandomKillsEndWithinTwoSecondsLeavingNothing) {
       const std::string needle = t.target == "worker" ? " worker " : " scheduler ";
       const Deadline d = Deadline::AfterMs(10'000);
       std::vector<pid_t> found;
-      while ((found = Children(launcher, needle)).empty() && !d.Expired()) usleep(1000);
+      while ((found = ChildrenMatching(launcher, needle)).empty() && !d.Expired()) usleep(1000);
       ASSERT_FALSE(found.empty()) << t.target << " never appeared: " << ReadFile(err_path);
       victim = found[rng() % found.size()];
     }
@@ -152,7 +101,7 @@ TEST(ChaosTest, TwentyRandomKillsEndWithinTwoSecondsLeavingNothing) {
     bool reaped = false;
     for (;;) {
       if (!reaped && waitpid(launcher, &t.exit_status, WNOHANG) == launcher) reaped = true;
-      if (reaped && JobProcesses(prefix).empty() && Segments(prefix).empty()) {
+      if (reaped && JobProcesses(prefix).empty() && ShmWithPrefix(prefix).empty()) {
         t.teardown_s = (MonotonicNs() - t0) / 1e9;
         break;
       }
@@ -161,11 +110,11 @@ TEST(ChaosTest, TwentyRandomKillsEndWithinTwoSecondsLeavingNothing) {
     }
     if (t.teardown_s < 0) {
       for (pid_t p : JobProcesses(prefix)) {
-        absl::StrAppend(&t.left, " pid ", p, " (", std::string(1, StateOf(p)), ")");
+        absl::StrAppend(&t.left, " pid ", p, " (", std::string(1, testing::ProcState(p)), ")");
         kill(p, SIGCONT);
         kill(p, SIGKILL);
       }
-      for (const std::string& s : Segments(prefix)) {
+      for (const std::string& s : ShmWithPrefix(prefix)) {
         absl::StrAppend(&t.left, " ", s);
         ::unlink(s.c_str());
       }

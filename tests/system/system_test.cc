@@ -30,6 +30,7 @@
 #include "models/cpu_model.h"
 #include "models/sampling.h"
 #include "tests/testing/private_tmpfs.h"
+#include "tests/testing/procfs.h"
 #include "tests/testing/unique_name.h"
 
 namespace symtp {
@@ -80,40 +81,9 @@ int Wait(const Proc& p, int64_t timeout_ms) {
   return st;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// /dev/shm entries with our prefix (leftovers).
-std::vector<std::string> ShmWithPrefix(const std::string& prefix) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
-  }
-  return out;
-}
-
-// Direct children of `parent` whose command line contains `needle`.
-std::vector<pid_t> ChildrenMatching(pid_t parent, const std::string& needle) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    int pid;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-    auto rp = stat.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(stat.substr(rp + 2), ' ');
-    int ppid;
-    if (f.size() < 2 || !absl::SimpleAtoi(f[1], &ppid) || ppid != parent) continue;
-    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    for (char& c : cmd) if (c == '\0') c = ' ';
-    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
-  }
-  return out;
-}
+using testing::ChildrenMatching;
+using testing::ReadFile;
+using testing::ShmWithPrefix;
 
 bool Alive(pid_t pid) {
   if (kill(pid, 0) != 0) return false;
@@ -545,22 +515,7 @@ TEST_F(SystemTest, OutputsAreWrittenWholeWithNoTemporaryLeft) {
 namespace symtp {
 namespace {
 
-// Live processes (not zombies) whose environment carries this test's shm
-// prefix: the launcher, its guard, the scheduler and the workers, wherever
-// they were reparented.
-std::vector<pid_t> JobProcesses(const std::string& prefix) {
-  std::vector<pid_t> out;
-  const std::string needle = "SYMTP_SHM_PREFIX=" + prefix;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    int pid;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid) || pid == getpid()) continue;
-    std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
-    bool match = false;
-    for (absl::string_view v : absl::StrSplit(env, '\0')) match |= v == needle;
-    if (match && Alive(pid)) out.push_back(pid);
-  }
-  return out;
-}
+using testing::JobProcesses;
 
 // Polls until no process and no segment of the job is left; returns the
 // seconds it took, or -1 after `limit_s`.
