@@ -18,13 +18,13 @@ import os
 import sys
 
 ORDER = ["decode_step", "v0_vs_v1", "allreduce", "allreduce_capacity", "overlap",
-         "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown"]
+         "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
-          "fault_teardown": "Fault teardown"}
+          "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags"}
 MACHINES = ["h200x2", "h200", "h100x2", "cpu-dev"]
 
 
