@@ -254,6 +254,7 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     exit_code = 1;
   }
   const int64_t hang_ns = opts.hang_timeout_ms * 1'000'000;
+  constexpr int64_t kStartGraceNs = 30'000'000'000;
   int64_t all_done_deadline = 0;
   bool signaled = false;
   auto reap = [&] {
@@ -330,6 +331,15 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
       int64_t age = now - slot.beat_ns.load(std::memory_order_acquire);
       if (age > hang_ns) {
         ipc::ProcState ps = ipc::ProbeProcess(c.pid);
+        // A process still starting (exec, loading its libraries, attaching)
+        // has no heartbeat thread yet, and on a loaded machine that can take
+        // longer than the hang timeout: while it is runnable it gets
+        // kStartGraceNs. A stopped one fails like any other.
+        const bool starting =
+            slot.phase.load(std::memory_order_acquire) ==
+                static_cast<int32_t>(ProcPhase::kStarting) &&
+            ps == ipc::ProcState::kAlive && age <= std::max(hang_ns, kStartGraceNs);
+        if (starting) continue;
         failure = absl::StrFormat("%s (pid %d) stopped answering: no heartbeat for %.2f s (process %s)",
                                   ProcName(c.proc_index), c.pid, age / 1e9, ipc::ProcStateName(ps));
         exit_code = 1;
