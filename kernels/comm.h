@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 
@@ -22,6 +23,19 @@ inline const char* DTypeName(DType t) {
   return t == DType::kF32 ? "float" : t == DType::kBF16 ? "bfloat16" : "half";
 }
 
+// The residual add and RMSNorm that follow a row-parallel all-reduce, per row
+// r of a [rows, hidden] sum:
+//   residual[r] = T(residual[r] + sum[r]);
+//   out[r] = T(residual[r] * rsqrt(mean(residual[r]^2) + eps) * weight)
+struct ResidualNorm {
+  void* residual;
+  const void* weight;
+  void* out;
+  int64_t rows;
+  int hidden;
+  float eps;
+};
+
 class DeviceComm {
  public:
   virtual ~DeviceComm() = default;
@@ -31,6 +45,19 @@ class DeviceComm {
   // In-place sum over all ranks of `count` elements at `data`.
   virtual absl::Status AllReduceSum(void* data, size_t count, DType dtype,
                                     cudaStream_t stream) = 0;
+  // Whether AllReduceResidualNorm runs this shape (as one kernel).
+  virtual bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
+    (void)norm, (void)dtype;
+    return false;
+  }
+  // Sums `data` ([norm.rows, norm.hidden]) over all ranks and applies `norm`
+  // to the sum; `data` itself is left unspecified. Only where
+  // FusesResidualNorm says so.
+  virtual absl::Status AllReduceResidualNorm(void* data, const ResidualNorm& norm, DType dtype,
+                                             cudaStream_t stream) {
+    (void)data, (void)norm, (void)dtype, (void)stream;
+    return absl::UnimplementedError("this communicator has no fused all-reduce + RMSNorm");
+  }
   // recv[r * count + i] = rank r's send[i].
   virtual absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,
                                  cudaStream_t stream) = 0;

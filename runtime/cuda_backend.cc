@@ -126,6 +126,7 @@ class CudaBackend : public Backend {
     }
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
+    mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     SYMTP_ASSIGN_OR_RETURN(
         model::GpuModel m,

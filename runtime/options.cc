@@ -234,6 +234,7 @@ const std::map<std::string, Flag>& Flags() {
       {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
       {"custom-allreduce-max-bytes", {I64(&JobOptions::custom_allreduce_max_bytes, 64 << 10, int64_t{256} << 20), Get(&JobOptions::custom_allreduce_max_bytes), "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL"}},
       {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
+      {"fuse-allreduce-norm", {Bool(&JobOptions::fuse_allreduce_norm), Get(&JobOptions::fuse_allreduce_norm), "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)"}},
       {"bench-skip-allreduce", {Bool(&JobOptions::bench_skip_allreduce), Get(&JobOptions::bench_skip_allreduce), "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)"}},
       {"step-timeout-ms", {I64(&JobOptions::step_timeout_ms, 1, int64_t{1} << 40), Get(&JobOptions::step_timeout_ms), "deadline of any wait inside a step"}},
       {"hang-timeout-ms", {I64(&JobOptions::hang_timeout_ms, 50, int64_t{1} << 40), Get(&JobOptions::hang_timeout_ms), "heartbeat staleness that ends the job"}},
@@ -291,7 +292,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
     if (it == Flags().end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
-    bool is_bool = name == "cuda-graphs" || name == "pipeline" || name == "progress" || name == "bench-skip-allreduce";
+    bool is_bool = name == "cuda-graphs" || name == "pipeline" || name == "progress" || name == "fuse-allreduce-norm" || name == "bench-skip-allreduce";
     if (!has_value && !(is_bool && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0))) {
       SYMTP_RETURN_IF_ERROR(take_value());
     }

@@ -71,6 +71,7 @@ struct JobOptions {
   // Capacity of the custom all-reduce (its scratch is about twice this per
   // rank); messages above it go to NCCL.
   int64_t custom_allreduce_max_bytes = 8 << 20;
+  bool fuse_allreduce_norm = true;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 
   // Robustness.

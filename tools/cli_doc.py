@@ -22,7 +22,7 @@ TOPICS = [
     ("Scheduling and KV cache", ["max-batch", "max-batched-tokens", "prefill-chunk", "num-kv-blocks",
                                  "kv-cache-mib", "kv-cache-fraction", "max-inflight", "pipeline"]),
     ("GPU execution", ["cuda-graphs", "attention"]),
-    ("All-reduce", ["allreduce", "custom-allreduce-max-bytes", "crossover-bytes", "buckets",
+    ("All-reduce", ["allreduce", "custom-allreduce-max-bytes", "fuse-allreduce-norm", "crossover-bytes", "buckets",
                     "gemm-sm-margin", "comm-priority", "bench-skip-allreduce"]),
     ("Timeouts", ["step-timeout-ms", "hang-timeout-ms"]),
     ("Outputs", ["out", "trace", "progress"]),

@@ -11,6 +11,7 @@
 #include "common/cuda_raii.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "kernels/allreduce/fused_norm_launch.h"
 
 namespace symtp::kernels {
 namespace {
@@ -361,7 +362,49 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
   return absl::OkStatus();
 }
 
+bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype,
+                                        const void* data) const {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
+  const size_t unit_elems = 16 / DTypeSize(dtype);
+  if (norm.rows < 0 || norm.hidden <= 0 || norm.hidden % unit_elems != 0 ||
+      norm.hidden / unit_elems > static_cast<size_t>(allreduce_internal::kFusedMaxUnits)) {
+    return false;
+  }
+  const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
+  return bytes <= max_bytes_ && aligned(data) && aligned(norm.residual) && aligned(norm.weight) &&
+         aligned(norm.out);
+}
+
+absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const ResidualNorm& norm,
+                                                    DType dtype, cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR(Sticky());
+  if (!FusesResidualNorm(norm, dtype, data)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "custom all-reduce + RMSNorm: cannot fuse rows=", norm.rows, " hidden=", norm.hidden,
+        " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers, at most ",
+        max_bytes_, " bytes)"));
+  }
+  if (norm.rows == 0) return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
+  const allreduce_internal::FusedNormArgs f{data,      norm.residual, norm.weight, norm.out,
+                                            norm.rows, norm.hidden,   norm.eps};
+  CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchFusedNorm(
+      bytes <= ll_max_bytes_ ? Protocol::kLL : Protocol::kStaged, args_, f, dtype, stream));
+  return absl::OkStatus();
+}
+
 namespace allreduce_internal {
+
+cudaError_t LaunchFusedNorm(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                            DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kF32: return LaunchFusedNormF32(protocol, a, f, stream);
+    case DType::kBF16: return LaunchFusedNormBF16(protocol, a, f, stream);
+    case DType::kF16: break;
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t LaunchOneShot(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                           DType dtype, cudaStream_t stream) {

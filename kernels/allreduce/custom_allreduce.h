@@ -120,6 +120,16 @@ class CustomAllReduce {
   absl::Status AllReduceSumWith(Protocol protocol, void* data, size_t count, DType dtype,
                                 cudaStream_t stream);
 
+  // The all-reduce of a [norm.rows, norm.hidden] message fused with the
+  // residual add and RMSNorm after it (fused_norm_kernels.cuh): one kernel on
+  // the same buffers, counters and protocol choice as AllReduceSum, so the
+  // two kinds of call interleave freely. `data` is only read. Needs f32 or
+  // bf16, hidden a whole number of 16-byte units (at most kFusedMaxUnits),
+  // 16-byte aligned pointers and the message within max_bytes.
+  bool FusesResidualNorm(const ResidualNorm& norm, DType dtype, const void* data) const;
+  absl::Status AllReduceResidualNorm(const void* data, const ResidualNorm& norm, DType dtype,
+                                     cudaStream_t stream);
+
   // OK while healthy; DeadlineExceeded naming the peer after a kernel timed
   // out; Aborted after Abort(). Cheap (reads host-mapped memory).
   absl::Status Poll();

@@ -178,6 +178,24 @@ absl::Status AllReduceDispatcher::AllReduceSum(void* data, size_t count, DType d
   return fallback_->AllReduceSum(data, count, dtype, stream);
 }
 
+bool AllReduceDispatcher::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
+  // Alignment of `data` is checked per call (the pointer is not known here);
+  // 16 bytes stands for any aligned buffer.
+  const size_t count = static_cast<size_t>(std::max<int64_t>(norm.rows, 0)) * norm.hidden;
+  return PathFor(count, dtype) == Path::kCustom &&
+         custom_->FusesResidualNorm(norm, dtype, reinterpret_cast<const void*>(16));
+}
+
+absl::Status AllReduceDispatcher::AllReduceResidualNorm(void* data, const ResidualNorm& norm,
+                                                        DType dtype, cudaStream_t stream) {
+  if (!FusesResidualNorm(norm, dtype)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fused all-reduce + RMSNorm asked for a shape that is not fused (rows=", norm.rows,
+        " hidden=", norm.hidden, ", ", DTypeName(dtype), ")"));
+  }
+  return custom_->AllReduceResidualNorm(data, norm, dtype, stream);
+}
+
 absl::Status AllReduceDispatcher::AllGather(const void* send, void* recv, size_t count,
                                             DType dtype, cudaStream_t stream) {
   return fallback_->AllGather(send, recv, count, dtype, stream);

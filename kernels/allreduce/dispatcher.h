@@ -68,6 +68,12 @@ class AllReduceDispatcher : public DeviceComm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream) override;
+  // Fused on the custom path when the message goes there and the shape fits
+  // (CustomAllReduce::FusesResidualNorm); otherwise not (the caller runs the
+  // all-reduce and AddRmsNorm).
+  bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const override;
+  absl::Status AllReduceResidualNorm(void* data, const ResidualNorm& norm, DType dtype,
+                                     cudaStream_t stream) override;
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,
                          cudaStream_t stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,

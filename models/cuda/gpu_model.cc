@@ -170,8 +170,11 @@ struct GpuModel::State {
   absl::Status Forward(const BatchInput& in, cudaStream_t stream, const StepOptions& so);
   absl::Status Enqueue(const StepShape& sh, cudaStream_t s);
   absl::StatusOr<cuda::GraphExec> Capture(const StepShape& sh, cudaStream_t s);
+  // out = in x w, summed over the ranks; then, unless norm_weight is null,
+  // x += out and h = RMSNorm(x) * norm_weight (fused into the all-reduce
+  // where the communicator can).
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
-                           cudaStream_t s);
+                           const void* norm_weight, cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
                     cudaStream_t s, int sm_count_target = 0);
   absl::Status Mark(int cls, cudaStream_t s);
@@ -207,17 +210,29 @@ absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
 }
 
 absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out, int rows,
-                                          cudaStream_t s) {
+                                          const void* norm_weight, cudaStream_t s) {
   // A size-1 comm is still called (identity): exercises the bucketing on one GPU.
   const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
   const int nb = comm != nullptr ? opt.num_buckets : 1;
+  // The residual add + RMSNorm after the sum: fused into the all-reduce when
+  // the communicator takes this shape, else its own kernel.
+  const kernels::ResidualNorm norm{x, norm_weight, h, rows, H, cfg.rms_eps};
+  auto apply_norm = [&]() -> absl::Status {
+    if (norm_weight == nullptr) return absl::OkStatus();
+    return kernels::AddRmsNorm(x, out, norm_weight, h, rows, H, cfg.rms_eps, dt, s);
+  };
   if (nb <= 1) {
     SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
+    if (reduce && norm_weight != nullptr && opt.fuse_allreduce_norm &&
+        comm->FusesResidualNorm(norm, dt)) {
+      return Annotate(comm->AllReduceResidualNorm(out, norm, dt, s),
+                      "row-parallel all-reduce + residual + RMSNorm");
+    }
     if (reduce) {
       SYMTP_RETURN_IF_ERROR_CTX(comm->AllReduceSum(out, static_cast<size_t>(rows) * H, dt, s),
                                 "row-parallel all-reduce");
     }
-    return absl::OkStatus();
+    return apply_norm();
   }
   // Buckets split the output columns (the hidden dimension), not the tokens:
   // bucket b computes out[:, n0:n1] from the weight rows n0..n1, so the
@@ -257,7 +272,7 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
   // Edge out: the side stream runs the buckets in order, so the consumer
   // waiting for the last one waits for all.
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_ar[last].get(), 0));
-  return absl::OkStatus();
+  return apply_norm();
 }
 
 absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
@@ -271,9 +286,10 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   for (int l = 0; l < cfg.layers; ++l) {
     const LayerPtrs& w = L[l];
-    SYMTP_RETURN_IF_ERROR(
-        kernels::AddRmsNorm(x, l == 0 ? nullptr : proj, w.attn_norm, h, rows, H, eps, dt, s));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    if (l == 0) {  // later layers' attention norm ran with the previous all-reduce
+      SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, nullptr, w.attn_norm, h, rows, H, eps, dt, s));
+      SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+    }
     SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
     SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
@@ -308,20 +324,23 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.prefill_kernel = opt.attention_prefill_kernel;
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
-    SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, s));
+    SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
-    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, proj, w.mlp_norm, h, rows, H, eps, dt, s));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
     SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
-    SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, s));
+    // The next layer's attention norm, or the final norm when this step
+    // samples (a step that samples nothing needs neither).
+    const bool last = l + 1 == cfg.layers;
+    const void* next_norm = !last ? L[l + 1].attn_norm : sh.num_sampled > 0 ? final_norm : nullptr;
+    SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, next_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
   }
   if (sh.num_sampled == 0) return absl::OkStatus();
-  SYMTP_RETURN_IF_ERROR(
-      kernels::AddRmsNorm(x, cfg.layers > 0 ? proj : nullptr, final_norm, h, rows, H, eps, dt, s));
+  if (cfg.layers == 0) {
+    SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, nullptr, final_norm, h, rows, H, eps, dt, s));
+  }
   SYMTP_RETURN_IF_ERROR(kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, sh.num_sampled, VL, H, DType::kF32, s));

@@ -69,6 +69,11 @@ struct GpuModelOptions {
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
   // all-reduce) are asked to leave this many SMs free for it (0: all SMs).
   int bucket_gemm_sm_margin = 0;
+  // Run each row-parallel all-reduce together with the residual add and
+  // RMSNorm after it as one kernel where the communicator can
+  // (DeviceComm::FusesResidualNorm: the custom all-reduce's sizes); false:
+  // the all-reduce, then AddRmsNorm.
+  bool fuse_allreduce_norm = true;
   // Create the bucketed all-reduce's side stream with the device's greatest
   // stream priority (false: default priority, as the committed overlap
   // results were measured).

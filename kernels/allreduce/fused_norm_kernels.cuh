@@ -1,0 +1,321 @@
+// One-shot all-reduce fused with the residual add and RMSNorm that follow a
+// row-parallel layer: for every row r of a [rows, hidden] message
+//
+//   sum      = T(sum over ranks of data[r])            (fp32, rank order 0..N-1)
+//   residual = T(float(residual[r]) + float(sum))
+//   out[r]   = T(float(residual) * rsqrt(mean(residual^2) + eps) * weight)
+//
+// in one kernel instead of the all-reduce kernel plus AddRmsNorm (two
+// launches, and the sum written and read back). `data` is only read.
+//
+// Transport and buffer reuse are the all-reduce's own (custom_allreduce_
+// kernels.cuh): the same LL receive lines and STAGED staging/flags, the same
+// per-block epoch counters and the same fixed grids, so fused and plain calls
+// interleave on one instance and the double-buffering argument holds
+// unchanged. What differs is the partition: block b owns whole rows b, b + G,
+// ... (G = the protocol's grid), so it can reduce a row's sum of squares
+// itself. Within a row, thread t owns the 16-byte units t, t + blockDim, ...
+// (kPer of them) with blockDim chosen as AddRmsNorm chooses it, so the
+// result is bitwise what the all-reduce followed by AddRmsNorm produce, and
+// every rank's is bitwise identical.
+//
+// Spins are bounded as in the plain kernels; a thread that gave up records the
+// error, stops waiting in later rows and the block finishes (its outputs are
+// then garbage; Poll() reports the error).
+#pragma once
+
+#include <algorithm>
+
+#include "kernels/allreduce/custom_allreduce_kernels.cuh"
+#include "kernels/allreduce/fused_norm_launch.h"
+
+namespace symtp::kernels::allreduce_internal {
+
+// Sum over the whole block (every thread gets it); the same shuffle tree as
+// AddRmsNorm's, so both paths round alike. Contains __syncthreads().
+__device__ __forceinline__ float FusedBlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The epilogue of one row: `sum[j]` holds thread-owned unit j's all-reduced
+// 16 bytes (already rounded to T); residual add, RMSNorm, stores.
+template <typename T, int kPer>
+__device__ __forceinline__ void NormRow(const FusedNormArgs& f, int64_t row, const uint4 (&sum)[kPer],
+                                        float* scratch) {
+  using E = Elem<T>;
+  constexpr int kN = 16 / sizeof(T);
+  constexpr int kW = 4;  // 32-bit words per unit
+  const int nunits = f.hidden / kN;
+  uint4* res = reinterpret_cast<uint4*>(static_cast<char*>(f.residual) + row * f.hidden * sizeof(T));
+  const uint4* w4 = reinterpret_cast<const uint4*>(f.weight);
+  float x[kPer][kN];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int u = threadIdx.x + j * blockDim.x;
+    if (u >= nunits) continue;
+    const uint4 rr = res[u];
+    const uint32_t rw[kW] = {rr.x, rr.y, rr.z, rr.w};
+    const uint32_t sw[kW] = {sum[j].x, sum[j].y, sum[j].z, sum[j].w};
+    uint32_t ow[kW];
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      if constexpr (sizeof(T) == 4) {
+        const uint32_t v = E::FromF(E::ToF(rw[w]) + E::ToF(sw[w]));
+        ow[w] = v;
+        x[j][w] = E::ToF(v);
+      } else {
+        const uint16_t lo = E::FromF(E::ToF(static_cast<uint16_t>(rw[w] & 0xffff)) +
+                                     E::ToF(static_cast<uint16_t>(sw[w] & 0xffff)));
+        const uint16_t hi = E::FromF(E::ToF(static_cast<uint16_t>(rw[w] >> 16)) +
+                                     E::ToF(static_cast<uint16_t>(sw[w] >> 16)));
+        ow[w] = uint32_t(lo) | (uint32_t(hi) << 16);
+        x[j][2 * w] = E::ToF(lo);
+        x[j][2 * w + 1] = E::ToF(hi);
+      }
+    }
+    res[u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) ss += x[j][i] * x[j][i];
+  }
+  ss = FusedBlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(f.hidden) + f.eps);
+  uint4* o = reinterpret_cast<uint4*>(static_cast<char*>(f.out) + row * f.hidden * sizeof(T));
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int u = threadIdx.x + j * blockDim.x;
+    if (u >= nunits) continue;
+    const uint4 wr = __ldg(w4 + u);
+    const uint32_t ww[kW] = {wr.x, wr.y, wr.z, wr.w};
+    uint32_t ow[kW];
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      if constexpr (sizeof(T) == 4) {
+        ow[w] = E::FromF(x[j][w] * inv * E::ToF(ww[w]));
+      } else {
+        const uint16_t lo =
+            E::FromF(x[j][2 * w] * inv * E::ToF(static_cast<uint16_t>(ww[w] & 0xffff)));
+        const uint16_t hi =
+            E::FromF(x[j][2 * w + 1] * inv * E::ToF(static_cast<uint16_t>(ww[w] >> 16)));
+        ow[w] = uint32_t(lo) | (uint32_t(hi) << 16);
+      }
+    }
+    o[u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+  }
+}
+
+// Rank-order fp32 sum of N units, rounded to T.
+template <typename T, int N>
+__device__ __forceinline__ uint4 SumUnits(const uint32_t (&in)[N][4]) {
+  uint32_t out[4];
+  ReducePacked<T, N, 4>(in, out);
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// ---------------------------------------------------------------------------
+// STAGED transport: copy own rows to the own staging buffer, flag every peer,
+// wait for every peer's flag, read the rows from every rank's staging.
+// ---------------------------------------------------------------------------
+template <typename T, int N, int kPer>
+__global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNormArgs f) {
+  constexpr int kN = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  __shared__ int s_fail;
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int me = a.rank;
+  const int nunits = f.hidden / kN;
+  char* const my_base = BaseOf<N>(a, me);
+  uint32_t* const counter = reinterpret_cast<uint32_t*>(my_base + kEpochStagedOffset) + b;
+  if (tid == 0) s_fail = 0;
+  const uint32_t e = *counter + 1;
+  const size_t parity_off = a.stage_offset + (e & 1) * a.stage_bytes;
+  const uint4* data = static_cast<const uint4*>(f.data);
+
+  if (b < f.rows) {
+    uint4* const my_stage = reinterpret_cast<uint4*>(my_base + parity_off);
+    for (int64_t r = b; r < f.rows; r += gridDim.x) {
+      for (int u = tid; u < nunits; u += blockDim.x) {
+        my_stage[r * nunits + u] = data[r * nunits + u];
+      }
+    }
+    __syncthreads();
+    if (tid < N && tid != me) {
+      uint32_t* remote = reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) +
+                         b * kMaxRanks + me;
+      StReleaseSys(remote, e);
+      const uint32_t* local = reinterpret_cast<const uint32_t*>(my_base + kFlagsOffset) +
+                              b * kMaxRanks + tid;
+      SpinBound bound;
+      while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
+        if (const uint32_t err = bound.Check(a)) {
+          RecordError<N>(a, err, tid, kTagStaged, b, e);
+          s_fail = 1;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (!s_fail) {
+      const char* stage[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) stage[r] = a.base[r] + parity_off;
+      for (int64_t row = b; row < f.rows; row += gridDim.x) {
+        uint4 sum[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int u = tid + j * blockDim.x;
+          if (u >= nunits) continue;
+          uint32_t in[N][4];
+#pragma unroll
+          for (int r = 0; r < N; ++r) {
+            const uint4 v = LdCg16(stage[r] + (row * nunits + u) * 16);
+            in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
+          }
+          sum[j] = SumUnits<T, N>(in);
+        }
+        NormRow<T, kPer>(f, row, sum, scratch);
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) *counter = e;
+}
+
+// ---------------------------------------------------------------------------
+// LL transport: each 16-byte unit goes to every peer as two LL lines
+// {lo, e, hi, e}; the receiver polls its own lines.
+// ---------------------------------------------------------------------------
+template <typename T, int N, int kPer>
+__global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs f) {
+  constexpr int kN = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int me = a.rank;
+  const int nunits = f.hidden / kN;
+  char* const my_base = BaseOf<N>(a, me);
+  const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLLOffset)[b] + 1;
+  const size_t parity = e & 1;
+  const uint4* data = static_cast<const uint4*>(f.data);
+  auto slot = [&](const char* dst_base, int src, size_t line) -> const char* {
+    return dst_base + a.ll_offset +
+           ((parity * N + static_cast<size_t>(src)) * a.ll_lines + line) * kLLLineBytes;
+  };
+
+  // 1. Send every owned unit to every peer.
+  for (int64_t row = b; row < f.rows; row += gridDim.x) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int u = tid + j * blockDim.x;
+      if (u >= nunits) continue;
+      const size_t unit = static_cast<size_t>(row) * nunits + u;
+      const uint4 d = data[unit];
+#pragma unroll
+      for (int p = 0; p < N; ++p) {
+        if (p == me) continue;
+        StVolatileV4(const_cast<char*>(slot(a.base[p], me, 2 * unit)), d.x, e, d.y, e);
+        StVolatileV4(const_cast<char*>(slot(a.base[p], me, 2 * unit + 1)), d.z, e, d.w, e);
+      }
+    }
+  }
+
+  // 2. Receive, reduce in rank order, residual + RMSNorm.
+  bool failed = false;
+  for (int64_t row = b; row < f.rows; row += gridDim.x) {
+    uint4 sum[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int u = tid + j * blockDim.x;
+      if (u >= nunits) continue;
+      const size_t unit = static_cast<size_t>(row) * nunits + u;
+      uint32_t in[N][4];
+      bool ready[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        ready[r] = r == me;
+        in[r][0] = in[r][1] = in[r][2] = in[r][3] = 0;
+      }
+      const uint4 mine = data[unit];
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
+      }
+      SpinBound bound;
+      while (!failed) {
+        bool all = true;
+        int missing = -1;
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          if (ready[r]) continue;
+          const uint4 lo = LdVolatileV4(slot(my_base, r, 2 * unit));
+          const uint4 hi = LdVolatileV4(slot(my_base, r, 2 * unit + 1));
+          if (lo.y == e && lo.w == e && hi.y == e && hi.w == e) {
+            in[r][0] = lo.x, in[r][1] = lo.z, in[r][2] = hi.x, in[r][3] = hi.z;
+            ready[r] = true;
+          } else {
+            all = false;
+            if (missing < 0) missing = r;
+          }
+        }
+        if (all) break;
+        if (const uint32_t err = bound.Check(a)) {
+          RecordError<N>(a, err, missing, kTagLL, b, e);
+          failed = true;
+        }
+      }
+      sum[j] = SumUnits<T, N>(in);
+    }
+    NormRow<T, kPer>(f, row, sum, scratch);
+  }
+  __syncthreads();
+  if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLLOffset)[b] = e;
+}
+
+template <typename T, int N, int kPer>
+cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                             int threads, cudaStream_t stream) {
+  if (protocol == Protocol::kStaged) {
+    StagedNormKernel<T, N, kPer><<<a.staged_blocks, threads, 0, stream>>>(a, f);
+  } else {
+    LLNormKernel<T, N, kPer><<<a.ll_blocks, threads, 0, stream>>>(a, f);
+  }
+  return cudaGetLastError();
+}
+
+// Threads per block and units per thread as AddRmsNorm picks them (one or
+// two 16-byte units per thread, at most 1024 threads).
+template <typename T>
+cudaError_t LaunchFusedForSize(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                               cudaStream_t stream) {
+  constexpr int kN = 16 / sizeof(T);
+  const int nunits = f.hidden / kN;
+  const int per = nunits <= 1024 ? 1 : 2;
+  const int threads = std::max(32, ((nunits + per - 1) / per + 31) / 32 * 32);
+  if (per == 1) {
+    switch (a.size) {
+      case 2: return LaunchFusedTyped<T, 2, 1>(protocol, a, f, threads, stream);
+      case 4: return LaunchFusedTyped<T, 4, 1>(protocol, a, f, threads, stream);
+      case 8: return LaunchFusedTyped<T, 8, 1>(protocol, a, f, threads, stream);
+    }
+  } else {
+    switch (a.size) {
+      case 2: return LaunchFusedTyped<T, 2, 2>(protocol, a, f, threads, stream);
+      case 4: return LaunchFusedTyped<T, 4, 2>(protocol, a, f, threads, stream);
+      case 8: return LaunchFusedTyped<T, 8, 2>(protocol, a, f, threads, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace symtp::kernels::allreduce_internal

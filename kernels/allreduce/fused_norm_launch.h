@@ -1,0 +1,35 @@
+// Host-side seam of the fused all-reduce + residual + RMSNorm kernels
+// (fused_norm_kernels.cuh): their arguments and per-dtype launchers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/allreduce/custom_allreduce_device.h"
+#include "kernels/allreduce/custom_allreduce_launch.h"
+#include "kernels/comm.h"
+
+namespace symtp::kernels::allreduce_internal {
+
+struct FusedNormArgs {
+  const void* data;    // [rows, hidden] this rank's partial sums (read only)
+  void* residual;      // [rows, hidden] residual stream, updated in place
+  const void* weight;  // [hidden] RMSNorm weight
+  void* out;           // [rows, hidden] normalized activations
+  int64_t rows;
+  int hidden;
+  float eps;
+};
+
+// 16-byte units of a row the fused kernels can hold (two per thread).
+inline constexpr int kFusedMaxUnits = 2048;
+
+cudaError_t LaunchFusedNorm(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                            DType dtype, cudaStream_t stream);
+cudaError_t LaunchFusedNormF32(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                               cudaStream_t stream);
+cudaError_t LaunchFusedNormBF16(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
+                                cudaStream_t stream);
+
+}  // namespace symtp::kernels::allreduce_internal
