@@ -28,6 +28,10 @@
 #include "kernels/allreduce/testing/reference.h"
 #include "kernels/nccl/nccl_comm.h"
 #include "kernels/ops/layer_ops.h"
+#include "models/cpu_model.h"
+#include "models/cuda/gpu_model.h"
+#include "models/sampling.h"
+#include "tests/kernels/model_harness.h"
 #include "tests/allreduce/test_kernels.h"
 #include "tests/testing/status_matchers.h"
 
@@ -403,6 +407,73 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
     const ResidualNorm big{nullptr, nullptr, nullptr, 1025, 4096, kEps};
     CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16, nullptr), "8 MiB + 8 KiB fused");
     return ar->Poll();
+  });
+}
+
+// The model at TP = 2 on the dispatcher (custom all-reduce with the fused
+// residual + RMSNorm, NCCL behind it), fp32, CUDA graphs, prefill then greedy
+// decode: both ranks' logits are bitwise equal, the tokens equal the CPU
+// model's at TP = 1 and the logits are within 1e-4 of them.
+TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    if (size != 2) return absl::OkStatus();  // the tiny model has 2 KV heads
+    constexpr int kSteps = 8, kBlocks = 128;
+    SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+    AllReduceDispatcher::Options dopt;
+    dopt.calibrate = false;
+    dopt.max_custom_bytes = dopt.crossover_bytes = 8 << 20;
+    SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
+                                                                  &ex, Deadline::AfterMs(kSetupMs), dopt));
+    const model::ModelConfig cfg = *model::PresetConfig("tiny");
+    const ResidualNorm probe{nullptr, nullptr, nullptr, 64, cfg.hidden, cfg.rms_eps};
+    CHECK_OR_RETURN(comm->FusesResidualNorm(probe, DType::kF32), "the dispatcher does not fuse");
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    model::GpuModelOptions o;
+    o.dtype = DType::kF32;
+    o.num_kv_blocks = kBlocks;
+    o.max_batch_tokens = 128;
+    o.max_seqs = 8;
+    o.cuda_graphs = true;
+    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                           model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
+    SYMTP_ASSIGN_OR_RETURN(model::CpuModel cpu, model::CpuModel::Create(cfg, 0, 1, kBlocks, nullptr));
+    testing::SimBatch sim(cfg, kBlocks, 21), sim_cpu(cfg, kBlocks, 21);
+    for (int p : {7, 40, 19}) {
+      sim.AddSequence(p, cfg.vocab);
+      sim_cpu.AddSequence(p, cfg.vocab);
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<int> rows, rows_cpu;
+      SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
+      SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch_cpu, sim_cpu.NextStep(64, &rows_cpu));
+      model::StepOptions so;
+      so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
+      SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
+      SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+      std::vector<float> want;
+      SYMTP_RETURN_IF_ERROR(cpu.Forward(batch_cpu, &want));
+      const absl::Span<const float> got = m.host_logits();
+      CHECK_OR_RETURN(got.size() == want.size(), "step ", step, ": ", got.size(), " logits, want ",
+                      want.size());
+      uint64_t hash = 0;
+      size_t far = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        hash += kt::ElementHash(i, kt::F32ToBits(got[i]));
+        far += std::fabs(got[i] - want[i]) > 1e-4 * (std::fabs(want[i]) + 1.0);
+      }
+      CHECK_OR_RETURN(far == 0, "step ", step, ": ", far, " logits off the CPU's");
+      SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, hash, absl::StrCat("step ", step, " logits")));
+      std::vector<int32_t> next(batch_cpu.sample_index.size());
+      for (size_t i = 0; i < next.size(); ++i) {
+        next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * cfg.vocab, cfg.vocab));
+      }
+      const absl::Span<const int32_t> toks = m.host_tokens();
+      CHECK_OR_RETURN(std::vector<int32_t>(toks.begin(), toks.end()) == next, "step ", step,
+                      ": tokens differ from the CPU's");
+      sim.Commit(rows, next);
+      sim_cpu.Commit(rows_cpu, next);
+    }
+    return comm->Poll();
   });
 }
 
