@@ -61,8 +61,9 @@ for b in $BATCHES; do
   # (the LM-head all-gather) run unprofiled.
   layers=${OVERRIDES#*layers=}; layers=${layers%%,*}
   per_step=$(( ${layers:-32} * 10 + 16 ))
+  prefill_steps=$(( (b * CTX + 8191) / 8192 ))
   timeout "${NCU_TIMEOUT_S:-180}" "$NCU" --target-processes all --clock-control none --graph-profiling node \
-    --kernel-name regex:'^(?!nccl).*' --launch-skip $((per_step * 12)) \
+    --kernel-name regex:'^(?!nccl).*' --launch-skip $((per_step * (prefill_steps + 3))) \
     --launch-count $((per_step * 2 + 40)) \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --page raw --print-units base --log-file "$OUT/b$b.ncu.csv" \
