@@ -36,6 +36,17 @@ def must_read_bytes(model, overrides, tp, batch, context):
     return weights, kv
 
 
+def shard_overrides(model, overrides, tp):
+    """Overrides that make a TP=1 model with one TP=tp rank's kernel shapes."""
+    h, layers, heads, kvh, ffn, vocab = PRESETS[model]
+    own = dict(item.split("=") for item in filter(None, overrides.split(",")))
+    heads, kvh = int(own.get("heads", heads)), int(own.get("kv_heads", kvh))
+    d = int(own.get("head_dim", int(own.get("hidden", h)) // heads))
+    own.update(heads=heads // tp, kv_heads=kvh // tp, head_dim=d,
+               ffn=int(own.get("ffn", ffn)) // tp, vocab=int(own.get("vocab", vocab)) // tp)
+    return ",".join(f"{k}={v}" for k, v in own.items())
+
+
 def short_name(name):
     name = re.sub(r"^(void )?", "", name)
     name = re.sub(r"\(.*$", "", name)
@@ -93,8 +104,12 @@ def main():
     ap.add_argument("--overrides", default="layers=32")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--batches", default="1 8 32 64")
-    ap.add_argument("--dir", required=True)
+    ap.add_argument("--dir")
+    ap.add_argument("--print-shard-overrides", action="store_true")
     a = ap.parse_args()
+    if a.print_shard_overrides:
+        print(shard_overrides(a.model, a.overrides, a.tp))
+        return 0
     bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
     md = [f"# Decode step by kernel: {a.model} ({a.overrides}), TP={a.tp}, context {a.context}",
           "", f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write).", ""]

@@ -9,10 +9,10 @@
 #   tools/kernel_table.sh [--tp 2] [--model llama-8b-shape] [--overrides layers=32]
 #       [--batches "1 8 32 64"] [--context 1024] [--out DIR] [-- launcher flags]
 # Needs a GPU per rank, ncu on the PATH (or NCU=...), $SYMTP_BIN (default
-# build/tools/symtp) and python3. At TP > 1 the profiled run skips the
-# all-reduces (--bench-skip-allreduce: a replayed kernel cannot wait for a
-# peer that is not replaying); their cost is the step time with them minus
-# the step time without them.
+# build/tools/symtp) and python3 with PyTorch (the copy bandwidth). At TP > 1
+# the all-reduces' cost is the step time with them minus the step time
+# without them (--bench-skip-allreduce), the kernels are one rank's shapes
+# profiled in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TP=1 MODEL=llama-8b-shape OVERRIDES=layers=32 BATCHES="1 8 32 64" CTX=1024 OUT=kernel_table
@@ -29,6 +29,9 @@ done
 SYMTP_BIN=${SYMTP_BIN:-build/tools/symtp}
 NCU=${NCU:-ncu}
 mkdir -p "$OUT"
+SHARD=$OVERRIDES
+[[ $TP -gt 1 ]] && SHARD=$(python3 tools/kernel_table.py --print-shard-overrides --tp "$TP" \
+  --model "$MODEL" --overrides "$OVERRIDES")
 
 python3 - "$OUT/copy_bandwidth.json" <<'EOF'
 import json, sys, torch
@@ -57,19 +60,20 @@ for b in $BATCHES; do
   [[ $TP -gt 1 ]] && steady "$b" true "$OUT/b$b.noar"
   echo "=== batch $b: kernels of one step (ncu)" >&2
   # Skip set-up and warm-up, then profile a window of a little over two
-  # steps; kernel_table.py cuts one whole step out of it. NCCL's kernels
-  # (the LM-head all-gather) run unprofiled.
+  # steps; kernel_table.py cuts one whole step out of it. At TP > 1 the
+  # profiled run is one process (ncu serializes kernels across processes, so
+  # ranks waiting for each other would deadlock): a TP = 1 model with one
+  # rank's shapes (heads, KV heads, FFN and vocabulary divided by TP).
   layers=${OVERRIDES#*layers=}; layers=${layers%%,*}
   per_step=$(( ${layers:-32} * 10 + 16 ))
   prefill_steps=$(( (b * CTX + 8191) / 8192 ))
   timeout "${NCU_TIMEOUT_S:-180}" "$NCU" --target-processes all --clock-control none --graph-profiling node \
-    --kernel-name regex:'^(?!nccl).*' --launch-skip $((per_step * (prefill_steps + 3))) \
-    --launch-count $((per_step * 2 + 40)) \
+    --launch-skip $((per_step * (prefill_steps + 3))) --launch-count $((per_step * 2 + 40)) \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --page raw --print-units base --log-file "$OUT/b$b.ncu.csv" \
-    "$SYMTP_BIN" --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" \
+    "$SYMTP_BIN" --backend=cuda --tp=1 --model="$MODEL" --model-overrides="$SHARD" \
     --steady-batch="$b" --max-batch="$b" --steady-context="$CTX" --max-batched-tokens=8192 \
-    --prefill-chunk=8192 --progress=false --bench-skip-allreduce=$([[ $TP -gt 1 ]] && echo true || echo false) \
+    --prefill-chunk=8192 --progress=false --step-timeout-ms=600000 \
     --steady-steps=6 --warmup-steps=1 --out="$OUT/b$b.ncu" "${EXTRA[@]}" >"$OUT/b$b.ncu.log" 2>&1 ||
     echo "ncu run failed (batch $b): $(tail -3 "$OUT/b$b.ncu.log")" >&2
 done
