@@ -150,10 +150,6 @@ absl::Status ValidateConfig(const ModelConfig& c) {
       c.ffn <= 0 || c.vocab <= 0 || c.block_size <= 0 || c.max_seq_len <= 0) {
     return bad(absl::StrCat("every size must be positive: ", ToJson(c)));
   }
-  if (static_cast<int64_t>(c.head_dim) * c.heads != c.hidden) {
-    return bad(absl::StrFormat("head_dim (%d) * heads (%d) must equal hidden (%d)", c.head_dim,
-                               c.heads, c.hidden));
-  }
   if (c.head_dim % 2 != 0) {
     return bad(absl::StrFormat("head_dim (%d) must be even for rotate-half RoPE", c.head_dim));
   }
