@@ -18,7 +18,7 @@
 // it is timed; times are medians of event-timed repetitions after warm-up.
 // Usage: kernels_bench [--json FILE] [--layers N] [--skip-model] [--sections LIST]
 //        [--gemm-match LIST] [--model-batches LIST] [--model-kernels LIST]
-//        [--model-graphs on|off|both]
+//        [--model-graphs on|off|both] [--model-overrides K=V,...]
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -648,6 +648,9 @@ struct ModelSelection {
   std::vector<int> batches = {32, 64, 128, 256, 512};
   std::vector<std::string> kernels;  // decode kernel names; empty: both
   std::string graphs = "both";       // on, off or both
+  // More model overrides after layers= (e.g. one TP rank's shapes:
+  // heads=16,kv_heads=4,head_dim=128,ffn=7168,vocab=64128 for TP = 2).
+  std::string overrides;
 };
 
 // GpuModelOptions of the model_decode cases: bf16, up to 512
@@ -687,7 +690,10 @@ model::BatchInput DecodeBenchInput(const model::ModelConfig& cfg, int batch, int
 
 absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_t s, Json* js) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg,
-                         model::MakeConfig("llama-8b-shape", absl::StrCat("layers=", layers)));
+                         model::MakeConfig("llama-8b-shape",
+                                           absl::StrCat("layers=", layers,
+                                                        sel.overrides.empty() ? "" : ",",
+                                                        sel.overrides)));
   const int ctx = 1024;
   const std::vector<int>& batches = sel.batches;
   std::printf(
@@ -828,6 +834,8 @@ absl::Status Run(int argc, char** argv) {
       gemm_match = absl::StrSplit(argv[++i], ',');
     } else if (a == "--sections" && i + 1 < argc) {
       sections = argv[++i];
+    } else if (a == "--model-overrides" && i + 1 < argc) {
+      model_sel.overrides = argv[++i];
     } else if (a == "--model-batches" && i + 1 < argc) {
       SYMTP_ASSIGN_OR_RETURN(model_sel.batches, ParseIntList(a, argv[++i], 1, 512, "a batch"));
     } else if (a == "--model-kernels" && i + 1 < argc) {
@@ -843,7 +851,8 @@ absl::Status Run(int argc, char** argv) {
           "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
           "[--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] "
           "[--sections gemm,attention,prefill,model] "
-          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both]"));
+          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
+          "[--model-overrides heads=16,...]"));
     }
   }
   std::string why;
