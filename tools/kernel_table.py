@@ -39,7 +39,8 @@ def must_read_bytes(tp, batch, layers):
 
 
 def short_name(name):
-    name = re.sub(r"\(.*$", "", re.sub(r"^void ", "", name))
+    name = re.sub(r"\(.*$", "", re.sub(r"^void ", "", name)).replace("<unnamed>::", "")
+    name = name.replace("(anonymous namespace)::", "")
     base = name.split("<")[0].split("::")[-1]
     low = base.lower()
     if low.startswith("nvjet") or "gemm" in low or "xmma" in low or "cutlass" in low:
@@ -63,13 +64,17 @@ def read_ncu(path):
 
 
 def steps(launches):
-    """Launches split into steps, each starting at an EmbeddingKernel."""
+    """Launches split into steps at each EmbeddingKernel."""
     out = []
     for k in launches:
         if short_name(k["name"]) == "EmbeddingKernel" or not out:
-            out.append([])
+            # A pipelined step starts with the kernel that forwards the
+            # previous step's sampled tokens.
+            carry = [out[-1].pop()] if out and out[-1] and short_name(
+                out[-1][-1]["name"]) == "ForwardTokensKernel" else []
+            out.append(carry)
         out[-1].append(k)
-    return out
+    return [s for s in out if s]
 
 
 def step_us(path):

@@ -718,7 +718,10 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
         std::find(sel.kernels.begin(), sel.kernels.end(), kname) == sel.kernels.end()) {
       continue;
     }
-    model::GpuModelOptions o = DecodeBenchOptions(cfg, ctx, graphs, mode.dk, 512);
+    // KV blocks for the largest batch measured (512 sequences of a
+    // 32-layer model would not fit beside its weights at TP = 1).
+    const int kv_seqs = *std::max_element(batches.begin(), batches.end());
+    model::GpuModelOptions o = DecodeBenchOptions(cfg, ctx, graphs, mode.dk, kv_seqs);
     SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
     for (int batch : batches) {
       const model::BatchInput in = DecodeBenchInput(cfg, batch, ctx);

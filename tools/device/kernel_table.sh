@@ -3,7 +3,8 @@
 # context 1024, bf16, CUDA graphs): for each TP in $TPS and batch in $BATCHES,
 # every kernel of one decode step (Nsight Compute over kernels_bench's model
 # section, which brackets one graph-replayed step per batch with
-# cudaProfilerStart/Stop: duration and DRAM bytes, clocks left alone), the
+# cudaProfilerStart/Stop: duration and DRAM bytes, clocks and caches left
+# alone), the
 # step's graph-replay time from symtp (with and, at TP > 1, without the
 # all-reduces) and the device-to-device copy bandwidth, all in this one run;
 # tools/kernel_table.py makes the table ($OUT/kernel_table.md and .json).
@@ -29,7 +30,7 @@ json.dump({"bytes_per_s": 2 * n / sorted(t)[5], "what": "1 GiB device-to-device 
 PY
 for tp in $TPS; do
   ov=$(python3 tools/kernel_table.py --print-shard-overrides --tp "$tp")
-  timeout 240 "$NCU" --clock-control none --profile-from-start off \
+  timeout 240 "$NCU" --clock-control none --cache-control none --profile-from-start off \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
     build-gpu/bench/kernels/kernels_bench --sections model --layers "$LAYERS" --model-batches "$BATCHES" \
     --model-kernels tensor-core --model-graphs on ${ov:+--model-overrides "$ov"} \
