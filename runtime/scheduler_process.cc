@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "ipc/ring.h"
@@ -224,11 +225,12 @@ class SchedulerProcess {
     summary_.end_ns = MonotonicNs();
     progress_->Finish();
     const sched::SchedulerStats& st = sched_->stats();
-    summary_.extra_json = absl::StrCat(
-        "\"scheduler\": {\"steps\": ", st.steps, ", \"prefill_tokens\": ", st.prefill_tokens,
-        ", \"decode_tokens\": ", st.decode_tokens, ", \"preemptions\": ", st.preemptions,
-        ", \"discarded_after_eos\": ", st.discarded_after_eos, ", \"max_inflight\": ",
-        opts_.max_inflight, "}");
+    summary_.extra = {"scheduler", JsonWriter().Open('{').Field("steps", st.steps)
+                                       .Field("prefill_tokens", st.prefill_tokens)
+                                       .Field("decode_tokens", st.decode_tokens)
+                                       .Field("preemptions", st.preemptions)
+                                       .Field("discarded_after_eos", st.discarded_after_eos)
+                                       .Field("max_inflight", opts_.max_inflight).Close().Take()};
     SYMTP_LOG(INFO, "sched") << "done: " << feed_->size() << " requests, " << summary_.steps.size()
                              << " steps, " << feed_->tokens_out() << " tokens in "
                              << (summary_.end_ns - summary_.start_ns) / 1e9

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "protocol/result.h"
@@ -211,7 +212,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   summary.end_ns = MonotonicNs();
   progress.Finish();
   feed.RecordRest(sched);
-  summary.extra_json = absl::StrCat("\"v0\": {\"max_seq_len\": ", S, ", \"max_blocks\": ", MB, "}");
+  summary.extra = {"v0", JsonWriter().Open('{').Field("max_seq_len", S).Field("max_blocks", MB).Close().Take()};
   return WriteRunOutputs(summary);
 }
 
