@@ -13,15 +13,14 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/dtype.h"
 
 namespace symtp::kernels {
 
-enum class DType { kF32, kBF16, kF16 };
-
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-inline const char* DTypeName(DType t) {
-  return t == DType::kF32 ? "float" : t == DType::kBF16 ? "bfloat16" : "half";
-}
+// common/dtype.h's type under the name the kernels and the CUDA model use.
+using ::symtp::DType;
+using ::symtp::DTypeName;
+using ::symtp::DTypeSize;
 
 // The residual add and RMSNorm that follow a row-parallel all-reduce, per row
 // r of a [rows, hidden] sum:

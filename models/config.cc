@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/json.h"
 
 namespace symtp::model {
 namespace {
@@ -191,23 +192,13 @@ absl::Status ValidateForTp(const ModelConfig& c, int n) {
 }
 
 std::string ToJson(const ModelConfig& c) {
-  std::string name;
-  for (char ch : c.name) {
-    if (ch == '"' || ch == '\\') {
-      name.push_back('\\');
-      name.push_back(ch);
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      name += absl::StrFormat("\\u%04x", static_cast<unsigned char>(ch));
-    } else {
-      name.push_back(ch);
-    }
-  }
-  return absl::StrFormat(
-      "{\"name\":\"%s\",\"hidden\":%d,\"layers\":%d,\"heads\":%d,\"kv_heads\":%d,"
-      "\"head_dim\":%d,\"ffn\":%d,\"vocab\":%d,\"rope_theta\":%.9g,\"rms_eps\":%.9g,"
-      "\"block_size\":%d,\"max_seq_len\":%d,\"seed\":%u,\"params\":%u}",
-      name, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab, c.rope_theta,
-      c.rms_eps, c.block_size, c.max_seq_len, c.seed, ParamCount(c));
+  JsonWriter j;
+  j.Open('{').Field("name", c.name).Field("hidden", c.hidden).Field("layers", c.layers);
+  j.Field("heads", c.heads).Field("kv_heads", c.kv_heads).Field("head_dim", c.head_dim);
+  j.Field("ffn", c.ffn).Field("vocab", c.vocab).Key("rope_theta").Raw(absl::StrFormat("%.9g", c.rope_theta));
+  j.Key("rms_eps").Raw(absl::StrFormat("%.9g", c.rms_eps)).Field("block_size", c.block_size);
+  j.Field("max_seq_len", c.max_seq_len).Field("seed", c.seed).Field("params", ParamCount(c));
+  return j.Close().Take();
 }
 
 size_t ParamCount(const ModelConfig& c) {

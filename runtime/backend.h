@@ -10,13 +10,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/clock.h"
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/sampling.h"
 #include "runtime/layout.h"
 #include "runtime/options.h"
-#include "scheduler/scheduler.h"
 
 namespace symtp::runtime {
 
@@ -32,6 +30,7 @@ class Backend {
   virtual ~Backend() = default;
   // Runs the model over `in` and samples one token per entry of
   // in.sample_index with params[i] at positions[i] (identically on every rank).
+  // With `params` empty it only runs the model (v0's ranks other than 0).
   virtual absl::Status Step(const model::BatchInput& in,
                             absl::Span<const model::SamplingParams> params,
                             absl::Span<const int32_t> positions, std::vector<int32_t>* tokens,
@@ -55,11 +54,6 @@ class Backend {
   virtual bool OldestDone() { return true; }
   int in_flight() const { return in_flight_; }
 
-  // v0 mode: only rank 0 samples; other ranks run the forward pass.
-  virtual absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* timings) = 0;
-  // v0 mode: root's `bytes` at `data` reach every rank's `data` (the padded
-  // batch broadcast). CPU: through shared memory; CUDA: NCCL on the device.
-  virtual absl::Status BroadcastBatch(void* data, size_t bytes, int root) = 0;
   virtual std::string Describe() const = 0;
   // KV cache blocks this rank allocated (per layer).
   virtual int num_kv_blocks() const = 0;
@@ -78,35 +72,19 @@ class Backend {
   model::BatchInput substituted_;
 };
 
-// KV blocks every process derives from the same flags (--num-kv-blocks, or
-// enough for the workload).
-int NumKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg);
-// Whether each worker sizes its own KV cache (--kv-cache-mib,
-// --kv-cache-fraction) and reports it, the scheduler taking the smallest.
-bool KvBlocksFromWorkers(const JobOptions& opts);
-// Blocks that fit in `bytes` on `rank`: K and V of every layer for the
-// rank's kv heads, `elem_bytes` per element; at least 0.
-int KvBlocksForBytes(const model::ModelConfig& cfg, int rank, int tp, size_t elem_bytes,
-                     double bytes);
-// Waits until every worker has reported its KV cache in its ProcSlot (a
-// worker does once its backend is built: the job's "every worker ready"),
-// until `deadline`; a worker that fails first, or an abort, ends the wait with
-// its error. Returns the block count the scheduler plans with: NumKvBlocks,
-// or, when the workers size their caches, the smallest count they report.
-absl::StatusOr<int> AgreedKvBlocks(const JobOptions& opts, const model::ModelConfig& cfg,
-                                   JobHandle* job, Deadline deadline);
-// The longest sequence (prompt + output) the workload can produce.
-int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg);
-// The scheduler's limits from the flags (v1 scheduler process and v0's rank 0).
-sched::SchedulerConfig JobSchedulerConfig(const JobOptions& opts, const model::ModelConfig& cfg);
+class BatchBroadcast;  // runtime/v0.h
 
+// The backends. `v0` (null in v1 mode) receives the backend's BatchBroadcast
+// for v0 mode, valid while the backend lives.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const JobOptions& opts,
                                                           const model::ModelConfig& cfg,
-                                                          int rank, JobHandle* job);
+                                                          int rank, JobHandle* job,
+                                                          BatchBroadcast** v0);
 #if defined(SYMTP_HAVE_GPU_MODEL)
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const JobOptions& opts,
                                                            const model::ModelConfig& cfg,
-                                                           int rank, int device, JobHandle* job);
+                                                           int rank, int device, JobHandle* job,
+                                                           BatchBroadcast** v0);
 #endif
 
 }  // namespace symtp::runtime

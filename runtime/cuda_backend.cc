@@ -20,7 +20,9 @@
 #include "kernels/nccl/nccl_comm.h"
 #include "models/cuda/gpu_model.h"
 #include "runtime/backend.h"
+#include "runtime/job_sizing.h"
 #include "runtime/shm_barrier.h"
+#include "runtime/v0.h"
 
 namespace symtp::runtime {
 namespace {
@@ -52,7 +54,7 @@ class ShmPeerExchange : public kernels::PeerExchange {
   int rank_, tp_;
 };
 
-class CudaBackend : public Backend {
+class CudaBackend : public Backend, public BatchBroadcast {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const JobOptions& opts,
                                                              const model::ModelConfig& cfg,
@@ -99,7 +101,7 @@ class CudaBackend : public Backend {
       }
     }
     model::GpuModelOptions mo;
-    mo.dtype = opts.dtype == "fp32" ? kernels::DType::kF32 : kernels::DType::kBF16;
+    mo.dtype = opts.dtype == "fp32" ? DType::kF32 : DType::kBF16;
     // KV cache: --kv-cache-fraction of the memory left after the weights,
     // --kv-cache-mib, or what the workload needs (NumKvBlocks).
     mo.kv_cache_memory_fraction = opts.kv_cache_fraction;
@@ -140,12 +142,6 @@ class CudaBackend : public Backend {
                     BackendTimings* t) override {
     SYMTP_RETURN_IF_ERROR(Launch(in, params, positions, {}));
     return Collect(tokens, t);
-  }
-
-  absl::Status ForwardOnly(const model::BatchInput& in, BackendTimings* t) override {
-    SYMTP_RETURN_IF_ERROR(Launch(in, {}, {}, {}));
-    std::vector<int32_t> none;
-    return Collect(&none, t);
   }
 
   // Enqueues the step and returns: the GPU may still be running the previous
@@ -208,7 +204,7 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status BroadcastBatch(void* data, size_t bytes, int root) override {
+  absl::Status Broadcast(void* data, size_t bytes, int root) override {
     if (opts_.tp == 1) return absl::OkStatus();
     if (bcast_.bytes() < bytes) {
       SYMTP_ASSIGN_OR_RETURN(bcast_,
@@ -223,7 +219,7 @@ class CudaBackend : public Backend {
     }
     const size_t count = (bytes + 1) / 2;
     SYMTP_RETURN_IF_ERROR(
-        comm_->Broadcast(bcast_.get(), count, kernels::DType::kBF16, root, stream_.get()));
+        comm_->Broadcast(bcast_.get(), count, DType::kBF16, root, stream_.get()));
     if (rank != root) {
       CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(data, bcast_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
@@ -305,9 +301,11 @@ class CudaBackend : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const JobOptions& opts,
                                                            const model::ModelConfig& cfg, int rank,
-                                                           int device, JobHandle* job) {
+                                                           int device, JobHandle* job,
+                                                           BatchBroadcast** v0) {
   SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b,
                          CudaBackend::Create(opts, cfg, rank, device, job));
+  if (v0 != nullptr) *v0 = b.get();
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -30,8 +30,6 @@
 
 namespace symtp::runtime {
 
-std::string ResultRegionName(int rank) { return absl::StrCat("result.", rank); }
-
 namespace {
 
 std::atomic<int> g_signal{0};

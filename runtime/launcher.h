@@ -20,10 +20,4 @@ namespace symtp::runtime {
 // interrupted.
 int RunLauncher(JobOptions opts, const std::string& self_exe);
 
-// Region names inside the job segment.
-inline constexpr char kRegionControl[] = "control";
-inline constexpr char kRegionDiff[] = "diff";
-inline constexpr char kRegionHostComm[] = "hostcomm";
-std::string ResultRegionName(int rank);
-
 }  // namespace symtp::runtime

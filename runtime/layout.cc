@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -11,14 +12,16 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "runtime/backend.h"
-#include "runtime/launcher.h"
+#include "runtime/job_sizing.h"
 #include "runtime/shm_host_comm.h"
 #if defined(SYMTP_HAVE_CUDA)
 #include "common/cuda_raii.h"
 #endif
 
 namespace symtp::runtime {
+
+std::string ResultRegionName(int rank) { return absl::StrCat("result.", rank); }
+
 namespace {
 
 uint64_t NextPow2(uint64_t x) {
@@ -88,9 +91,7 @@ absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfi
 
 absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   JobLayout l;
-  SYMTP_ASSIGN_OR_RETURN(l.model, model::PresetConfig(opts.model));
-  SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &l.model));
-  SYMTP_RETURN_IF_ERROR(model::ValidateForTp(l.model, opts.tp));
+  SYMTP_ASSIGN_OR_RETURN(l.model, ResolveModel(opts));
   SYMTP_RETURN_IF_ERROR(CheckWorkloadFitsModel(opts, l.model));
   const int max_seq = l.model.max_seq_len;
   const int max_prompt = std::min(
@@ -247,6 +248,32 @@ absl::StatusOr<std::unique_ptr<JobHandle>> AttachJob(const std::string& name, in
   h->proc_index = proc_index;
   h->self = &h->control->procs[proc_index];
   return h;
+}
+
+int RunJobProcess(const ProcArgs& proc, int tp, int proc_index,
+                  absl::FunctionRef<absl::Status(JobHandle*)> body) {
+  constexpr int64_t kHeartbeatPeriodNs = 50'000'000;
+  absl::StatusOr<std::unique_ptr<JobHandle>> job = AttachJob(proc.job, proc_index, tp);
+  if (!job.ok()) {
+    std::fprintf(stderr, "symtp %s: %s\n", ProcName(proc_index).c_str(), job.status().ToString().c_str());
+    return 1;
+  }
+  (*job)->self->pid.store(getpid(), std::memory_order_release);
+  HeartbeatThread heartbeat((*job)->self, kHeartbeatPeriodNs);
+  (*job)->SetPhase(ProcPhase::kReady);
+  absl::Status s = body(job->get());
+  if (!s.ok()) {
+    // An abort requested by someone else is not this process's failure.
+    if (absl::IsAborted(s) || !CheckAbort((*job)->control).ok()) {
+      SYMTP_LOG(WARN, "proc") << ProcName(proc_index) << " stopping: " << s.message();
+      return 3;
+    }
+    SYMTP_LOG(ERROR, "proc") << ProcName(proc_index) << ": " << s;
+    (*job)->Fail(s);
+    return 1;
+  }
+  (*job)->SetPhase(ProcPhase::kDone);
+  return 0;
 }
 
 }  // namespace symtp::runtime

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "ipc/ring.h"
 #include "ipc/shm_segment.h"
@@ -14,6 +15,12 @@
 #include "runtime/options.h"
 
 namespace symtp::runtime {
+
+// Region names inside the job segment.
+inline constexpr char kRegionControl[] = "control";
+inline constexpr char kRegionDiff[] = "diff";
+inline constexpr char kRegionHostComm[] = "hostcomm";
+std::string ResultRegionName(int rank);  // "result.<rank>"
 
 struct JobLayout {
   model::ModelConfig model;
@@ -53,5 +60,13 @@ struct JobHandle {
 };
 absl::StatusOr<std::unique_ptr<JobHandle>> AttachJob(const std::string& name, int proc_index,
                                                      int tp);
+
+// The frame of every child process: attaches to job `proc.job` as
+// `proc_index`, beats its heartbeat, marks itself ready and runs `body`.
+// Returns the exit code: 0; 1 when `body` failed (the error is recorded in
+// the process's slot and the job asked to abort); 3 when it stopped because
+// of another process's failure.
+int RunJobProcess(const ProcArgs& proc, int tp, int proc_index,
+                  absl::FunctionRef<absl::Status(JobHandle*)> body);
 
 }  // namespace symtp::runtime

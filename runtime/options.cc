@@ -3,13 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
+#include <iterator>
+#include <string_view>
+#include <type_traits>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
@@ -126,140 +131,226 @@ absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
 
 namespace {
 
-using Setter = std::function<absl::Status(const std::string&, JobOptions*)>;
-using Getter = std::function<std::string(const JobOptions&)>;
-struct Flag {
-  Setter set;
-  Getter get;
-  const char* help;
+// ---------------------------------------------------------------- flags
+//
+// Every JobOptions field is an ABSL_FLAG whose default is the field's default
+// and whose type parses strictly (AbslParseFlag below) and prints exactly
+// (AbslUnparseFlag: the children re-parse the launcher's values bit for bit).
+// SYMTP_FLAG binds a flag to its field under the topic --help groups it in.
+
+template <typename T, auto Lo, auto Hi>
+struct Num {  // an integer or real in [Lo, Hi] (uint64_t: any)
+  T v;
 };
-
-Setter Int(int JobOptions::*f, int lo, int hi) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(int64_t x, ParseInteger(v, lo, hi));
-    o->*f = static_cast<int>(x);
-    return absl::OkStatus();
-  };
+template <typename T, auto Lo, auto Hi>
+bool AbslParseFlag(absl::string_view text, Num<T, Lo, Hi>* n, std::string* err) {
+  absl::Status s;
+  if constexpr (std::is_floating_point_v<T>) {
+    absl::StatusOr<double> x = ParseReal(text, Lo, Hi);
+    if (x.ok()) n->v = static_cast<T>(*x);
+    s = x.status();
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    absl::StatusOr<uint64_t> x = ParseUnsigned(text);
+    if (x.ok()) n->v = *x;
+    s = x.status();
+  } else {
+    absl::StatusOr<int64_t> x = ParseInteger(text, Lo, Hi);
+    if (x.ok()) n->v = static_cast<T>(*x);
+    s = x.status();
+  }
+  *err = std::string(s.message());
+  return s.ok();
 }
-Setter I64(int64_t JobOptions::*f, int64_t lo, int64_t hi) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseInteger(v, lo, hi));
-    return absl::OkStatus();
-  };
-}
-Setter U64(uint64_t JobOptions::*f) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseUnsigned(v));
-    return absl::OkStatus();
-  };
-}
-template <typename T>
-Setter Real(T JobOptions::*f, double lo, double hi) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(double x, ParseReal(v, lo, hi));
-    o->*f = static_cast<T>(x);
-    return absl::OkStatus();
-  };
-}
-Setter Str(std::string JobOptions::*f, std::vector<std::string> allowed = {}) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expected one of {", absl::StrJoin(allowed, ", "), "}, got '", v, "'"));
-    }
-    o->*f = v;
-    return absl::OkStatus();
-  };
-}
-Setter Bool(bool JobOptions::*f) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    if (v == "1" || v == "true" || v == "on" || v.empty()) o->*f = true;
-    else if (v == "0" || v == "false" || v == "off") o->*f = false;
-    else return absl::InvalidArgumentError(absl::StrCat("expected true/false, got '", v, "'"));
-    return absl::OkStatus();
-  };
-}
-Setter Dist(LengthDist JobOptions::*f) {
-  return [=](const std::string& v, JobOptions* o) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(o->*f, ParseLengthDist(v));
-    return absl::OkStatus();
-  };
-}
-template <typename T>
-Getter Get(T JobOptions::*f) {
-  return [=](const JobOptions& o) {
-    if constexpr (std::is_same_v<T, std::string>) return o.*f;
-    else if constexpr (std::is_same_v<T, bool>) return std::string(o.*f ? "true" : "false");
-    else if constexpr (std::is_same_v<T, LengthDist>) return (o.*f).ToString();
-    else if constexpr (std::is_floating_point_v<T>) return absl::StrFormat("%.17g", double{o.*f});
-    else return absl::StrCat(o.*f);
-  };
+template <typename T, auto Lo, auto Hi>
+std::string AbslUnparseFlag(Num<T, Lo, Hi> n) {
+  if constexpr (std::is_floating_point_v<T>) return absl::StrFormat("%.17g", double{n.v});
+  else return absl::StrCat(n.v);
 }
 
-const std::map<std::string, Flag>& Flags() {
-  static const auto* flags = new std::map<std::string, Flag>{
-      {"tp", {Int(&JobOptions::tp, 1, 8), Get(&JobOptions::tp), "tensor-parallel degree: 1, 2, 4 or 8"}},
-      {"backend", {Str(&JobOptions::backend, {"auto", "cpu", "cuda"}), Get(&JobOptions::backend), "auto | cpu | cuda (auto: cuda when GPUs are visible)"}},
-      {"mode", {Str(&JobOptions::mode, {"v1", "v0"}), Get(&JobOptions::mode), "v1 (scheduler process, diffs) | v0 (rank 0 schedules inline, broadcasts)"}},
-      {"model", {Str(&JobOptions::model), Get(&JobOptions::model), "preset: tiny | small | llama-8b-shape | llama-70b-shape"}},
-      {"model-overrides", {Str(&JobOptions::model_overrides), Get(&JobOptions::model_overrides), "e.g. layers=4,seed=7"}},
-      {"dtype", {Str(&JobOptions::dtype, {"bf16", "fp32"}), Get(&JobOptions::dtype), "cuda backend activations: bf16 | fp32"}},
-      {"num-requests", {Int(&JobOptions::num_requests, 1, 10'000'000), Get(&JobOptions::num_requests), "requests in the workload"}},
-      {"prompt-len", {Dist(&JobOptions::prompt_len), Get(&JobOptions::prompt_len), "N | uniform:A:B | normal:M:S | lognormal:MU:SIGMA"}},
-      {"output-len", {Dist(&JobOptions::output_len), Get(&JobOptions::output_len), "same forms as --prompt-len"}},
-      {"arrival-rate", {Real(&JobOptions::arrival_rate, 0, 1e9), Get(&JobOptions::arrival_rate), "Poisson arrivals per second (0: closed loop)"}},
-      {"concurrency", {Int(&JobOptions::concurrency, 0, 1'000'000), Get(&JobOptions::concurrency), "closed loop: requests in flight (0: max-batch)"}},
-      {"steady-batch", {Int(&JobOptions::steady_batch, 0, 65536), Get(&JobOptions::steady_batch), "steady decode: hold exactly B running sequences"}},
-      {"steady-context", {Int(&JobOptions::steady_context, 1, 1 << 20), Get(&JobOptions::steady_context), "steady decode: context length"}},
-      {"steady-steps", {Int(&JobOptions::steady_steps, 1, 1 << 24), Get(&JobOptions::steady_steps), "steady decode: measured steps"}},
-      {"warmup-steps", {Int(&JobOptions::warmup_steps, 0, 1 << 20), Get(&JobOptions::warmup_steps), "steps excluded from statistics"}},
-      {"seed", {U64(&JobOptions::seed), Get(&JobOptions::seed), "workload and sampling seed"}},
-      {"temperature", {Real(&JobOptions::temperature, 0, 100), Get(&JobOptions::temperature), "0: greedy"}},
-      {"top-k", {Int(&JobOptions::top_k, 0, 1 << 24), Get(&JobOptions::top_k), "0: off"}},
-      {"top-p", {Real(&JobOptions::top_p, 1e-6, 1), Get(&JobOptions::top_p), "1: off"}},
-      {"eos-id", {Int(&JobOptions::eos_id, -1, 1 << 30), Get(&JobOptions::eos_id), "-1: no end-of-sequence stop"}},
-      {"max-batch", {Int(&JobOptions::max_batch, 1, 65536), Get(&JobOptions::max_batch), "max running sequences"}},
-      {"max-batched-tokens", {Int(&JobOptions::max_batched_tokens, 1, 1 << 24), Get(&JobOptions::max_batched_tokens), "max tokens per step"}},
-      {"prefill-chunk", {Int(&JobOptions::prefill_chunk, 1, 1 << 24), Get(&JobOptions::prefill_chunk), "chunked prefill size"}},
-      {"num-kv-blocks", {Int(&JobOptions::num_kv_blocks, 0, 1 << 28), Get(&JobOptions::num_kv_blocks), "KV blocks (0: derived from the workload, or from the next two flags)"}},
-      {"kv-cache-mib", {Real(&JobOptions::kv_cache_mib, 0, 1 << 24), Get(&JobOptions::kv_cache_mib), "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report"}},
-      {"kv-cache-fraction", {Real(&JobOptions::kv_cache_fraction, 0, 0.95), Get(&JobOptions::kv_cache_fraction), "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)"}},
-      {"max-inflight", {Int(&JobOptions::max_inflight, 1, 16), Get(&JobOptions::max_inflight), "v1 async depth: steps published ahead"}},
-      {"buckets", {Int(&JobOptions::buckets, 1, 64), Get(&JobOptions::buckets), "all-reduce buckets per row-parallel layer (1: no overlap)"}},
-      {"gemm-sm-margin", {Int(&JobOptions::gemm_sm_margin, 0, 128), Get(&JobOptions::gemm_sm_margin), "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)"}},
-      {"comm-priority", {Str(&JobOptions::comm_priority, {"normal", "high"}), Get(&JobOptions::comm_priority), "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)"}},
-      {"cuda-graphs", {Bool(&JobOptions::cuda_graphs), Get(&JobOptions::cuda_graphs), "capture decode steps as CUDA graphs"}},
-      {"pipeline", {Bool(&JobOptions::pipeline), Get(&JobOptions::pipeline), "v1 workers launch step t+1 while step t runs (false: one step at a time)"}},
-      {"attention", {Str(&JobOptions::attention, {"tiled", "tensor-core"}), Get(&JobOptions::attention), "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)"}},
-      {"allreduce", {Str(&JobOptions::allreduce, {"auto", "nccl", "custom"}), Get(&JobOptions::allreduce), "auto | nccl | custom"}},
-      {"custom-allreduce-max-bytes", {I64(&JobOptions::custom_allreduce_max_bytes, 64 << 10, int64_t{256} << 20), Get(&JobOptions::custom_allreduce_max_bytes), "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL"}},
-      {"crossover-bytes", {I64(&JobOptions::crossover_bytes, 0, int64_t{1} << 40), Get(&JobOptions::crossover_bytes), "custom all-reduce below this size"}},
-      {"fuse-allreduce-norm", {Bool(&JobOptions::fuse_allreduce_norm), Get(&JobOptions::fuse_allreduce_norm), "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)"}},
-      {"bench-skip-allreduce", {Bool(&JobOptions::bench_skip_allreduce), Get(&JobOptions::bench_skip_allreduce), "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)"}},
-      {"step-timeout-ms", {I64(&JobOptions::step_timeout_ms, 1, int64_t{1} << 40), Get(&JobOptions::step_timeout_ms), "deadline of any wait inside a step"}},
-      {"hang-timeout-ms", {I64(&JobOptions::hang_timeout_ms, 50, int64_t{1} << 40), Get(&JobOptions::hang_timeout_ms), "heartbeat staleness that ends the job"}},
-      {"out", {Str(&JobOptions::out_dir), Get(&JobOptions::out_dir), "output directory (summary.json, tokens.jsonl)"}},
-      {"trace", {Str(&JobOptions::trace_file), Get(&JobOptions::trace_file), "write a Chrome/Perfetto trace here"}},
-      {"progress", {Bool(&JobOptions::progress), Get(&JobOptions::progress), "live progress line on a terminal"}},
-      {"resolved-backend", {Str(&JobOptions::resolved_backend, {"", "cpu", "cuda"}), Get(&JobOptions::resolved_backend), "(internal)"}},
+struct Switch {  // true | on | 1 | false | off | 0; the flag alone means true
+  bool v;
+};
+bool AbslParseFlag(absl::string_view text, Switch* s, std::string* err) {
+  if (text == "1" || text == "true" || text == "on" || text.empty()) s->v = true;
+  else if (text == "0" || text == "false" || text == "off") s->v = false;
+  else *err = absl::StrCat("expected true/false, got '", text, "'");
+  return err->empty();
+}
+std::string AbslUnparseFlag(Switch s) { return s.v ? "true" : "false"; }
+
+template <const auto& Names>
+struct OneOf {  // one of Names
+  std::string v;
+};
+template <const auto& Names>
+bool AbslParseFlag(absl::string_view text, OneOf<Names>* o, std::string* err) {
+  if (std::find(std::begin(Names), std::end(Names), text) != std::end(Names)) {
+    o->v = std::string(text);
+    return true;
+  }
+  *err = absl::StrCat("expected one of {", absl::StrJoin(Names, ", "), "}, got '", text, "'");
+  return false;
+}
+template <const auto& Names>
+std::string AbslUnparseFlag(const OneOf<Names>& o) { return o.v; }
+
+}  // namespace
+
+// For absl's flag marshalling (found by argument-dependent lookup).
+bool AbslParseFlag(absl::string_view text, LengthDist* d, std::string* err) {
+  absl::StatusOr<LengthDist> x = ParseLengthDist(std::string(text));
+  if (x.ok()) *d = *x;
+  else *err = std::string(x.status().message());
+  return x.ok();
+}
+std::string AbslUnparseFlag(const LengthDist& d) { return d.ToString(); }
+
+namespace {
+
+// One flag's binding to its JobOptions field.
+struct Binding {
+  std::string topic, name, help;  // name as typed: --model-overrides
+  bool is_switch;
+  std::function<bool(absl::string_view, std::string*)> parse;  // into the flag
+  std::function<void(JobOptions*)> read;                       // the flag into the field
+  std::function<std::string(const JobOptions&)> text;          // the field as flag text
+};
+std::vector<Binding>& Bindings() {
+  static auto* b = new std::vector<Binding>;
+  return *b;
+}
+std::string& Topic() {
+  static auto* t = new std::string;
+  return *t;
+}
+int SetTopic(const char* t) { return (Topic() = t, 0); }
+
+template <typename F, typename T>
+int Bind(absl::Flag<F>& flag, T JobOptions::*field, const char* name) {
+  auto value = [](const F& f) -> T {
+    if constexpr (requires { f.v; }) return f.v;
+    else return f;
   };
-  return *flags;
+  Bindings().push_back(Binding{
+      Topic(), absl::StrReplaceAll(name, {{"_", "-"}}), absl::GetFlagReflectionHandle(flag).Help(),
+      std::is_same_v<F, Switch>,
+      [&flag](absl::string_view v, std::string* err) {
+        F x{};
+        if (!absl::ParseFlag(v, &x, err)) return false;
+        absl::SetFlag(&flag, x);
+        return true;
+      },
+      [&flag, field, value](JobOptions* o) { o->*field = value(absl::GetFlag(flag)); },
+      [field](const JobOptions& o) { return absl::UnparseFlag(F{o.*field}); }});
+  return 0;
+}
+
+#define SYMTP_TOPIC(name, title) const int symtp_topic_##name = SetTopic(title)
+#define SYMTP_FLAG(name, field, help, ...)                                            \
+  using symtp_##name##_type = __VA_ARGS__;                                             \
+  ABSL_FLAG(symtp_##name##_type, name, symtp_##name##_type{JobOptions{}.field}, help); \
+  const int symtp_bound_##name = Bind(FLAGS_##name, &JobOptions::field, #name)
+
+template <int L, int H> using Int = Num<int, L, H>;
+template <int64_t L, int64_t H> using I64 = Num<int64_t, L, H>;
+template <double L, double H> using Real = Num<double, L, H>;
+constexpr const char* kBackends[] = {"auto", "cpu", "cuda"};
+constexpr const char* kResolved[] = {"", "cpu", "cuda"};
+constexpr const char* kModes[] = {"v1", "v0"};
+constexpr const char* kDTypes[] = {"bf16", "fp32"};
+constexpr const char* kPriorities[] = {"normal", "high"};
+constexpr const char* kAttention[] = {"tiled", "tensor-core"};
+constexpr const char* kAllReduce[] = {"auto", "nccl", "custom"};
+
+}  // namespace
+}  // namespace symtp::runtime
+
+// In the global namespace, as ABSL_FLAG asks; in the order --help lists them.
+using namespace symtp::runtime;  // NOLINT(build/namespaces): the flag table only
+SYMTP_TOPIC(job, "Job and model");
+SYMTP_FLAG(tp, tp, "tensor-parallel degree: 1, 2, 4 or 8", Int<1, 8>);
+SYMTP_FLAG(backend, backend, "auto | cpu | cuda (auto: cuda when GPUs are visible)", OneOf<kBackends>);
+SYMTP_FLAG(mode, mode, "v1 (scheduler process, diffs) | v0 (rank 0 schedules inline, broadcasts)", OneOf<kModes>);
+SYMTP_FLAG(model, model, "preset: tiny | small | llama-8b-shape | llama-70b-shape", std::string);
+SYMTP_FLAG(model_overrides, model_overrides, "e.g. layers=4,seed=7", std::string);
+SYMTP_FLAG(dtype, dtype, "cuda backend activations: bf16 | fp32", OneOf<kDTypes>);
+SYMTP_TOPIC(workload, "Workload");
+SYMTP_FLAG(num_requests, num_requests, "requests in the workload", Int<1, 10'000'000>);
+SYMTP_FLAG(prompt_len, prompt_len, "N | uniform:A:B | normal:M:S | lognormal:MU:SIGMA", LengthDist);
+SYMTP_FLAG(output_len, output_len, "same forms as --prompt-len", LengthDist);
+SYMTP_FLAG(arrival_rate, arrival_rate, "Poisson arrivals per second (0: closed loop)", Real<0., 1e9>);
+SYMTP_FLAG(concurrency, concurrency, "closed loop: requests in flight (0: max-batch)", Int<0, 1'000'000>);
+SYMTP_FLAG(steady_batch, steady_batch, "steady decode: hold exactly B running sequences", Int<0, 65536>);
+SYMTP_FLAG(steady_context, steady_context, "steady decode: context length", Int<1, (1 << 20)>);
+SYMTP_FLAG(steady_steps, steady_steps, "steady decode: measured steps", Int<1, (1 << 24)>);
+SYMTP_FLAG(warmup_steps, warmup_steps, "steps excluded from statistics", Int<0, (1 << 20)>);
+SYMTP_TOPIC(sampling, "Sampling");
+SYMTP_FLAG(seed, seed, "workload and sampling seed", Num<uint64_t, 0, 0>);
+SYMTP_FLAG(temperature, temperature, "0: greedy", Num<float, 0., 100.>);
+SYMTP_FLAG(top_k, top_k, "0: off", Int<0, (1 << 24)>);
+SYMTP_FLAG(top_p, top_p, "1: off", Num<float, 1e-6, 1.>);
+SYMTP_FLAG(eos_id, eos_id, "-1: no end-of-sequence stop", Int<-1, (1 << 30)>);
+SYMTP_TOPIC(scheduling, "Scheduling and KV cache");
+SYMTP_FLAG(max_batch, max_batch, "max running sequences", Int<1, 65536>);
+SYMTP_FLAG(max_batched_tokens, max_batched_tokens, "max tokens per step", Int<1, (1 << 24)>);
+SYMTP_FLAG(prefill_chunk, prefill_chunk, "chunked prefill size", Int<1, (1 << 24)>);
+SYMTP_FLAG(num_kv_blocks, num_kv_blocks, "KV blocks (0: derived from the workload, or from the next two flags)", Int<0, (1 << 28)>);
+SYMTP_FLAG(kv_cache_mib, kv_cache_mib, "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report", Real<0., double{1 << 24}>);
+SYMTP_FLAG(kv_cache_fraction, kv_cache_fraction, "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)", Real<0., 0.95>);
+SYMTP_FLAG(max_inflight, max_inflight, "v1 async depth: steps published ahead", Int<1, 16>);
+SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (false: one step at a time)", Switch);
+SYMTP_TOPIC(gpu, "GPU execution");
+SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
+SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", OneOf<kAttention>);
+SYMTP_TOPIC(allreduce, "All-reduce");
+SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", OneOf<kAllReduce>);
+SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);
+SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
+SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);
+SYMTP_FLAG(buckets, buckets, "all-reduce buckets per row-parallel layer (1: no overlap)", Int<1, 64>);
+SYMTP_FLAG(gemm_sm_margin, gemm_sm_margin, "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)", Int<0, 128>);
+SYMTP_FLAG(comm_priority, comm_priority, "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)", OneOf<kPriorities>);
+SYMTP_FLAG(bench_skip_allreduce, bench_skip_allreduce, "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)", Switch);
+SYMTP_TOPIC(timeouts, "Timeouts");
+SYMTP_FLAG(step_timeout_ms, step_timeout_ms, "deadline of any wait inside a step", I64<1, (int64_t{1} << 40)>);
+SYMTP_FLAG(hang_timeout_ms, hang_timeout_ms, "heartbeat staleness that ends the job", I64<50, (int64_t{1} << 40)>);
+SYMTP_TOPIC(outputs, "Outputs");
+SYMTP_FLAG(out, out_dir, "output directory (summary.json, tokens.jsonl)", std::string);
+SYMTP_FLAG(trace, trace_file, "write a Chrome/Perfetto trace here", std::string);
+SYMTP_FLAG(progress, progress, "live progress line on a terminal", Switch);
+SYMTP_TOPIC(internal, "");  // set by the launcher for its children; not in --help
+SYMTP_FLAG(resolved_backend, resolved_backend, "(internal)", OneOf<kResolved>);
+
+namespace symtp::runtime {
+namespace {
+
+const Binding* FindFlag(absl::string_view name) {
+  for (const Binding& b : Bindings()) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
 std::string Usage() {
-  std::string s = "flags (--name=value):\n";
+  std::string s = "flags (--name=value):\n", topic;
   const JobOptions defaults;
-  for (const auto& [name, f] : Flags()) {
-    if (name == "resolved-backend") continue;
-    const std::string d = f.get(defaults);
-    absl::StrAppend(&s, absl::StrFormat("  --%-20s %s (default: %s)\n", name, f.help, d.empty() ? "\"\"" : d));
+  for (const Binding& b : Bindings()) {
+    if (b.topic.empty()) continue;
+    if (b.topic != topic) absl::StrAppend(&s, (topic = b.topic), ":\n");
+    const std::string d = b.text(defaults);
+    absl::StrAppend(&s, absl::StrFormat("  --%-20s %s (default: %s)\n", b.name, b.help, d.empty() ? "\"\"" : d));
   }
   return s;
 }
 
 absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, ProcArgs* proc) {
+  const JobOptions defaults;
+  for (const Binding& b : Bindings()) {  // each call starts from the defaults
+    std::string err;
+    b.parse(b.text(defaults), &err);
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") return absl::NotFoundError(Usage());
@@ -288,22 +379,22 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
       }
       continue;
     }
-    auto it = Flags().find(name);
-    if (it == Flags().end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    bool is_bool = name == "cuda-graphs" || name == "pipeline" || name == "progress" || name == "fuse-allreduce-norm" || name == "bench-skip-allreduce";
-    if (!has_value && !(is_bool && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0))) {
+    const Binding* b = FindFlag(name);
+    if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    if (!has_value && !(b->is_switch && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0))) {
       SYMTP_RETURN_IF_ERROR(take_value());
     }
-    SYMTP_RETURN_IF_ERROR_CTX(it->second.set(value, opts), absl::StrCat("--", name));
+    std::string err;
+    if (!b->parse(value, &err)) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", err));
   }
+  for (const Binding& b : Bindings()) b.read(opts);
   return ValidateJobOptions(*opts);
 }
 
 std::vector<std::string> ToArgs(const JobOptions& o) {
   std::vector<std::string> out;
-  for (const auto& [name, f] : Flags()) out.push_back(absl::StrCat("--", name, "=", f.get(o)));
+  for (const Binding& b : Bindings()) out.push_back(absl::StrCat("--", b.name, "=", b.text(o)));
+  std::sort(out.begin(), out.end());
   return out;
 }
 

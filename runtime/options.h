@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace symtp::runtime {
 
@@ -24,6 +25,9 @@ struct LengthDist {
   double Max() const;
 };
 absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec);
+// The --prompt-len / --output-len flag's marshalling.
+bool AbslParseFlag(absl::string_view text, LengthDist* d, std::string* err);
+std::string AbslUnparseFlag(const LengthDist& d);
 
 struct JobOptions {
   int tp = 1;

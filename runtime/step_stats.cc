@@ -21,6 +21,7 @@
 #include "common/build_info.h"
 #include "common/env.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 
 namespace symtp::runtime {
@@ -65,24 +66,21 @@ std::vector<const StepRecord*> MeasuredSteps(const RunSummaryInput& in) {
   return measured;
 }
 
-// A flag's value as JSON: true/false, a number when it is one, else a string.
-std::string FlagValueJson(const std::string& v) {
-  if (v == "true" || v == "false") return v;
-  static const std::regex kNumber(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
-  if (std::regex_match(v, kNumber)) return v;
-  return JsonString(v);
-}
-
+// The job's flags as an object: true/false and numbers as such, the rest
+// as strings.
 std::string FlagsJson(const JobOptions& o) {
-  std::vector<std::string> members;
-  for (const std::string& arg : ToArgs(o)) {
-    // "--name=value"
+  static const std::regex kNumber(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  JsonWriter j;
+  j.Open('{');
+  for (const std::string& arg : ToArgs(o)) {  // "--name=value"
     const size_t eq = arg.find('=');
     if (arg.rfind("--", 0) != 0 || eq == std::string::npos) continue;
-    members.push_back(absl::StrCat(JsonString(arg.substr(2, eq - 2)), ": ",
-                                   FlagValueJson(arg.substr(eq + 1))));
+    const std::string v = arg.substr(eq + 1);
+    j.Key(arg.substr(2, eq - 2));
+    if (v == "true" || v == "false" || std::regex_match(v, kNumber)) j.Raw(v);
+    else j.Value(v);
   }
-  return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
+  return j.Close().Take();
 }
 
 std::string HostName() {
@@ -155,23 +153,6 @@ std::string Ms(const MetricStats& s, double v) {
 
 }  // namespace
 
-std::string JsonString(std::string_view s) {
-  std::string o = "\"";
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      o.push_back('\\');
-      o.push_back(c);
-    } else if (u < 0x20) {
-      absl::StrAppendFormat(&o, "\\u%04x", u);
-    } else {
-      o.push_back(c);
-    }
-  }
-  o.push_back('"');
-  return o;
-}
-
 MetricStats MetricStats::Of(std::vector<double> v, double scale) {
   MetricStats m;
   if (v.empty()) return m;
@@ -200,9 +181,13 @@ MetricStats MetricStats::Of(std::vector<double> v, double scale) {
 
 std::string MetricStats::ToJson() const {
   if (count == 0) return "null";
-  return absl::StrFormat(
-      R"({"count":%d,"mean":%.4f,"std":%.4f,"min":%.4f,"p50":%.4f,"p90":%.4f,"p95":%.4f,"p99":%.4f,"max":%.4f})",
-      count, mean, std, min, p50, p90, p95, p99, max);
+  JsonWriter j;
+  j.Open('{').Field("count", count);
+  const std::pair<const char*, double> fields[] = {{"mean", mean}, {"std", std}, {"min", min},
+                                                  {"p50", p50},   {"p90", p90}, {"p95", p95},
+                                                  {"p99", p99},   {"max", max}};
+  for (const auto& [k, v] : fields) j.Field(k, v, 4);
+  return j.Close().Take();
 }
 
 RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
@@ -357,55 +342,57 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
 
 std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
   const JobOptions& o = *in.opts;
-  std::vector<std::string> devices;
-  for (const std::string& d : Devices(o)) devices.push_back(JsonString(d));
-  return absl::StrFormat(
-      "{\n  \"status\": \"ok\",\n  \"version\": %s,\n  \"commit\": %s,\n  \"build_type\": %s,\n"
-      "  \"date\": %s,\n  \"host\": %s,\n  \"devices\": [%s],\n"
-      "  \"mode\": %s,\n  \"backend\": %s,\n  \"tp\": %d,\n"
-      "  \"model\": %s,\n  \"flags\": %s,\n  \"startup_s\": %.6f,\n  \"wall_s\": %.6f,\n"
-      "  \"requests\": %d,\n  \"finished_requests\": %d,\n  \"input_tokens\": %d,\n"
-      "  \"output_tokens\": %d,\n  \"request_throughput\": %.4f,\n"
-      "  \"input_tokens_per_s\": %.4f,\n  \"output_tokens_per_s\": %.4f,\n"
-      "  \"total_tokens_per_s\": %.4f,\n"
-      "  \"ttft_ms\": %s,\n  \"tpot_ms\": %s,\n  \"itl_ms\": %s,\n  \"e2e_ms\": %s,\n"
-      "  \"steps\": {\n    \"total\": %d,\n    \"measured\": %d,\n    \"period_ms\": %s,\n"
-      "    \"iteration_ms\": %s,\n    \"busiest_rank_forward_us\": %s,\n"
-      "    \"gpu_idle_us\": %s,\n    \"schedule_us\": %s,\n    \"encode_us\": %s,\n"
-      "    \"publish_us\": %s,\n    \"recv_wait_us\": %s,\n    \"apply_us\": %s,\n"
-      "    \"build_us\": %s,\n    \"forward_us\": %s,\n    \"device_forward_us\": %s,\n"
-      "    \"prefill_forward_us\": %s,\n    \"decode_forward_us\": %s,\n    \"sample_us\": %s,\n"
-      "    \"worker_total_us\": %s,\n    \"result_return_us\": %s,\n"
-      "    \"wire_bytes\": %s\n  }%s%s\n}\n",
-      JsonString(BuildVersion()), JsonString(BuildCommit()), JsonString(BuildType()),
-      JsonString(UtcNow()), JsonString(HostName()), absl::StrJoin(devices, ", "),
-      JsonString(o.mode), JsonString(o.resolved_backend), o.tp, in.model_json, FlagsJson(o),
-      m.startup_s, m.duration_s, m.requests, m.finished, m.input_tokens, m.output_tokens,
-      m.request_throughput, m.input_tokens_per_s, m.output_tokens_per_s, m.total_tokens_per_s,
-      m.ttft_ms.ToJson(), m.tpot_ms.ToJson(), m.itl_ms.ToJson(), m.e2e_ms.ToJson(),
-      m.total_steps, m.measured_steps,
-      m.step_period_ms > 0 ? absl::StrFormat("%.6f", m.step_period_ms) : std::string("null"),
-      m.iteration_ms.ToJson(),
-      m.busiest_rank_forward_us > 0 ? absl::StrFormat("%.4f", m.busiest_rank_forward_us)
-                                    : std::string("null"),
-      m.gpu_idle_us.ToJson(), m.schedule_us.ToJson(),
-      m.encode_us.ToJson(), m.publish_us.ToJson(), m.recv_wait_us.ToJson(), m.apply_us.ToJson(),
-      m.build_us.ToJson(), m.forward_us.ToJson(), m.device_forward_us.ToJson(),
-      m.prefill_forward_us.ToJson(), m.decode_forward_us.ToJson(), m.sample_us.ToJson(),
-      m.worker_total_us.ToJson(), m.result_return_us.ToJson(), m.wire_bytes.ToJson(),
-      in.extra_json.empty() ? "" : ",\n  ", in.extra_json);
+  JsonWriter j(2);
+  j.Open('{').Field("status", "ok").Field("version", BuildVersion()).Field("commit", BuildCommit());
+  j.Field("build_type", BuildType()).Field("date", UtcNow()).Field("host", HostName());
+  j.Key("devices").Open('[');
+  for (const std::string& d : Devices(o)) j.Value(d);
+  j.Close().Field("mode", o.mode).Field("backend", o.resolved_backend).Field("tp", o.tp);
+  j.Key("model").Raw(in.model_json).Key("flags").Raw(FlagsJson(o));
+  j.Field("startup_s", m.startup_s).Field("wall_s", m.duration_s).Field("requests", m.requests);
+  j.Field("finished_requests", m.finished).Field("input_tokens", m.input_tokens);
+  j.Field("output_tokens", m.output_tokens).Field("request_throughput", m.request_throughput, 4);
+  j.Field("input_tokens_per_s", m.input_tokens_per_s, 4);
+  j.Field("output_tokens_per_s", m.output_tokens_per_s, 4);
+  j.Field("total_tokens_per_s", m.total_tokens_per_s, 4);
+  auto stats = [&](const char* k, const MetricStats& s) { j.Key(k).Raw(s.ToJson()); };
+  stats("ttft_ms", m.ttft_ms);
+  stats("tpot_ms", m.tpot_ms);
+  stats("itl_ms", m.itl_ms);
+  stats("e2e_ms", m.e2e_ms);
+  j.Key("steps").Open('{').Field("total", m.total_steps).Field("measured", m.measured_steps);
+  if (m.step_period_ms > 0) j.Field("period_ms", m.step_period_ms);
+  else j.Key("period_ms").Null();
+  stats("iteration_ms", m.iteration_ms);
+  if (m.busiest_rank_forward_us > 0) j.Field("busiest_rank_forward_us", m.busiest_rank_forward_us, 4);
+  else j.Key("busiest_rank_forward_us").Null();
+  const std::pair<const char*, const MetricStats*> steps[] = {
+      {"gpu_idle_us", &m.gpu_idle_us}, {"schedule_us", &m.schedule_us},
+      {"encode_us", &m.encode_us}, {"publish_us", &m.publish_us},
+      {"recv_wait_us", &m.recv_wait_us}, {"apply_us", &m.apply_us}, {"build_us", &m.build_us},
+      {"forward_us", &m.forward_us}, {"device_forward_us", &m.device_forward_us},
+      {"prefill_forward_us", &m.prefill_forward_us}, {"decode_forward_us", &m.decode_forward_us},
+      {"sample_us", &m.sample_us}, {"worker_total_us", &m.worker_total_us},
+      {"result_return_us", &m.result_return_us}, {"wire_bytes", &m.wire_bytes}};
+  for (const auto& [k, s] : steps) stats(k, *s);
+  j.Close();
+  if (!in.extra.first.empty()) j.Key(in.extra.first).Raw(in.extra.second);
+  return j.Close().Take() + "\n";
 }
 
 std::string RequestsJsonl(const RunSummaryInput& in) {
-  auto at = [&](int64_t t) {
-    return t >= 0 ? absl::StrFormat("%.6f", (t - in.start_ns) / 1e9) : std::string("null");
-  };
   std::string lines;
   for (const RequestRecord& r : in.requests) {
-    absl::StrAppend(&lines, "{\"id\":", r.id, ",\"arrival_s\":", at(r.arrival_ns),
-                    ",\"first_token_s\":", at(r.first_token_ns), ",\"finish_s\":",
-                    at(r.finish_ns), ",\"input_tokens\":", r.prompt_len,
-                    ",\"output_tokens\":", r.tokens.size(), "}\n");
+    JsonWriter j;
+    j.Open('{').Field("id", r.id);
+    const std::pair<const char*, int64_t> times[] = {
+        {"arrival_s", r.arrival_ns}, {"first_token_s", r.first_token_ns}, {"finish_s", r.finish_ns}};
+    for (const auto& [k, t] : times) {
+      if (t >= 0) j.Field(k, (t - in.start_ns) / 1e9);
+      else j.Key(k).Null();
+    }
+    j.Field("input_tokens", r.prompt_len).Field("output_tokens", r.tokens.size());
+    lines += j.Close().Take() + "\n";
   }
   return lines;
 }
@@ -426,17 +413,16 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "summary.json", summary));
     SYMTP_RETURN_IF_ERROR(
         WriteFile(std::filesystem::path(o.out_dir) / "requests.jsonl", RequestsJsonl(in)));
-    std::string lines;
+    std::string tokens, prompts;
     for (const RequestRecord& r : in.requests) {
-      absl::StrAppend(&lines, "{\"id\":", r.id, ",\"prompt_len\":", r.prompt_len, ",\"tokens\":[",
-                      absl::StrJoin(r.tokens, ","), "]}\n");
+      JsonWriter t, p;
+      t.Open('{').Field("id", r.id).Field("prompt_len", r.prompt_len).Key("tokens").Array(r.tokens);
+      p.Open('{').Field("id", r.id).Key("tokens").Array(r.prompt);
+      tokens += t.Close().Take() + "\n";
+      prompts += p.Close().Take() + "\n";
     }
-    SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "tokens.jsonl", lines));
-    lines.clear();
-    for (const RequestRecord& r : in.requests) {
-      absl::StrAppend(&lines, "{\"id\":", r.id, ",\"tokens\":[", absl::StrJoin(r.prompt, ","), "]}\n");
-    }
-    SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "prompts.jsonl", lines));
+    SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "tokens.jsonl", tokens));
+    SYMTP_RETURN_IF_ERROR(WriteFile(std::filesystem::path(o.out_dir) / "prompts.jsonl", prompts));
   }
   if (!o.trace_file.empty()) {
     // Chrome trace (chrome://tracing, ui.perfetto.dev). The scheduler's
@@ -445,22 +431,21 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     // GPU row shows the step's GPU time by events, ending when the worker
     // collected it (its true end is at most that). v0 (no per-rank stamps):
     // the worker phases are the per-step maxima laid end to end.
-    std::string ev = "{\"traceEvents\":[\n";
-    bool first = true;
+    JsonWriter ev(1);
+    ev.Open('{').Key("traceEvents").Open('[');
     auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, uint64_t step) {
       if (ts < in.start_ns) {  // e.g. waiting for the first diff since start-up
         dur -= in.start_ns - ts;
         ts = in.start_ns;
       }
       if (dur <= 0) return;
-      absl::StrAppendFormat(&ev, "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d}}",
-                            first ? "" : ",\n", name, tid, (ts - in.start_ns) / 1e3, dur / 1e3, step);
-      first = false;
+      ev.Raw(JsonWriter().Open('{').Field("name", name).Field("ph", "X").Field("pid", 1)
+                 .Field("tid", tid).Field("ts", (ts - in.start_ns) / 1e3, 3).Field("dur", dur / 1e3, 3)
+                 .Key("args").Open('{').Field("step", step).Close().Close().Take());
     };
     auto thread_name = [&](int tid, const std::string& name) {
-      absl::StrAppendFormat(&ev, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
-                            first ? "" : ",\n", tid, name);
-      first = false;
+      ev.Raw(JsonWriter().Open('{').Field("name", "thread_name").Field("ph", "M").Field("pid", 1)
+                 .Field("tid", tid).Key("args").Open('{').Field("name", name).Close().Close().Take());
     };
     thread_name(0, o.mode == "v0" ? "rank 0 (scheduler inline)" : "scheduler");
     bool per_rank = false;
@@ -506,8 +491,8 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       add("sample", 1, end - s.sample_ns, s.sample_ns, s.step);
       add("return", 0, end, s.result_return_ns, s.step);
     }
-    absl::StrAppend(&ev, "\n],\"displayTimeUnit\":\"ms\"}\n");
-    SYMTP_RETURN_IF_ERROR(WriteFile(o.trace_file, ev));
+    ev.Close().Field("displayTimeUnit", "ms");
+    SYMTP_RETURN_IF_ERROR(WriteFile(o.trace_file, ev.Close().Take() + "\n"));
   }
   return absl::OkStatus();
 }

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "protocol/result.h"
@@ -54,7 +54,8 @@ struct RunSummaryInput {
   int64_t start_ns = 0, end_ns = 0, startup_ns = 0;
   std::vector<StepRecord> steps;
   std::vector<RequestRecord> requests;
-  std::string extra_json;  // appended object members, e.g. "\"scheduler\":{...}"
+  // One more summary.json member: its name and JSON value (e.g. "scheduler").
+  std::pair<std::string, std::string> extra;
 };
 
 // One metric's distribution. count == 0 means the run or the backend has no
@@ -113,10 +114,6 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m);
 // finish times (seconds from the measurement start; null if not reached) and
 // its token counts.
 std::string RequestsJsonl(const RunSummaryInput& in);
-
-// A JSON string literal: quotes, backslashes and control characters escaped
-// (\u00XX), other bytes as they are.
-std::string JsonString(std::string_view s);
 
 // Prints the results block on stdout and writes <out>/summary.json,
 // <out>/requests.jsonl, <out>/tokens.jsonl, <out>/prompts.jsonl (and the

@@ -1,18 +1,18 @@
 #include "runtime/v0.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "protocol/result.h"
+#include "runtime/job_sizing.h"
+#include "runtime/scheduler_process.h"
 #include "runtime/step_stats.h"
-#include "runtime/workload.h"
 #include "scheduler/scheduler.h"
 #include "worker/state/worker_state.h"
 
@@ -72,25 +72,25 @@ absl::Status ExtractInput(const V0Header& h, const int32_t* body, model::BatchIn
   return absl::OkStatus();
 }
 
-absl::Status V0Follower(const JobOptions& /*opts*/, Backend* backend, JobHandle* job) {
-  std::vector<int32_t> body;
+absl::Status V0Follower(Backend* backend, BatchBroadcast* bcast, JobHandle* job) {
+  std::vector<int32_t> body, none;
   model::BatchInput in;
   for (;;) {
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
     V0Header h{};
-    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(&h, sizeof(h), 0), "v0 header broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");
     if (h.batch < 0) return absl::OkStatus();
     V0Layout L(h.batch, h.max_seq, h.max_blocks);
     body.resize(L.words);
-    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(body.data(), L.words * 4, 0), "v0 batch broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body.data(), L.words * 4, 0), "v0 batch broadcast");
     SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
     BackendTimings bt;
-    SYMTP_RETURN_IF_ERROR(backend->ForwardOnly(in, &bt));
+    SYMTP_RETURN_IF_ERROR(backend->Step(in, {}, {}, &none, &bt));  // forward only
   }
 }
 
 absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Backend* backend,
-                      JobHandle* job, int64_t process_start_ns) {
+                      BatchBroadcast* bcast, JobHandle* job, int64_t process_start_ns) {
   sched::SchedulerConfig sc = JobSchedulerConfig(opts, cfg);  // depth 1 for v0
   SYMTP_ASSIGN_OR_RETURN(sc.num_kv_blocks,
                          AgreedKvBlocks(opts, cfg, job,
@@ -102,52 +102,26 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   wc.block_size = cfg.block_size;
   SYMTP_ASSIGN_OR_RETURN(worker::WorkerState state, worker::WorkerState::Create(wc));
 
-  WorkloadStream workload(opts, cfg);  // drawn as admitted: memory is what is in flight
-  const int n = workload.size();
-  const int concurrency = opts.arrival_rate > 0 || opts.steady_batch > 0
-                              ? n : (opts.concurrency > 0 ? opts.concurrency : opts.max_batch);
   RunSummaryInput summary;
-  summary.opts = &opts;
-  summary.model_json = model::ToJson(cfg);
-  summary.requests.resize(n);
-  // Every rank is ready (AgreedKvBlocks waited for them): the clock starts.
-  const int64_t start = MonotonicNs();
-  summary.start_ns = start;
-  summary.startup_ns = start - process_start_ns;
-  Progress progress(opts.progress, n);
-  int next = 0, finished = 0;
-  uint64_t tokens_out = 0;
-  std::vector<bool> recorded(n, false);
+  WorkloadFeed feed(opts, cfg, &summary);
+  feed.StartClock(process_start_ns);  // AgreedKvBlocks waited for every rank
+  Progress progress(opts.progress, feed.size());
   const int S = cfg.max_seq_len, MB = (cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size;
   std::vector<int32_t> body, tokens;
   model::BatchInput in, scratch;
   proto::StepResult result;
   job->SetPhase(ProcPhase::kRunning);
 
-  while (next < n || !sched.Done()) {
+  while (!feed.all_admitted() || !sched.Done()) {
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
-    const int64_t now = MonotonicNs();
-    while (next < n && next - finished < concurrency &&
-           (opts.arrival_rate <= 0 || start + workload.Peek().arrival_offset_ns <= now)) {
-      WorkloadRequest w = workload.Take();
-      summary.requests[next].id = w.id;
-      summary.requests[next].prompt_len = static_cast<int32_t>(w.prompt.size());
-      if (!opts.out_dir.empty()) summary.requests[next].prompt = w.prompt;
-      summary.requests[next].arrival_ns = now;
-      SYMTP_RETURN_IF_ERROR(sched.AddRequest(w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,
-          opts.eos_id >= 0 ? std::optional<int32_t>(opts.eos_id) : std::nullopt, now));
-      ++next;
-    }
+    SYMTP_RETURN_IF_ERROR(feed.Admit(MonotonicNs(), &sched));
     // Phase 1: schedule (every other GPU waits meanwhile).
     const int64_t t0 = MonotonicNs();
     SYMTP_ASSIGN_OR_RETURN(sched::StepPlan plan, sched.PlanNextStep());
     if (plan.idle) {
-      if (next < n) {
-        int64_t wait = start + workload.Peek().arrival_offset_ns - MonotonicNs();
-        if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
-        continue;
-      }
-      return absl::InternalError("v0: nothing to schedule but requests unfinished");
+      if (feed.all_admitted()) return absl::InternalError("v0: nothing to schedule but requests unfinished");
+      feed.WaitForArrival();
+      continue;
     }
     SYMTP_RETURN_IF_ERROR(state.ApplyDiff(plan.diff));
     const int64_t t1 = MonotonicNs();
@@ -191,8 +165,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     }
     const int64_t t2 = MonotonicNs();
     // Phase 3: broadcast.
-    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(&h, sizeof(h), 0), "v0 header broadcast");
-    SYMTP_RETURN_IF_ERROR_CTX(backend->BroadcastBatch(body.data(), used.words * 4, 0), "v0 batch broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body.data(), used.words * 4, 0), "v0 batch broadcast");
     const int64_t t3 = MonotonicNs();
     // Phase 4: forward (all ranks), from the broadcast tensors; rank 0 samples.
     SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
@@ -230,49 +204,26 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     rec.done_at_ns = done;
     rec.wire_bytes = sizeof(h) + used.words * 4;
     summary.steps.push_back(rec);
-    for (const proto::SampledToken& t : result.sampled) {
-      const sched::RequestOutput* o = sched.GetOutput(t.request_id);
-      if (o && o->finished && !recorded[t.request_id]) {
-        recorded[t.request_id] = true;
-        ++finished;
-        tokens_out += o->tokens.size();
-        // Recorded now and forgotten by the scheduler (its prompt included),
-        // so memory follows the requests in flight, not the workload.
-        RequestRecord& rr = summary.requests[t.request_id];
-        rr.tokens = o->tokens;
-        rr.token_times_ns = o->token_times_ns;
-        rr.first_token_ns = o->first_token_ns;
-        rr.finish_ns = o->finish_ns;
-        SYMTP_RETURN_IF_ERROR(sched.ReleaseOutput(t.request_id));
-      }
-    }
-    progress.Update(rec.step, finished, tokens_out);
+    SYMTP_RETURN_IF_ERROR(feed.RecordFinished(result.sampled, &sched));
+    progress.Update(rec.step, feed.finished(), feed.tokens_out());
   }
   V0Header end{-1, 0, 0, 0};
-  SYMTP_RETURN_IF_ERROR(backend->BroadcastBatch(&end, sizeof(end), 0));
+  SYMTP_RETURN_IF_ERROR(bcast->Broadcast(&end, sizeof(end), 0));
   summary.end_ns = MonotonicNs();
   progress.Finish();
-  for (int i = 0; i < n; ++i) {
-    if (recorded[i]) continue;
-    if (const sched::RequestOutput* o = sched.GetOutput(i)) {
-      RequestRecord& rr = summary.requests[i];
-      rr.tokens = o->tokens;
-      rr.token_times_ns = o->token_times_ns;
-      rr.first_token_ns = o->first_token_ns;
-      rr.finish_ns = o->finish_ns;
-    }
-  }
-  summary.extra_json = absl::StrCat("\"v0\": {\"max_seq_len\": ", S, ", \"max_blocks\": ", MB, "}");
+  feed.RecordRest(sched);
+  summary.extra = {"v0", JsonWriter().Open('{').Field("max_seq_len", S).Field("max_blocks", MB).Close().Take()};
   return WriteRunOutputs(summary);
 }
 
 }  // namespace
 
 absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
-                         JobHandle* job, Backend* backend, int64_t process_start_ns) {
+                         JobHandle* job, Backend* backend, BatchBroadcast* broadcast,
+                         int64_t process_start_ns) {
   job->SetPhase(ProcPhase::kRunning);
-  if (rank == 0) return V0Driver(opts, cfg, backend, job, process_start_ns);
-  return V0Follower(opts, backend, job);
+  if (rank == 0) return V0Driver(opts, cfg, backend, broadcast, job, process_start_ns);
+  return V0Follower(backend, broadcast, job);
 }
 
 }  // namespace symtp::runtime

@@ -7,6 +7,8 @@
 // Same model, kernels and all-reduce as v1; no artificial delays.
 #pragma once
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 #include "models/config.h"
 #include "runtime/backend.h"
@@ -15,9 +17,19 @@
 
 namespace symtp::runtime {
 
+// The one collective v0 adds to a backend's: rank `root`'s `bytes` at `data`
+// reach every rank's `data` (the padded batch). The CPU backend broadcasts
+// through shared memory, the CUDA backend with NCCL on its stream.
+class BatchBroadcast {
+ public:
+  virtual ~BatchBroadcast() = default;
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+};
+
 // process_start_ns: when this process started (rank 0 reports the start-up
 // time, to every rank ready, apart from the measured run).
 absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, int rank,
-                         JobHandle* job, Backend* backend, int64_t process_start_ns);
+                         JobHandle* job, Backend* backend, BatchBroadcast* broadcast,
+                         int64_t process_start_ns);
 
 }  // namespace symtp::runtime

@@ -5,8 +5,8 @@ with each default taken from a default-constructed JobOptions).
   tools/cli_doc.py [--bin build/tools/symtp] [--out docs/CLI.md] [--check]
 
 --check: exit 1 when the file differs from what the binary prints (docs/CLI.md is
-stale: rerun without --check). Flags are grouped by the topics below; a flag that no
-topic names lands under "Other"."""
+stale: rerun without --check). Flags are grouped by the topics --help prints them under
+(runtime/options.cc); a flag under none lands under "Other"."""
 import argparse
 import os
 import re
@@ -14,28 +14,20 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOPICS = [
-    ("Job and model", ["tp", "backend", "mode", "model", "model-overrides", "dtype"]),
-    ("Workload", ["num-requests", "prompt-len", "output-len", "arrival-rate", "concurrency",
-                  "steady-batch", "steady-context", "steady-steps", "warmup-steps"]),
-    ("Sampling", ["seed", "temperature", "top-k", "top-p", "eos-id"]),
-    ("Scheduling and KV cache", ["max-batch", "max-batched-tokens", "prefill-chunk", "num-kv-blocks",
-                                 "kv-cache-mib", "kv-cache-fraction", "max-inflight", "pipeline"]),
-    ("GPU execution", ["cuda-graphs", "attention"]),
-    ("All-reduce", ["allreduce", "custom-allreduce-max-bytes", "fuse-allreduce-norm", "crossover-bytes", "buckets",
-                    "gemm-sm-margin", "comm-priority", "bench-skip-allreduce"]),
-    ("Timeouts", ["step-timeout-ms", "hang-timeout-ms"]),
-    ("Outputs", ["out", "trace", "progress"]),
-]
+TOPIC = re.compile(r"^([A-Z][^:]*):$")  # a topic header of `symtp --help`
 LINE = re.compile(r"^  --(\S+)\s+(.*) \(default: (.*)\)$")
 
 
 def render(help_text):
-    flags = {}
+    flags, topics = {}, []
     for line in help_text.splitlines():
         m = LINE.match(line)
         if m:
             flags[m.group(1)] = (m.group(2), m.group(3))
+            if topics:
+                topics[-1][1].append(m.group(1))
+        elif TOPIC.match(line):
+            topics.append((TOPIC.match(line).group(1), []))
     if not flags:
         raise SystemExit("cli_doc.py: no flags with defaults in the --help output")
     out = ["# symtp command-line flags", "",
@@ -44,7 +36,7 @@ def render(help_text):
            "`--name value` or `--name=value`; a boolean flag alone means true. `tools/launch.sh`",
            "passes them to `symtp launch`.", ""]
     seen = set()
-    for title, names in TOPICS + [("Other", sorted(flags))]:
+    for title, names in topics + [("Other", sorted(flags))]:
         rows = [n for n in names if n in flags and n not in seen]
         if not rows:
             continue

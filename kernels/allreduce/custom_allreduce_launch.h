@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "kernels/allreduce/custom_allreduce_device.h"
-#include "kernels/comm.h"
 
 namespace symtp::kernels::allreduce_internal {
 

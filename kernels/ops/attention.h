@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "kernels/comm.h"
+#include "common/dtype.h"
 
 namespace symtp::kernels {
 

@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/comm.h"
+#include "common/dtype.h"
 
 namespace symtp::kernels {
 

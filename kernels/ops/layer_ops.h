@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/comm.h"
+#include "common/dtype.h"
 
 namespace symtp::kernels {
 

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/histogram.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "tests/testing/status_matchers.h"
@@ -36,6 +37,23 @@ absl::StatusOr<int> Quarter(int x) {
 absl::Status Chain(int x) {
   SYMTP_RETURN_IF_ERROR_CTX(Quarter(x).status(), "quartering");
   return absl::OkStatus();
+}
+
+TEST(JsonString, EscapesQuotesBackslashesAndControlCharacters) {
+  EXPECT_EQ(JsonString("a\"b\\c"), R"("a\"b\\c")");
+  EXPECT_EQ(JsonString(std::string("x\ny\tz\x01", 6)), R"("x\u000ay\u0009z\u0001")");
+  EXPECT_EQ(JsonString(std::string("\0end", 4)), R"("\u0000end")");
+}
+
+TEST(JsonWriter, CompactAndIndentedNestingAndNumbers) {
+  JsonWriter c;
+  c.Open('{').Field("a", 1).Field("s", "q\"").Key("l").Open('[').Value(1.5, 2).Null().Close();
+  c.Key("e").Open('{').Close().Field("inf", 1.0 / 0.0).Field("t", true).Key("v").Array(std::vector<int>{1, 2});
+  EXPECT_EQ(c.Close().Take(),
+            R"({"a":1,"s":"q\"","l":[1.50,null],"e":{},"inf":null,"t":true,"v":[1,2]})");
+  JsonWriter p(2);
+  p.Open('{').Field("a", 1).Key("b").Open('[').Value("x").Close().Close();
+  EXPECT_EQ(p.Take(), "{\n  \"a\": 1,\n  \"b\": [\n    \"x\"\n  ]\n}");
 }
 
 TEST(StatusMacros, ErrnoCarriesCallTextLocationAndCode) {

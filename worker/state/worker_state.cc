@@ -398,7 +398,25 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
     ++s;
   }
   out->seq_start[S] = t;
+  input_tokens_ = t;
   order_ready_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerState::PreviousSampleRows(std::vector<int32_t>* rows) const {
+  rows->clear();
+  if (input_pending_.empty()) return absl::OkStatus();
+  rows->assign(input_tokens_, -1);
+  for (const PendingInput& p : input_pending_) {
+    auto it = pending_samples_.find(p.request_id);
+    if (it == pending_samples_.end() || it->second.first != p.position) {
+      return absl::InternalError(absl::StrFormat(
+          "step %d: request %d's input token at position %d is pending but the previous "
+          "step did not sample it",
+          open_step_, p.request_id, p.position));
+    }
+    (*rows)[p.token_index] = it->second.second;
+  }
   return absl::OkStatus();
 }
 
@@ -434,9 +452,11 @@ absl::Status WorkerState::CloseStep(absl::Span<const int32_t> tokens, bool pendi
     }
   }
   last_sampled_.resize(sample_slots_.size());
+  pending_samples_.clear();
   for (size_t i = 0; i < sample_slots_.size(); ++i) {
     CachedRequest& r = slots_[sample_slots_[i]];
     if (pending) {
+      pending_samples_[r.id] = {static_cast<int32_t>(r.tokens.size()), static_cast<int32_t>(i)};
       r.tokens.push_back(kPendingToken);
       last_sampled_[i] = {r.id, -1};
     } else {

@@ -120,6 +120,13 @@ class WorkerState {
                               absl::Span<const int32_t> tokens);
   // Input tokens of the last BuildInput that are placeholders.
   absl::Span<const PendingInput> input_pending() const { return input_pending_; }
+  // Pipelined worker, after BuildInput: for each input token of the step,
+  // the index (in sample order) of the previous step's sampled token it
+  // takes on the device, or -1 for a known token; `rows` is left empty when
+  // no input token is pending. The previous step is the last one closed by
+  // ApplySampledPending. Internal error when a pending token is not one that
+  // step sampled.
+  absl::Status PreviousSampleRows(std::vector<int32_t>* rows) const;
 
   // Digest of the state that must agree across ranks (every live request's
   // id, parameters, tokens, block table, computed count and row, and the step
@@ -191,6 +198,10 @@ class WorkerState {
   std::vector<int32_t> sample_positions_;
   std::vector<proto::SampledToken> last_sampled_;
   std::vector<PendingInput> input_pending_;
+  int32_t input_tokens_ = 0;  // of the last BuildInput
+  // The last step closed by ApplySampledPending: request id -> (position,
+  // index in its sample order).
+  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> pending_samples_;
   absl::Status poison_;
 };
 

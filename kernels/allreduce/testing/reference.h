@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/dtype.h"
 #include "kernels/allreduce/custom_allreduce_device.h"  // SYMTP_AR_HD
-#include "kernels/comm.h"
 
 namespace symtp::kernels::testing {
 

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/comm.h"
+#include "common/dtype.h"
 
 namespace symtp::kernels::internal {
 

@@ -13,7 +13,8 @@
 #include "common/build_info.h"
 #include "runtime/launcher.h"
 #include "runtime/options.h"
-#include "runtime/processes.h"
+#include "runtime/scheduler_process.h"
+#include "runtime/worker_process.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
