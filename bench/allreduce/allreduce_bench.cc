@@ -30,9 +30,9 @@
 #include "common/status_macros.h"
 #include "kernels/allreduce/custom_allreduce.h"
 #include "kernels/allreduce/dispatcher.h"
-#include "kernels/allreduce/testing/multi_process.h"
-#include "kernels/allreduce/testing/nccl_bootstrap.h"
-#include "kernels/allreduce/testing/reference.h"
+#include "tests/testing/allreduce/multi_process.h"
+#include "tests/testing/allreduce/nccl_bootstrap.h"
+#include "tests/testing/allreduce/reference.h"
 #include "kernels/nccl/nccl_comm.h"
 
 ABSL_FLAG(int, tp, 2, "ranks (processes, one GPU each)");

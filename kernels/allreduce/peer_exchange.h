@@ -2,7 +2,7 @@
 // tensor-parallel group, used at set-up time only (NCCL unique ids, CUDA IPC
 // handles, probe verdicts, calibration results). Never on the step's path.
 //
-// Implementations: testing::ShmPeerExchange (kernels/allreduce/testing/, for
+// Implementations: testing::ShmPeerExchange (tests/testing/allreduce/, for
 // processes forked by one parent in tests and benchmarks) and the worker's
 // implementation over the job's shared-memory segment.
 //

@@ -1,5 +1,5 @@
 // GPU cases: NcclComm, CustomAllReduce and AllReduceDispatcher, one forked
-// process per rank (kernels/allreduce/testing/multi_process.h). Every case
+// process per rank (tests/testing/allreduce/multi_process.h). Every case
 // runs for each TP degree in {2, 4, 8} that the visible GPUs allow and skips
 // in SetUp, with the reason, below 2 GPUs. Inputs are random and never zero;
 // the custom path must equal the fixed-order fp32 reference bit for bit, NCCL
@@ -23,9 +23,9 @@
 #include "common/status_macros.h"
 #include "kernels/allreduce/custom_allreduce.h"
 #include "kernels/allreduce/dispatcher.h"
-#include "kernels/allreduce/testing/multi_process.h"
-#include "kernels/allreduce/testing/nccl_bootstrap.h"
-#include "kernels/allreduce/testing/reference.h"
+#include "tests/testing/allreduce/multi_process.h"
+#include "tests/testing/allreduce/nccl_bootstrap.h"
+#include "tests/testing/allreduce/reference.h"
 #include "kernels/nccl/nccl_comm.h"
 #include "kernels/ops/layer_ops.h"
 #include "models/cpu_model.h"

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/allreduce/custom_allreduce.h"
-#include "kernels/allreduce/testing/multi_process.h"
-#include "kernels/allreduce/testing/reference.h"
+#include "tests/testing/allreduce/multi_process.h"
+#include "tests/testing/allreduce/reference.h"
 #include "tests/testing/status_matchers.h"
 
 namespace symtp::kernels {

@@ -3,7 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kernels/allreduce/testing/reference.h"
+#include "tests/testing/allreduce/reference.h"
 
 namespace symtp::kernels::testing {
 namespace {

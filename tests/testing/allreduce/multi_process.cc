@@ -1,4 +1,4 @@
-#include "kernels/allreduce/testing/multi_process.h"
+#include "tests/testing/allreduce/multi_process.h"
 
 #include <signal.h>
 #include <sched.h>
