@@ -3,13 +3,13 @@
 # decode at a fixed context, v1 mode. Writes DIR/decode.md and DIR/decode.json
 # (GPU forward time by CUDA events, median over the steady steps; iteration time).
 #   tools/decode_sweep.sh [--models "llama-8b-shape llama-70b-shape"] [--overrides layers=4]
-#       [--tps "1 2"] [--batches "32 128 256 512"] [--graphs "true false"] [--context 1024]
+#       [--tps "1 2"] [--batches "1 8 32 128 256 512"] [--graphs "true false"] [--context 1024]
 #       [--steps 30] [--backend cuda] [--attention "tensor-core"] [--out out/decode]
 #       [--extra "--buckets=4"]   (more launcher flags for every run)
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MODELS="llama-8b-shape llama-70b-shape" OVERRIDES=layers=4 TPS="1 2" BATCHES="32 128 256 512"
+MODELS="llama-8b-shape llama-70b-shape" OVERRIDES=layers=4 TPS="1 2" BATCHES="1 8 32 128 256 512"
 GRAPHS="true false" CONTEXT=1024 STEPS=30 BACKEND=cuda OUT=out/decode ATTENTION=tensor-core EXTRA=""
 while [[ $# -gt 0 ]]; do
   case $1 in

@@ -7,7 +7,7 @@ usage() {
 usage: tools/report.sh [options] [-- extra launcher flags]
   --backend cpu|cuda|auto   backend (default auto)
   --tps "1 2"               TP degrees
-  --batches "32 128 256 512"  steady decode batch sizes
+  --batches "1 8 32 128 256 512"  steady decode batch sizes
   --model PRESET            model preset (default tiny)
   --overrides "layers=4"    model overrides
   --context N               steady decode context length (default 1024)
@@ -25,7 +25,7 @@ USAGE
 }
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BACKEND=auto TPS="1 2" BATCHES="32 128 256 512" MODEL=tiny OVERRIDES="" CONTEXT=1024 STEPS=50
+BACKEND=auto TPS="1 2" BATCHES="1 8 32 128 256 512" MODEL=tiny OVERRIDES="" CONTEXT=1024 STEPS=50
 WARMUP=5 OUT=out/report EXTRA=() MACHINE="" CHECK=()
 while [[ $# -gt 0 ]]; do
   case $1 in
