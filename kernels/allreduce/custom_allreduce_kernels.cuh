@@ -246,6 +246,30 @@ __device__ __forceinline__ void StoreBits(void* p, typename Elem<T>::Bits b) {
 // STAGED protocol
 // ---------------------------------------------------------------------------
 
+// Publishes call epoch e into flags[b][rank] of every peer and waits until
+// every peer has published e (or later) into this rank's flags[b][peer]: one
+// thread per peer; call from every thread between two __syncthreads. Sets
+// *fail on a timeout or abort (after recording the error).
+template <int N>
+__device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, uint32_t e,
+                                                    int* fail) {
+  const int tid = threadIdx.x, me = a.rank;
+  if (tid >= N || tid == me) return;
+  uint32_t* remote =
+      reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) + b * kMaxRanks + me;
+  StReleaseSys(remote, e);
+  const uint32_t* local =
+      reinterpret_cast<const uint32_t*>(BaseOf<N>(a, me) + kFlagsOffset) + b * kMaxRanks + tid;
+  SpinBound bound;
+  while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
+    if (const uint32_t err = bound.Check(a)) {
+      RecordError<N>(a, err, tid, kTagStaged, b, e);
+      *fail = 1;
+      return;
+    }
+  }
+}
+
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, void* data_v,
                                                                 size_t count) {
@@ -283,22 +307,8 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
     }
     __syncthreads();
 
-    // 2. Signal every peer, 3. wait for every peer (one thread per peer).
-    if (tid < N && tid != me) {
-      uint32_t* remote = reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) +
-                         b * kMaxRanks + me;
-      StReleaseSys(remote, e);
-      const uint32_t* local = reinterpret_cast<const uint32_t*>(my_base + kFlagsOffset) +
-                              b * kMaxRanks + tid;
-      SpinBound bound;
-      while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
-        if (const uint32_t err = bound.Check(a)) {
-          RecordError<N>(a, err, tid, kTagStaged, b, e);
-          s_fail = 1;
-          break;
-        }
-      }
-    }
+    // 2. Signal every peer, 3. wait for every peer.
+    StagedSignalAndWait<N>(a, b, e, &s_fail);
     __syncthreads();
 
     // 4. Reduce slice b of every rank's staging, rank order, into `data`.

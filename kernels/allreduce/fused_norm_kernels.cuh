@@ -150,21 +150,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
       }
     }
     __syncthreads();
-    if (tid < N && tid != me) {
-      uint32_t* remote = reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) +
-                         b * kMaxRanks + me;
-      StReleaseSys(remote, e);
-      const uint32_t* local = reinterpret_cast<const uint32_t*>(my_base + kFlagsOffset) +
-                              b * kMaxRanks + tid;
-      SpinBound bound;
-      while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
-        if (const uint32_t err = bound.Check(a)) {
-          RecordError<N>(a, err, tid, kTagStaged, b, e);
-          s_fail = 1;
-          break;
-        }
-      }
-    }
+    StagedSignalAndWait<N>(a, b, e, &s_fail);
     __syncthreads();
     if (!s_fail) {
       const char* stage[N];
