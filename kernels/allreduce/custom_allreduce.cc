@@ -362,9 +362,11 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
   return absl::OkStatus();
 }
 
-bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype,
-                                        const void* data) const {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+namespace {
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
+bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
   if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
   const size_t unit_elems = 16 / DTypeSize(dtype);
   if (norm.rows < 0 || norm.hidden <= 0 || norm.hidden % unit_elems != 0 ||
@@ -372,14 +374,14 @@ bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype,
     return false;
   }
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
-  return bytes <= max_bytes_ && aligned(data) && aligned(norm.residual) && aligned(norm.weight) &&
-         aligned(norm.out);
+  return bytes <= max_bytes_ && Aligned16(norm.residual) && Aligned16(norm.weight) &&
+         Aligned16(norm.out);
 }
 
 absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const ResidualNorm& norm,
                                                     DType dtype, cudaStream_t stream) {
   SYMTP_RETURN_IF_ERROR(Sticky());
-  if (!FusesResidualNorm(norm, dtype, data)) {
+  if (!FusesResidualNorm(norm, dtype) || !Aligned16(data)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "custom all-reduce + RMSNorm: cannot fuse rows=", norm.rows, " hidden=", norm.hidden,
         " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers, at most ",

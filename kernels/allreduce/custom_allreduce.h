@@ -125,8 +125,9 @@ class CustomAllReduce {
   // the same buffers, counters and protocol choice as AllReduceSum, so the
   // two kinds of call interleave freely. `data` is only read. Needs f32 or
   // bf16, hidden a whole number of 16-byte units (at most kFusedMaxUnits),
-  // 16-byte aligned pointers and the message within max_bytes.
-  bool FusesResidualNorm(const ResidualNorm& norm, DType dtype, const void* data) const;
+  // 16-byte aligned pointers and the message within max_bytes (`data`'s
+  // alignment is checked by the call, InvalidArgument when it is not).
+  bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const;
   absl::Status AllReduceResidualNorm(const void* data, const ResidualNorm& norm, DType dtype,
                                      cudaStream_t stream);
 

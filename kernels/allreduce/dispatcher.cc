@@ -179,11 +179,8 @@ absl::Status AllReduceDispatcher::AllReduceSum(void* data, size_t count, DType d
 }
 
 bool AllReduceDispatcher::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
-  // Alignment of `data` is checked per call (the pointer is not known here);
-  // 16 bytes stands for any aligned buffer.
   const size_t count = static_cast<size_t>(std::max<int64_t>(norm.rows, 0)) * norm.hidden;
-  return PathFor(count, dtype) == Path::kCustom &&
-         custom_->FusesResidualNorm(norm, dtype, reinterpret_cast<const void*>(16));
+  return PathFor(count, dtype) == Path::kCustom && custom_->FusesResidualNorm(norm, dtype);
 }
 
 absl::Status AllReduceDispatcher::AllReduceResidualNorm(void* data, const ResidualNorm& norm,

@@ -358,7 +358,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       }
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
       const ResidualNorm fused{b[1].get(), b[6].get(), b[2].get(), sh.rows, sh.hidden, kEps};
-      CHECK_OR_RETURN(ar->FusesResidualNorm(fused, sh.t, b[0].get()), what, ": not fusable");
+      CHECK_OR_RETURN(ar->FusesResidualNorm(fused, sh.t), what, ": not fusable");
       SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[0].get(), fused, sh.t, s), what);
       SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceSum(b[3].get(), n, sh.t, s), what);
       SYMTP_RETURN_IF_ERROR_CTX(
@@ -401,11 +401,11 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
     // Shapes it does not take: f16, a row past two units per thread, a
     // message past the capacity.
     const ResidualNorm wide{nullptr, nullptr, nullptr, 1, 16392, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(wide, DType::kBF16, nullptr), "16392 wide fused");
+    CHECK_OR_RETURN(!ar->FusesResidualNorm(wide, DType::kBF16), "16392 wide fused");
     const ResidualNorm half{nullptr, nullptr, nullptr, 1, 4096, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(half, DType::kF16, nullptr), "f16 fused");
+    CHECK_OR_RETURN(!ar->FusesResidualNorm(half, DType::kF16), "f16 fused");
     const ResidualNorm big{nullptr, nullptr, nullptr, 1025, 4096, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16, nullptr), "8 MiB + 8 KiB fused");
+    CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16), "8 MiB + 8 KiB fused");
     return ar->Poll();
   });
 }
