@@ -70,6 +70,9 @@ TEST(ConfigTest, OverridesParse) {
   EXPECT_EQ(c.head_dim, 64);
   ASSERT_OK(ApplyOverrides("heads=16,kv_heads=4", &c));
   EXPECT_EQ(c.head_dim, 32);
+  // heads x head_dim need not equal hidden (one TP rank's shapes as a model).
+  ASSERT_OK(ApplyOverrides("heads=8,kv_heads=2,head_dim=32", &c));
+  EXPECT_EQ(c.heads * c.head_dim, c.hidden / 2);
   ASSERT_OK_AND_ASSIGN(ModelConfig m, MakeConfig("small", "layers=1"));
   EXPECT_EQ(m.layers, 1);
   EXPECT_EQ(m.hidden, 2048);
@@ -79,7 +82,7 @@ TEST(ConfigTest, OverridesReject) {
   ASSERT_OK_AND_ASSIGN(const ModelConfig base, PresetConfig("tiny"));
   for (const char* bad :
        {"layers=0", "layers=-1", "layers=abc", "layers=", "foo=1", "layers", "=4",
-        "layers=4,layers=5", "layers=4,", "heads=3", "kv_heads=3", "head_dim=30", "rms_eps=-1",
+        "layers=4,layers=5", "layers=4,", "heads=3", "kv_heads=3", "head_dim=31", "rms_eps=-1",
         "rope_theta=nan", "rope_theta=inf", "seed=-1", "max_seq_len=2.5", "layers=99999999999"}) {
     SCOPED_TRACE(bad);
     ModelConfig c = base;
