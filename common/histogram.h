@@ -30,10 +30,6 @@ class LatencyHistogram {
   double Percentile(double p) const;
   LatencySummary Summarize() const;
 
-  // {"count":..,"mean":..,"p50":..,"p90":..,"p99":..,"max":..} with values
-  // divided by `scale` (e.g. 1e3 to print microseconds from nanoseconds).
-  std::string ToJson(double scale = 1.0) const;
-
  private:
   size_t max_samples_;
   int64_t count_ = 0;
