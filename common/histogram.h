@@ -2,8 +2,8 @@
 // recorded samples (bounded: past `max_samples` it keeps a uniform reservoir).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace symtp {
