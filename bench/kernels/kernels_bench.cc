@@ -56,6 +56,7 @@
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/cuda/gpu_model.h"
+
 ABSL_FLAG(std::string, json, "", "write the results here as JSON ('' for none)");
 ABSL_FLAG(int, layers, 4, "model_decode: layers of llama-8b-shape (of 32)");
 ABSL_FLAG(bool, skip_model, false, "skip the model_decode section");
