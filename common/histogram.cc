@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_format.h"
-
 namespace symtp {
 
 double Median(std::vector<double> v) {
@@ -71,14 +69,6 @@ LatencySummary LatencyHistogram::Summarize() const {
   out.p90 = at(90);
   out.p99 = at(99);
   return out;
-}
-
-std::string LatencyHistogram::ToJson(double scale) const {
-  LatencySummary s = Summarize();
-  return absl::StrFormat(
-      R"({"count":%d,"mean":%.4f,"min":%.4f,"p50":%.4f,"p90":%.4f,"p99":%.4f,"max":%.4f})",
-      s.count, s.mean / scale, s.min / scale, s.p50 / scale, s.p90 / scale, s.p99 / scale,
-      s.max / scale);
 }
 
 }  // namespace symtp

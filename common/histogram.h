@@ -2,8 +2,8 @@
 // recorded samples (bounded: past `max_samples` it keeps a uniform reservoir).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace symtp {
@@ -29,10 +29,6 @@ class LatencyHistogram {
   // Percentile in [0, 100] by nearest rank over the kept samples; 0 if empty.
   double Percentile(double p) const;
   LatencySummary Summarize() const;
-
-  // {"count":..,"mean":..,"p50":..,"p90":..,"p99":..,"max":..} with values
-  // divided by `scale` (e.g. 1e3 to print microseconds from nanoseconds).
-  std::string ToJson(double scale = 1.0) const;
 
  private:
   size_t max_samples_;

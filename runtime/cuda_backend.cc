@@ -82,16 +82,16 @@ class CudaBackend : public Backend, public BatchBroadcast {
       SYMTP_RETURN_IF_ERROR_CTX(exchange.AllGather(&id, sizeof(id), ids.data(), boot), "NCCL id");
       SYMTP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::NcclComm> nccl,
                              kernels::NcclComm::Create(ids[0], rank, opts.tp, b->device_, boot));
-      if (opts.allreduce == "nccl") {
+      if (opts.allreduce == AllReduce::kNccl) {
         b->comm_ = std::move(nccl);
       } else {
         kernels::AllReduceDispatcher::Options o;
-        o.calibrate = opts.allreduce == "auto";
+        o.calibrate = opts.allreduce == AllReduce::kAuto;
         // The custom path's capacity covers decode's row-parallel messages
         // (rows x hidden x 2 bytes: 4 MiB at batch 512 of a 4096-wide model);
         // above the calibrated crossover, or the capacity, NCCL.
         const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
-        o.crossover_bytes = opts.allreduce == "custom" ? cap : opts.crossover_bytes;
+        o.crossover_bytes = opts.allreduce == AllReduce::kCustom ? cap : opts.crossover_bytes;
         o.max_custom_bytes = cap;
         SYMTP_ASSIGN_OR_RETURN(
             auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
@@ -101,13 +101,13 @@ class CudaBackend : public Backend, public BatchBroadcast {
       }
     }
     model::GpuModelOptions mo;
-    mo.dtype = opts.dtype == "fp32" ? DType::kF32 : DType::kBF16;
+    mo.dtype = opts.dtype;
     // KV cache: --kv-cache-fraction of the memory left after the weights,
     // --kv-cache-mib, or what the workload needs (NumKvBlocks).
     mo.kv_cache_memory_fraction = opts.kv_cache_fraction;
     mo.num_kv_blocks = opts.kv_cache_fraction > 0 ? 0
                        : opts.kv_cache_mib > 0
-                           ? KvBlocksForBytes(cfg, rank, opts.tp, opts.dtype == "fp32" ? 4 : 2,
+                           ? KvBlocksForBytes(cfg, rank, opts.tp, DTypeSize(opts.dtype),
                                               opts.kv_cache_mib * 1048576.0)
                            : NumKvBlocks(opts, cfg);
     if (opts.kv_cache_fraction <= 0 && mo.num_kv_blocks < 1) {
@@ -118,14 +118,10 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
-    mo.comm_stream_high_priority = opts.comm_priority == "high";
-    if (opts.attention == "tiled") {
-      mo.attention_decode_kernel = kernels::DecodeKernel::kTiled;
-      mo.attention_prefill_kernel = kernels::PrefillKernel::kTiled;
-    } else {
-      mo.attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
-      mo.attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
-    }
+    mo.comm_stream_high_priority = opts.comm_priority == CommPriority::kHigh;
+    const bool tiled = opts.attention == Attention::kTiled;
+    mo.attention_decode_kernel = tiled ? kernels::DecodeKernel::kTiled : kernels::DecodeKernel::kTensorCore;
+    mo.attention_prefill_kernel = tiled ? kernels::PrefillKernel::kTiled : kernels::PrefillKernel::kTensorCore;
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
@@ -230,7 +226,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
   std::string Describe() const override {
     return absl::StrFormat(
         "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
-        device_, opts_.dtype, model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
+        device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
         model_->num_kv_blocks(), opts_.buckets, opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }

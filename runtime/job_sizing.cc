@@ -10,16 +10,6 @@
 #include "models/sharding.h"
 
 namespace symtp::runtime {
-namespace {
-
-int MaxLen(const LengthDist& d, int cap) {
-  if (d.kind == "fixed") return std::min(cap, static_cast<int>(d.a));
-  if (d.kind == "uniform") return std::min(cap, static_cast<int>(d.b));
-  return cap;
-}
-
-}  // namespace
-
 absl::StatusOr<model::ModelConfig> ResolveModel(const JobOptions& opts) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::PresetConfig(opts.model));
   SYMTP_RETURN_IF_ERROR(model::ApplyOverrides(opts.model_overrides, &cfg));
@@ -37,7 +27,7 @@ int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
     per_seq = opts.steady_context + opts.warmup_steps + opts.steady_steps +
               static_cast<int>(prefill_steps) + 8;
   } else {
-    per_seq = MaxLen(opts.prompt_len, cap) + MaxLen(opts.output_len, cap);
+    per_seq = opts.prompt_len.Longest(cap) + opts.output_len.Longest(cap);
   }
   return std::min(per_seq, cap);
 }
@@ -50,7 +40,7 @@ sched::SchedulerConfig JobSchedulerConfig(const JobOptions& opts, const model::M
   sc.block_size = cfg.block_size;
   sc.max_seq_len = JobMaxSeqLen(opts, cfg);
   sc.prefill_chunk = opts.prefill_chunk;
-  sc.max_inflight_steps = opts.mode == "v0" ? 1 : opts.max_inflight;  // v0 is synchronous by design
+  sc.max_inflight_steps = opts.mode == Mode::kV0 ? 1 : opts.max_inflight;  // v0 is synchronous by design
   return sc;
 }
 

@@ -207,8 +207,8 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
   }
   ControlBlock* cb = *cb_or;
 
-  SYMTP_LOG(INFO, "launch") << "job " << seg->name() << ": mode " << opts.mode << ", backend "
-                            << opts.resolved_backend << ", tp " << opts.tp << ", model "
+  SYMTP_LOG(INFO, "launch") << "job " << seg->name() << ": mode " << Name(opts.mode) << ", backend "
+                            << Name(opts.resolved_backend) << ", tp " << opts.tp << ", model "
                             << opts.model << (opts.model_overrides.empty() ? "" : " (")
                             << opts.model_overrides << (opts.model_overrides.empty() ? "" : ")");
 
@@ -232,10 +232,10 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     return true;
   };
   bool ok = true;
-  if (opts.mode == "v1") ok = spawn(0, {"scheduler"});
+  if (opts.mode == Mode::kV1) ok = spawn(0, {"scheduler"});
   for (int r = 0; ok && r < opts.tp; ++r) {
     std::vector<std::string> args = {"worker", absl::StrCat("--rank=", r)};
-    if (opts.resolved_backend == "cuda") {
+    if (opts.resolved_backend == BackendKind::kCuda) {
       args.push_back(absl::StrCat("--device=", r));
       SYMTP_LOG(INFO, "launch") << "worker rank " << r << " -> GPU " << r
                                 << " (CUDA_VISIBLE_DEVICES="
@@ -346,7 +346,7 @@ int RunLauncher(JobOptions opts, const std::string& self_exe) {
     }
     if (!failure.empty()) break;
     // The scheduler finished: the workers must follow promptly.
-    if (opts.mode == "v1" && children[0].exited && all_done_deadline == 0) {
+    if (opts.mode == Mode::kV1 && children[0].exited && all_done_deadline == 0) {
       all_done_deadline = now + std::max<int64_t>(hang_ns, 5'000'000'000);
     }
     if (all_done_deadline != 0 && now > all_done_deadline) {

@@ -32,12 +32,6 @@ uint64_t NextPow2(uint64_t x) {
 
 size_t Align(size_t x) { return (x + 4095) & ~size_t{4095}; }
 
-int MaxLen(const LengthDist& d) {
-  if (d.kind == "fixed") return static_cast<int>(d.a);
-  if (d.kind == "uniform") return static_cast<int>(d.b);
-  return 1 << 16;  // unbounded distributions are clamped by the model's max_seq_len
-}
-
 // The workload against the model: no prompt, output or steady context
 // longer than a sequence can be (a prompt leaves room for one output token;
 // a prompt plus its output beyond max_seq_len ends at max_seq_len), and a
@@ -48,7 +42,7 @@ absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfi
     if (d.Max() <= limit) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrFormat(
         "--%s %s asks for %s%g tokens; the model's max_seq_len %d allows at most %d", flag,
-        d.ToString(), d.kind == "normal" || d.kind == "lognormal" ? "a median of " : "", d.Max(),
+        AbslUnparseFlag(d), d.kind == LengthKind::kNormal || d.kind == LengthKind::kLognormal ? "a median of " : "", d.Max(),
         m.max_seq_len, limit));
   };
   if (o.steady_batch > 0) {
@@ -72,7 +66,7 @@ absl::Status CheckWorkloadFitsModel(const JobOptions& o, const model::ModelConfi
   // The CPU workers size --kv-cache-mib in fp32 (CreateCpuBackend): the same
   // count here, so a budget below one sequence fails before any process.
   if (o.num_kv_blocks <= 0 && o.kv_cache_mib > 0 &&
-      (o.backend == "cpu" || o.resolved_backend == "cpu")) {
+      (o.backend == BackendKind::kCpu || o.resolved_backend == BackendKind::kCpu)) {
     int blocks = INT32_MAX;
     for (int r = 0; r < o.tp; ++r) {
       blocks = std::min(blocks, KvBlocksForBytes(m, r, o.tp, sizeof(float), o.kv_cache_mib * 1048576.0));
@@ -95,7 +89,7 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   SYMTP_RETURN_IF_ERROR(CheckWorkloadFitsModel(opts, l.model));
   const int max_seq = l.model.max_seq_len;
   const int max_prompt = std::min(
-      max_seq, std::max(MaxLen(opts.prompt_len), opts.steady_batch > 0 ? opts.steady_context : 0));
+      max_seq, std::max(opts.prompt_len.Longest(max_seq), opts.steady_batch > 0 ? opts.steady_context : 0));
   // The largest diff admits max_batch new requests with whole prompts.
   uint64_t diff_bytes = static_cast<uint64_t>(opts.max_batch) * (static_cast<uint64_t>(max_prompt) * 4 +
                                                                   static_cast<uint64_t>(max_seq / 16 + 16) * 4 + 128);
@@ -105,7 +99,7 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
   const size_t vocab_local = l.model.vocab / opts.tp;
   l.hostcomm_floats = std::max({static_cast<size_t>(opts.max_batched_tokens) * hidden,
                                 static_cast<size_t>(opts.max_batch) * vocab_local, size_t{1} << 16});
-  if (opts.mode == "v0") {
+  if (opts.mode == Mode::kV0) {
     // The padded batch: [B, S] token ids, positions and slot mapping,
     // [B, S/16] block tables, [B] lengths and [B, 3] step metadata (int32).
     const size_t b = opts.steady_batch > 0 ? opts.steady_batch : opts.max_batch;
@@ -117,7 +111,7 @@ absl::StatusOr<JobLayout> PlanJobLayout(const JobOptions& opts) {
                   Align(ipc::SpmcRing::RequiredBytes({static_cast<uint32_t>(opts.tp), l.diff_ring_capacity})) +
                   static_cast<size_t>(opts.tp) *
                       Align(ipc::SpmcRing::RequiredBytes({1, l.result_ring_capacity})) +
-                  (opts.backend == "cuda" && opts.mode == "v1"
+                  (opts.backend == BackendKind::kCuda && opts.mode == Mode::kV1
                        ? Align(ShmHostComm::RequiredBytes(opts.tp, 1 << 16))
                        : Align(ShmHostComm::RequiredBytes(opts.tp, l.hostcomm_floats)));
   l.total_bytes += 4096 * 64;
@@ -130,8 +124,8 @@ absl::Status ResolveBackend(JobOptions* opts) {
 #if defined(SYMTP_HAVE_CUDA)
   gpus = cuda::VisibleDeviceCount(&why);
 #endif
-  if (opts->backend == "cpu" || (opts->backend == "auto" && gpus == 0)) {
-    opts->resolved_backend = "cpu";
+  if (opts->backend == BackendKind::kCpu || (opts->backend == BackendKind::kAuto && gpus == 0)) {
+    opts->resolved_backend = BackendKind::kCpu;
     return ValidateJobOptions(*opts);  // e.g. GPU-only flags
   }
   if (gpus < opts->tp) {
@@ -139,7 +133,7 @@ absl::Status ResolveBackend(JobOptions* opts) {
         "--tp ", opts->tp, " needs ", opts->tp, " GPUs but ", gpus, " visible",
         gpus == 0 ? absl::StrCat(" (", why, ")") : std::string(), "; use --backend=cpu"));
   }
-  opts->resolved_backend = "cuda";
+  opts->resolved_backend = BackendKind::kCuda;
 #if defined(SYMTP_HAVE_CUDA)
   std::string peers;
   if (cuda::AllPeersReachable(opts->tp, &peers)) {
@@ -172,7 +166,7 @@ absl::StatusOr<ControlBlock*> FormatJobSegment(ipc::ShmSegment* seg, const JobLa
     SYMTP_ASSIGN_OR_RETURN(void* mem, seg->Allocate(ResultRegionName(r), rb));
     SYMTP_RETURN_IF_ERROR_CTX(ipc::SpmcRing::Format(mem, rb, rc).status(), ResultRegionName(r));
   }
-  size_t floats = opts.resolved_backend == "cuda" && opts.mode == "v1" ? (1 << 16) : layout.hostcomm_floats;
+  size_t floats = opts.resolved_backend == BackendKind::kCuda && opts.mode == Mode::kV1 ? (1 << 16) : layout.hostcomm_floats;
   size_t hb = ShmHostComm::RequiredBytes(opts.tp, floats);
   SYMTP_ASSIGN_OR_RETURN(void* hc, seg->Allocate(kRegionHostComm, hb));
   SYMTP_RETURN_IF_ERROR(ShmHostComm::Format(hc, hb, opts.tp, floats));

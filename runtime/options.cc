@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <iterator>
 #include <string_view>
 #include <type_traits>
 
@@ -65,18 +64,13 @@ absl::StatusOr<double> ParseReal(absl::string_view v, double lo, double hi) {
   return x;
 }
 
-}  // namespace
-
-std::string LengthDist::ToString() const {
-  if (kind == "fixed") return absl::StrCat(static_cast<int64_t>(a));
-  return absl::StrFormat("%s:%.17g:%.17g", kind, a, b);  // exact round trip to the children
-}
-
-double LengthDist::Max() const {
-  if (kind == "fixed") return a;
-  if (kind == "uniform") return b;
-  if (kind == "normal") return a;
-  return std::exp(a);  // lognormal: the median
+// The choice named `text` in Names(E).
+template <typename E>
+bool ParseName(absl::string_view text, E* v) {
+  for (const auto& [e, name] : Names(E{})) {
+    if (text == name) return (*v = e, true);
+  }
+  return false;
 }
 
 absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
@@ -104,22 +98,20 @@ absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
   };
   constexpr double kMax = LengthDist::kMaxLength;
   if (parts.size() == 1) {
-    d.kind = "fixed";
     SYMTP_RETURN_IF_ERROR(num(parts[0], true, 1, kMax, &d.a));
     return d;
   }
-  if (parts.size() != 3 || (parts[0] != "uniform" && parts[0] != "normal" && parts[0] != "lognormal")) {
+  if (parts.size() != 3 || !ParseName(parts[0], &d.kind) || d.kind == LengthKind::kFixed) {
     return absl::InvalidArgumentError(absl::StrCat(
         "length '", spec, "': expected N, uniform:MIN:MAX, normal:MEAN:STD or lognormal:MU:SIGMA"));
   }
-  d.kind = parts[0];
-  if (d.kind == "uniform") {
+  if (d.kind == LengthKind::kUniform) {
     SYMTP_RETURN_IF_ERROR(num(parts[1], true, 1, kMax, &d.a));
     SYMTP_RETURN_IF_ERROR(num(parts[2], true, 1, kMax, &d.b));
     if (d.b < d.a) {
       return absl::InvalidArgumentError(absl::StrCat("uniform length needs MIN <= MAX: ", spec));
     }
-  } else if (d.kind == "normal") {
+  } else if (d.kind == LengthKind::kNormal) {
     SYMTP_RETURN_IF_ERROR(num(parts[1], false, 1, kMax, &d.a));
     SYMTP_RETURN_IF_ERROR(num(parts[2], false, 0, kMax, &d.b));
   } else {
@@ -128,8 +120,6 @@ absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec) {
   }
   return d;
 }
-
-namespace {
 
 // ---------------------------------------------------------------- flags
 //
@@ -178,32 +168,45 @@ bool AbslParseFlag(absl::string_view text, Switch* s, std::string* err) {
 }
 std::string AbslUnparseFlag(Switch s) { return s.v ? "true" : "false"; }
 
-template <const auto& Names>
-struct OneOf {  // one of Names
-  std::string v;
+template <typename E>
+struct Choice {  // one of Names(E)
+  E v;
 };
-template <const auto& Names>
-bool AbslParseFlag(absl::string_view text, OneOf<Names>* o, std::string* err) {
-  if (std::find(std::begin(Names), std::end(Names), text) != std::end(Names)) {
-    o->v = std::string(text);
-    return true;
-  }
-  *err = absl::StrCat("expected one of {", absl::StrJoin(Names, ", "), "}, got '", text, "'");
+template <typename E>
+bool AbslParseFlag(absl::string_view text, Choice<E>* c, std::string* err) {
+  if (ParseName(text, &c->v)) return true;
+  auto name = [](std::string* out, const auto& choice) { out->append(choice.second); };
+  *err = absl::StrCat("expected one of {", absl::StrJoin(Names(E{}), ", ", name), "}, got '", text, "'");
   return false;
 }
-template <const auto& Names>
-std::string AbslUnparseFlag(const OneOf<Names>& o) { return o.v; }
+template <typename E>
+std::string AbslUnparseFlag(Choice<E> c) { return Name(c.v); }
 
 }  // namespace
 
+double LengthDist::Max() const {
+  if (kind == LengthKind::kUniform) return b;
+  if (kind == LengthKind::kLognormal) return std::exp(a);  // the median
+  return a;  // fixed; normal: the median
+}
+
+int LengthDist::Longest(int cap) const {
+  if (kind == LengthKind::kFixed) return std::min(cap, static_cast<int>(a));
+  if (kind == LengthKind::kUniform) return std::min(cap, static_cast<int>(b));
+  return cap;
+}
+
 // For absl's flag marshalling (found by argument-dependent lookup).
+std::string AbslUnparseFlag(const LengthDist& d) {
+  if (d.kind == LengthKind::kFixed) return absl::StrCat(static_cast<int64_t>(d.a));
+  return absl::StrFormat("%s:%.17g:%.17g", Name(d.kind), d.a, d.b);  // exact round trip to the children
+}
 bool AbslParseFlag(absl::string_view text, LengthDist* d, std::string* err) {
   absl::StatusOr<LengthDist> x = ParseLengthDist(std::string(text));
   if (x.ok()) *d = *x;
   else *err = std::string(x.status().message());
   return x.ok();
 }
-std::string AbslUnparseFlag(const LengthDist& d) { return d.ToString(); }
 
 namespace {
 
@@ -254,13 +257,6 @@ int Bind(absl::Flag<F>& flag, T JobOptions::*field, const char* name) {
 template <int L, int H> using Int = Num<int, L, H>;
 template <int64_t L, int64_t H> using I64 = Num<int64_t, L, H>;
 template <double L, double H> using Real = Num<double, L, H>;
-constexpr const char* kBackends[] = {"auto", "cpu", "cuda"};
-constexpr const char* kResolved[] = {"", "cpu", "cuda"};
-constexpr const char* kModes[] = {"v1", "v0"};
-constexpr const char* kDTypes[] = {"bf16", "fp32"};
-constexpr const char* kPriorities[] = {"normal", "high"};
-constexpr const char* kAttention[] = {"tiled", "tensor-core"};
-constexpr const char* kAllReduce[] = {"auto", "nccl", "custom"};
 
 }  // namespace
 }  // namespace symtp::runtime
@@ -269,11 +265,11 @@ constexpr const char* kAllReduce[] = {"auto", "nccl", "custom"};
 using namespace symtp::runtime;  // NOLINT(build/namespaces): the flag table only
 SYMTP_TOPIC(job, "Job and model");
 SYMTP_FLAG(tp, tp, "tensor-parallel degree: 1, 2, 4 or 8", Int<1, 8>);
-SYMTP_FLAG(backend, backend, "auto | cpu | cuda (auto: cuda when GPUs are visible)", OneOf<kBackends>);
-SYMTP_FLAG(mode, mode, "v1 (scheduler process, diffs) | v0 (rank 0 schedules inline, broadcasts)", OneOf<kModes>);
+SYMTP_FLAG(backend, backend, "auto | cpu | cuda (auto: cuda when GPUs are visible)", Choice<BackendKind>);
+SYMTP_FLAG(mode, mode, "v1 (scheduler process, diffs) | v0 (rank 0 schedules inline, broadcasts)", Choice<Mode>);
 SYMTP_FLAG(model, model, "preset: tiny | small | llama-8b-shape | llama-70b-shape", std::string);
 SYMTP_FLAG(model_overrides, model_overrides, "e.g. layers=4,seed=7", std::string);
-SYMTP_FLAG(dtype, dtype, "cuda backend activations: bf16 | fp32", OneOf<kDTypes>);
+SYMTP_FLAG(dtype, dtype, "cuda backend activations: bf16 | fp32", Choice<symtp::DType>);
 SYMTP_TOPIC(workload, "Workload");
 SYMTP_FLAG(num_requests, num_requests, "requests in the workload", Int<1, 10'000'000>);
 SYMTP_FLAG(prompt_len, prompt_len, "N | uniform:A:B | normal:M:S | lognormal:MU:SIGMA", LengthDist);
@@ -301,15 +297,15 @@ SYMTP_FLAG(max_inflight, max_inflight, "v1 async depth: steps published ahead", 
 SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (false: one step at a time)", Switch);
 SYMTP_TOPIC(gpu, "GPU execution");
 SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
-SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", OneOf<kAttention>);
+SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
 SYMTP_TOPIC(allreduce, "All-reduce");
-SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", OneOf<kAllReduce>);
+SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
 SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);
 SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
 SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);
 SYMTP_FLAG(buckets, buckets, "all-reduce buckets per row-parallel layer (1: no overlap)", Int<1, 64>);
 SYMTP_FLAG(gemm_sm_margin, gemm_sm_margin, "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)", Int<0, 128>);
-SYMTP_FLAG(comm_priority, comm_priority, "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)", OneOf<kPriorities>);
+SYMTP_FLAG(comm_priority, comm_priority, "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)", Choice<CommPriority>);
 SYMTP_FLAG(bench_skip_allreduce, bench_skip_allreduce, "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)", Switch);
 SYMTP_TOPIC(timeouts, "Timeouts");
 SYMTP_FLAG(step_timeout_ms, step_timeout_ms, "deadline of any wait inside a step", I64<1, (int64_t{1} << 40)>);
@@ -319,7 +315,7 @@ SYMTP_FLAG(out, out_dir, "output directory (summary.json, tokens.jsonl)", std::s
 SYMTP_FLAG(trace, trace_file, "write a Chrome/Perfetto trace here", std::string);
 SYMTP_FLAG(progress, progress, "live progress line on a terminal", Switch);
 SYMTP_TOPIC(internal, "");  // set by the launcher for its children; not in --help
-SYMTP_FLAG(resolved_backend, resolved_backend, "(internal)", OneOf<kResolved>);
+SYMTP_FLAG(resolved_backend, resolved_backend, "(internal)", Choice<BackendKind>);
 
 namespace symtp::runtime {
 namespace {
@@ -414,7 +410,7 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
         "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
         "at most one");
   }
-  if (o.kv_cache_fraction > 0 && o.resolved_backend == "cpu") {
+  if (o.kv_cache_fraction > 0 && o.resolved_backend == BackendKind::kCpu) {
     return absl::InvalidArgumentError(
         "--kv-cache-fraction sizes a GPU's KV cache; with the cpu backend use --kv-cache-mib");
   }

@@ -4,43 +4,79 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/dtype.h"
 
 namespace symtp::runtime {
 
+// The enumerated options, each choice with its flag spelling (--backend=cuda)
+// in --help's order: Names(E) lists them, Name(v) spells one; the flags parse
+// and print through them.
+template <typename E>
+using NameTable = std::span<const std::pair<E, const char*>>;
+#define SYMTP_NAMES(E, ...)                                              \
+  inline NameTable<E> Names(E) {                                         \
+    using enum E;                                                        \
+    static constexpr std::pair<E, const char*> kNames[] = {__VA_ARGS__}; \
+    return kNames;                                                       \
+  }
+enum class BackendKind { kAuto, kCpu, kCuda };  // kAuto: cuda when GPUs are visible
+SYMTP_NAMES(BackendKind, {kAuto, "auto"}, {kCpu, "cpu"}, {kCuda, "cuda"})
+enum class Mode { kV1, kV0 };  // v1: scheduler process, diffs; v0: rank 0 schedules inline
+SYMTP_NAMES(Mode, {kV1, "v1"}, {kV0, "v0"})
+enum class AllReduce { kAuto, kNccl, kCustom };
+SYMTP_NAMES(AllReduce, {kAuto, "auto"}, {kNccl, "nccl"}, {kCustom, "custom"})
+enum class CommPriority { kNormal, kHigh };
+SYMTP_NAMES(CommPriority, {kNormal, "normal"}, {kHigh, "high"})
+enum class Attention { kTiled, kTensorCore };
+SYMTP_NAMES(Attention, {kTiled, "tiled"}, {kTensorCore, "tensor-core"})
+enum class LengthKind { kFixed, kUniform, kNormal, kLognormal };
+SYMTP_NAMES(LengthKind, {kFixed, "fixed"}, {kUniform, "uniform"}, {kNormal, "normal"}, {kLognormal, "lognormal"})
+SYMTP_NAMES(DType, {kBF16, "bf16"}, {kF32, "fp32"})  // the cuda backend's activations
+#undef SYMTP_NAMES
+template <typename E>
+const char* Name(E v) {
+  for (const auto& [e, name] : Names(v)) {
+    if (e == v) return name;
+  }
+  return "?";
+}
+
 struct LengthDist {
   // "128" (fixed), "uniform:64:256", "normal:mean:std", "lognormal:mu:sigma"
-  std::string kind = "fixed";
+  LengthKind kind = LengthKind::kFixed;
   double a = 128, b = 0;
   // Longest length any form may ask for; the model's max_seq_len bounds it
   // further (PlanJobLayout). Draws of normal and lognormal beyond [1, the
   // model's limit] are clamped to it; their median must lie inside it.
   static constexpr int kMaxLength = 1 << 24;
-  std::string ToString() const;
   // The longest length (fixed, uniform) or the median (normal, lognormal).
   double Max() const;
+  // The longest length a draw can have, at most `cap` (normal, lognormal: cap).
+  int Longest(int cap) const;
 };
-absl::StatusOr<LengthDist> ParseLengthDist(const std::string& spec);
-// The --prompt-len / --output-len flag's marshalling.
+// The --prompt-len / --output-len flag's marshalling (the text: "uniform:3:40").
 bool AbslParseFlag(absl::string_view text, LengthDist* d, std::string* err);
 std::string AbslUnparseFlag(const LengthDist& d);
 
 struct JobOptions {
   int tp = 1;
-  std::string backend = "auto";  // auto | cpu | cuda
-  std::string mode = "v1";       // v1 | v0
+  BackendKind backend = BackendKind::kAuto;
+  Mode mode = Mode::kV1;
   std::string model = "tiny";
   std::string model_overrides;  // "layers=4,seed=7"
-  std::string dtype = "bf16";   // cuda backend: bf16 | fp32
+  DType dtype = DType::kBF16;   // cuda backend: bf16 | fp32
 
   // Workload.
   int num_requests = 32;
-  LengthDist prompt_len{"fixed", 128, 0};
-  LengthDist output_len{"fixed", 32, 0};
+  LengthDist prompt_len{LengthKind::kFixed, 128, 0};
+  LengthDist output_len{LengthKind::kFixed, 32, 0};
   double arrival_rate = 0;  // requests/s (Poisson); 0 = closed loop
   int concurrency = 0;      // closed loop: requests in flight (0 = max_batch)
   int steady_batch = 0;     // >0: hold exactly B running at steady_context
@@ -65,12 +101,11 @@ struct JobOptions {
   // CUDA backend.
   int buckets = 1;
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
-  std::string comm_priority = "normal";  // normal | high: the bucketed all-reduce's stream priority
+  CommPriority comm_priority = CommPriority::kNormal;  // the bucketed all-reduce's stream priority
   bool cuda_graphs = true;
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
-  std::string allreduce = "auto";  // auto | nccl | custom
-  std::string attention =
-      "tensor-core";  // tiled | tensor-core (kernels/ops/attention.h)
+  AllReduce allreduce = AllReduce::kAuto;
+  Attention attention = Attention::kTensorCore;  // kernels/ops/attention.h
   int64_t crossover_bytes = 1 << 20;
   // Capacity of the custom all-reduce (its scratch is about twice this per
   // rank); messages above it go to NCCL.
@@ -87,7 +122,7 @@ struct JobOptions {
   bool progress = true;    // live progress line on a TTY
 
   // Resolved by the launcher.
-  std::string resolved_backend;  // cpu | cuda
+  BackendKind resolved_backend = BackendKind::kAuto;  // cpu | cuda
 };
 
 // Checks ranges and combinations; InvalidArgument naming the flag otherwise.

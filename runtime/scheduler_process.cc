@@ -213,7 +213,7 @@ class SchedulerProcess {
         result_at > 0 ? std::max<int64_t>(0, done - result_at)
                       : std::max<int64_t>(0, done - (rec->published_at_ns + rec->worker_total_ns));
     // The workers report GPU time by events as their forward time on CUDA.
-    if (opts_.resolved_backend == "cuda") rec->device_forward_ns = rec->forward_ns;
+    if (opts_.resolved_backend == BackendKind::kCuda) rec->device_forward_ns = rec->forward_ns;
   }
 
   // Ends the job for the workers and writes the outputs.

@@ -112,7 +112,7 @@ std::string ProcField(const std::string& path, const std::string& key) {
 // lists them; CUDA_VISIBLE_DEVICES (numeric indices) picks among them.
 std::vector<std::string> Devices(const JobOptions& o) {
   std::vector<std::string> out;
-  if (o.resolved_backend != "cuda") {
+  if (o.resolved_backend != BackendKind::kCuda) {
     std::string cpu = ProcField("/proc/cpuinfo", "model name");
     if (cpu.empty()) cpu = "unknown";
     for (int r = 0; r < o.tp; ++r) out.push_back(absl::StrCat("cpu: ", cpu));
@@ -215,7 +215,7 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     ret.push_back(s.result_return_ns);
     bytes.push_back(static_cast<double>(s.wire_bytes));
     // GPU idle before the step, by CUDA events (0: not measured).
-    if (o.resolved_backend == "cuda" && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
+    if (o.resolved_backend == BackendKind::kCuda && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
   }
   {
     std::vector<double> sum;
@@ -309,7 +309,7 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
     line(absl::StrCat("P99 ", name, " (", unit, "):"), Ms(s, s.p99));
   };
   rule(" symtp results ", '=');
-  line("Backend / mode / TP:", absl::StrCat(o.resolved_backend, " / ", o.mode, " / ", o.tp));
+  line("Backend / mode / TP:", absl::StrCat(Name(o.resolved_backend), " / ", Name(o.mode), " / ", o.tp));
   line("Model:", absl::StrCat(o.model, o.model_overrides.empty() ? "" : " (" + o.model_overrides + ")"));
   line("Successful requests:", absl::StrCat(m.finished, " of ", m.requests));
   line("Start-up, not measured (s):", absl::StrFormat("%.2f", m.startup_s));
@@ -335,7 +335,7 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
        fwd.count > 0 ? absl::StrFormat("%.3f", fwd.p50 / 1e3) : "n/a");
   line("Median GPU idle between steps (us):",
        m.gpu_idle_us.count > 0 ? absl::StrFormat("%.1f", m.gpu_idle_us.p50)
-                               : std::string("n/a (") + o.resolved_backend + " backend)");
+                               : absl::StrCat("n/a (", Name(o.resolved_backend), " backend)"));
   rule("", '=');
   return b;
 }
@@ -347,7 +347,7 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
   j.Field("build_type", BuildType()).Field("date", UtcNow()).Field("host", HostName());
   j.Key("devices").Open('[');
   for (const std::string& d : Devices(o)) j.Value(d);
-  j.Close().Field("mode", o.mode).Field("backend", o.resolved_backend).Field("tp", o.tp);
+  j.Close().Field("mode", Name(o.mode)).Field("backend", Name(o.resolved_backend)).Field("tp", o.tp);
   j.Key("model").Raw(in.model_json).Key("flags").Raw(FlagsJson(o));
   j.Field("startup_s", m.startup_s).Field("wall_s", m.duration_s).Field("requests", m.requests);
   j.Field("finished_requests", m.finished).Field("input_tokens", m.input_tokens);
@@ -447,7 +447,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       ev.Raw(JsonWriter().Open('{').Field("name", "thread_name").Field("ph", "M").Field("pid", 1)
                  .Field("tid", tid).Key("args").Open('{').Field("name", name).Close().Close().Take());
     };
-    thread_name(0, o.mode == "v0" ? "rank 0 (scheduler inline)" : "scheduler");
+    thread_name(0, o.mode == Mode::kV0 ? "rank 0 (scheduler inline)" : "scheduler");
     bool per_rank = false;
     for (const StepRecord& s : in.steps) per_rank = per_rank || !s.ranks.empty();
     if (per_rank) {
@@ -461,8 +461,8 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     for (const StepRecord& s : in.steps) {
       int64_t t = s.plan_start_ns;
       add("schedule", 0, t, s.schedule_ns, s.step);
-      add(o.mode == "v0" ? "build batch" : "encode", 0, t + s.schedule_ns, s.encode_ns, s.step);
-      add(o.mode == "v0" ? "broadcast" : "publish", 0, t + s.schedule_ns + s.encode_ns, s.publish_ns, s.step);
+      add(o.mode == Mode::kV0 ? "build batch" : "encode", 0, t + s.schedule_ns, s.encode_ns, s.step);
+      add(o.mode == Mode::kV0 ? "broadcast" : "publish", 0, t + s.schedule_ns + s.encode_ns, s.publish_ns, s.step);
       if (!s.ranks.empty()) {
         int64_t last_result = 0;
         for (size_t r = 0; r < s.ranks.size(); ++r) {

@@ -215,9 +215,9 @@ absl::Status WorkerMain(const JobOptions& opts, const ProcArgs& proc, JobHandle*
                         int64_t process_start_ns) {
   SYMTP_ASSIGN_OR_RETURN(model::ModelConfig cfg, ResolveModel(opts));
   BatchBroadcast* v0 = nullptr;
-  BatchBroadcast** want_v0 = opts.mode == "v0" ? &v0 : nullptr;
+  BatchBroadcast** want_v0 = opts.mode == Mode::kV0 ? &v0 : nullptr;
   std::unique_ptr<Backend> backend;
-  if (opts.resolved_backend == "cuda") {
+  if (opts.resolved_backend == BackendKind::kCuda) {
 #if defined(SYMTP_HAVE_GPU_MODEL)
     SYMTP_ASSIGN_OR_RETURN(backend, CreateCudaBackend(opts, cfg, proc.rank, proc.device, job, want_v0));
 #else

@@ -9,11 +9,11 @@ namespace {
 
 int Draw(const LengthDist& d, std::mt19937_64& rng, int cap) {
   double v = d.a;
-  if (d.kind == "uniform") {
+  if (d.kind == LengthKind::kUniform) {
     v = std::uniform_int_distribution<int64_t>(static_cast<int64_t>(d.a), static_cast<int64_t>(d.b))(rng);
-  } else if (d.kind == "normal") {
+  } else if (d.kind == LengthKind::kNormal) {
     v = std::normal_distribution<double>(d.a, d.b)(rng);
-  } else if (d.kind == "lognormal") {
+  } else if (d.kind == LengthKind::kLognormal) {
     v = std::exp(std::normal_distribution<double>(d.a, d.b)(rng));
   }
   return static_cast<int>(std::clamp<double>(std::llround(v), 1, cap));

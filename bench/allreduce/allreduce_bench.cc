@@ -27,6 +27,7 @@
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
 #include "common/histogram.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 #include "kernels/allreduce/custom_allreduce.h"
 #include "kernels/allreduce/dispatcher.h"
@@ -158,15 +159,6 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
 
 double BusFactor(int n) { return 2.0 * (n - 1) / n; }
 
-std::string JsonEscape(const std::string& in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
-  }
-  return out;
-}
-
 std::string FormatRow(const Row& r, int tp, DType t) {
   auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };  // GB/s
   std::string ratio =
@@ -295,29 +287,32 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   }
 
   if (rank == 0 && !cfg.json.empty()) {
-    std::ofstream out(cfg.json);
-    out << "{\n  \"tp\": " << size << ",\n  \"dtype\": \"" << DTypeName(cfg.dtype)
-        << "\",\n  \"redop\": \"sum\",\n  \"ll_max_bytes\": " << custom->ll_max_bytes()
-        << ",\n  \"custom_max_bytes\": " << custom->max_bytes()
-        << ",\n  \"scratch_bytes_per_rank\": " << custom->scratch_bytes()
-        << ",\n  \"dispatcher\": \"" << JsonEscape(describe) << "\",\n  \"rows\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
+    JsonWriter j(2);  // one row a line
+    j.Open('{').Field("tp", size).Field("dtype", DTypeName(cfg.dtype)).Field("redop", "sum");
+    j.Field("ll_max_bytes", custom->ll_max_bytes()).Field("custom_max_bytes", custom->max_bytes());
+    j.Field("scratch_bytes_per_rank", custom->scratch_bytes()).Field("dispatcher", describe);
+    j.Key("rows").Open('[');
+    for (const Row& r : rows) {
       auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };
-      out << absl::StrFormat(
-          "    {\"size\": %zu, \"count\": %zu, \"impl\": \"%s\", \"protocol\": \"%s\", "
-          "\"eager_us\": %.3f, \"eager_algbw\": %.3f, \"eager_busbw\": %.3f, \"graph_us\": %.3f, "
-          "\"graph_algbw\": %.3f, \"graph_busbw\": %.3f, \"wrong\": %llu}%s\n",
-          r.bytes, r.count, r.impl, r.proto, r.t.eager_us, bw(r.t.eager_us),
-          bw(r.t.eager_us) * BusFactor(size), r.t.graph_us, bw(r.t.graph_us),
-          bw(r.t.graph_us) * BusFactor(size), static_cast<unsigned long long>(r.t.wrong),
-          i + 1 < rows.size() ? "," : "");
+      j.Raw(JsonWriter()
+                .Open('{')
+                .Field("size", r.bytes)
+                .Field("count", r.count)
+                .Field("impl", r.impl)
+                .Field("protocol", r.proto)
+                .Field("eager_us", r.t.eager_us, 3)
+                .Field("eager_algbw", bw(r.t.eager_us), 3)
+                .Field("eager_busbw", bw(r.t.eager_us) * BusFactor(size), 3)
+                .Field("graph_us", r.t.graph_us, 3)
+                .Field("graph_algbw", bw(r.t.graph_us), 3)
+                .Field("graph_busbw", bw(r.t.graph_us) * BusFactor(size), 3)
+                .Field("wrong", r.t.wrong)
+                .Close()
+                .Take());
     }
-    out << "  ],\n  \"tune\": [";
-    for (size_t i = 0; i < tune_lines.size(); ++i) {
-      out << (i ? ", " : "") << "\"" << tune_lines[i] << "\"";
-    }
-    out << "]\n}\n";
+    j.Close().Key("tune").Open('[');
+    for (const std::string& line : tune_lines) j.Value(line);
+    std::ofstream(cfg.json) << j.Close().Close().Take() << "\n";
     printf("# JSON written to %s\n", cfg.json.c_str());
   }
   uint64_t wrong = 0;

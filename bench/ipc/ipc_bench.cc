@@ -55,12 +55,20 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/histogram.h"
 #include "ipc/liveness.h"
 #include "ipc/ring.h"
 #include "ipc/shm_segment.h"
+
+ABSL_FLAG(bool, ipc_quick, false, "a few records per case (CI smoke)");
+ABSL_FLAG(bool, ipc_pin, false, "latency cases: producer and each consumer on its own CPU");
+ABSL_FLAG(bool, ipc_demote, false, "latency cases: the producer demotes each record's lines to L3");
+ABSL_FLAG(int64_t, ipc_latency_records, 0, "records per latency case (0: by consumer count)");
+ABSL_FLAG(int64_t, ipc_stream_records, 0, "records per stream case (0: by record size)");
 
 namespace symtp::ipc {
 namespace {
@@ -72,7 +80,7 @@ struct Options {
   int64_t latency_records = 0;  // 0: default by consumer count
   int64_t stream_records = 0;   // 0: default by record size
 };
-Options g_options;
+Options g_options;  // from the flags, in main
 
 constexpr uint64_t kRingCapacity = 1 << 20;
 
@@ -516,33 +524,6 @@ void RegisterAll() {
   }
 }
 
-// Removes our flags from argv (Google Benchmark rejects unknown ones).
-bool ParseOwnFlags(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag, int64_t* v) {
-      std::string f = std::string(flag) + "=";
-      if (a.rfind(f, 0) != 0) return false;
-      *v = std::atoll(a.c_str() + f.size());
-      return true;
-    };
-    if (a == "--ipc_quick") {
-      g_options.quick = true;
-    } else if (a == "--ipc_pin") {
-      g_options.pin = true;
-    } else if (a == "--ipc_demote") {
-      g_options.demote = true;
-    } else if (value("--ipc_latency_records", &g_options.latency_records) ||
-               value("--ipc_stream_records", &g_options.stream_records)) {
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return true;
-}
-
 // Machine facts the latency figures depend on, in the JSON context: the
 // clock they are taken with and what one reading costs (on a VM whose clock
 // source is not read in user space, e.g. hpet or acpi_pm, every MonotonicNs()
@@ -597,9 +578,16 @@ void AddMachineContext() {
 }  // namespace symtp::ipc
 
 int main(int argc, char** argv) {
-  symtp::ipc::ParseOwnFlags(&argc, argv);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::Initialize(&argc, argv);  // takes Google Benchmark's flags out of argv
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);  // then ours
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "ipc_bench: unexpected argument '%s'\n", rest[1]);
+    return 2;
+  }
+  symtp::ipc::g_options = {absl::GetFlag(FLAGS_ipc_quick), absl::GetFlag(FLAGS_ipc_pin),
+                           absl::GetFlag(FLAGS_ipc_demote),
+                           absl::GetFlag(FLAGS_ipc_latency_records),
+                           absl::GetFlag(FLAGS_ipc_stream_records)};
   symtp::ipc::AddMachineContext();
   symtp::ipc::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();

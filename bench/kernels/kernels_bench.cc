@@ -16,9 +16,9 @@
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
-// Usage: kernels_bench [--json FILE] [--layers N] [--skip-model] [--sections LIST]
-//        [--gemm-match LIST] [--model-batches LIST] [--model-kernels LIST]
-//        [--model-graphs on|off|both] [--model-overrides K=V,...]
+// Flags (--help lists them): --json FILE, --layers N, --skip-model,
+// --sections LIST, --gemm-match LIST, --model-batches LIST, --model-kernels
+// LIST, --model-graphs on|off|both, --model-overrides K=V,...
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +35,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -45,6 +48,7 @@
 #include "common/cuda_raii.h"
 #include "common/env.h"
 #include "common/histogram.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/gemm.h"
@@ -52,6 +56,25 @@
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/cuda/gpu_model.h"
+
+ABSL_FLAG(std::string, json, "", "write the results here as JSON ('' for none)");
+ABSL_FLAG(int, layers, 4, "model_decode: layers of llama-8b-shape (of 32)");
+ABSL_FLAG(bool, skip_model, false, "skip the model_decode section");
+ABSL_FLAG(std::vector<std::string>, sections,
+          std::vector<std::string>({"gemm", "attention", "prefill", "model"}),
+          "sections to run: gemm, attention, prefill, model");
+ABSL_FLAG(std::vector<std::string>, gemm_match, {},
+          "decode_gemm: only rows whose 'model tp=N layer M=m' holds one of these "
+          "(e.g. 'llama-8b-shape tp=2 wo M=256')");
+ABSL_FLAG(std::vector<std::string>, model_batches,
+          std::vector<std::string>({"32", "64", "128", "256", "512"}),
+          "model_decode: batch sizes, each in [1, 512]");
+ABSL_FLAG(std::vector<std::string>, model_kernels, {},
+          "model_decode: decode attention kernels (tiled, tensor-core; empty: both)");
+ABSL_FLAG(std::string, model_graphs, "both", "model_decode: CUDA graphs on, off or both");
+ABSL_FLAG(std::string, model_overrides, "",
+          "model_decode: more overrides after layers= (e.g. heads=16,kv_heads=4)");
+
 namespace symtp::bench {
 namespace {
 
@@ -186,6 +209,7 @@ absl::Status FillRandom(void* p, size_t elems, uint64_t seed, float scale, cudaS
   return kernels::InitSyntheticWeight(p, DType::kBF16, b, s);
 }
 
+// The JSON output's parts, each row one line of JSON (JsonWriter).
 struct Json {
   std::vector<std::string> gemm, attn, prefill_attn, model;
   std::string ceilings, device;
@@ -229,10 +253,15 @@ absl::StatusOr<Ceilings> MeasureCeilings(kernels::CublasLtHandle& h, void* ws, c
   if (probe[0] != 0x3c || probe[3] != 0x3c) return absl::InternalError("D2D copy check failed");
   std::printf("ceilings: bf16 GEMM 8192^3 %.0f TFLOP/s (%.1f us), D2D copy %.0f GB/s\n",
               c.gemm_tflops, us, c.copy_gbps);
-  js->ceilings = absl::StrFormat(
-      "{\"bf16_gemm_tflops\": %.1f, \"bf16_gemm_shape\": [8192, 8192, 8192], "
-      "\"d2d_copy_gbps\": %.1f, \"d2d_copy_bytes\": %d}",
-      c.gemm_tflops, c.copy_gbps, bytes);
+  js->ceilings = JsonWriter()
+                     .Open('{')
+                     .Field("bf16_gemm_tflops", c.gemm_tflops, 1)
+                     .Key("bf16_gemm_shape")
+                     .Array(std::vector<int64_t>{n, n, n})
+                     .Field("d2d_copy_gbps", c.copy_gbps, 1)
+                     .Field("d2d_copy_bytes", bytes)
+                     .Close()
+                     .Take();
   return c;
 }
 
@@ -354,12 +383,22 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                   g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
                   static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps,
                   us_graph, 100.0 * frac_graph);
-      js->gemm.push_back(absl::StrFormat(
-          "{\"model\": \"%s\", \"tp\": %d, \"layer\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
-          "\"us\": %.2f, \"tflops\": %.2f, \"frac_of_measured_peak\": %.4f, \"weight_gbps\": "
-          "%.1f, \"graph_us\": %.2f, \"graph_frac_of_measured_peak\": %.4f}",
-          g.model, g.tp, g.layer, m, g.n, g.k, us, tflops, tflops / c.gemm_tflops, wgbps, us_graph,
-          frac_graph));
+      js->gemm.push_back(JsonWriter()
+                             .Open('{')
+                             .Field("model", g.model)
+                             .Field("tp", g.tp)
+                             .Field("layer", g.layer)
+                             .Field("m", m)
+                             .Field("n", g.n)
+                             .Field("k", g.k)
+                             .Field("us", us, 2)
+                             .Field("tflops", tflops, 2)
+                             .Field("frac_of_measured_peak", tflops / c.gemm_tflops, 4)
+                             .Field("weight_gbps", wgbps, 1)
+                             .Field("graph_us", us_graph, 2)
+                             .Field("graph_frac_of_measured_peak", frac_graph, 4)
+                             .Close()
+                             .Take());
     }
   }
   return absl::OkStatus();
@@ -543,13 +582,22 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
                     absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
                     100.0 * gbps / c.copy_gbps);
-        js->attn.push_back(absl::StrFormat(
-            "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
-            "\"head_dim\": %d, \"batch\": %d, \"context\": %d, \"split_chunk\": %d, "
-            "\"chunk_planned\": %s, \"us\": %.2f, "
-            "\"kv_gbps\": %.1f, \"frac_of_copy_bw\": %.4f}",
-            cf.name, kname, cf.nq, cf.nkv, cf.d, batch, ctx, chunk,
-            var.chunk > 0 ? "false" : "true", us, gbps, gbps / c.copy_gbps));
+        js->attn.push_back(JsonWriter()
+                               .Open('{')
+                               .Field("shape", cf.name)
+                               .Field("kernel", kname)
+                               .Field("q_heads", cf.nq)
+                               .Field("kv_heads", cf.nkv)
+                               .Field("head_dim", cf.d)
+                               .Field("batch", batch)
+                               .Field("context", ctx)
+                               .Field("split_chunk", chunk)
+                               .Field("chunk_planned", var.chunk <= 0)
+                               .Field("us", us, 2)
+                               .Field("kv_gbps", gbps, 1)
+                               .Field("frac_of_copy_bw", gbps / c.copy_gbps, 4)
+                               .Close()
+                               .Take());
       }
     }
   }
@@ -631,11 +679,19 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
         const double tflops = flops / (us * 1e-6) / 1e12;
         std::printf("%-20s %-12s %6d %9.1f %9.1f %6.1f%%\n", cf.name, kname, n, us, tflops,
                     100.0 * tflops / c.gemm_tflops);
-        js->prefill_attn.push_back(absl::StrFormat(
-            "{\"shape\": \"%s\", \"kernel\": \"%s\", \"q_heads\": %d, \"kv_heads\": %d, "
-            "\"head_dim\": %d, \"tokens\": %d, \"us\": %.2f, \"tflops\": %.2f, "
-            "\"frac_of_gemm_peak\": %.4f}",
-            cf.name, kname, cf.nq, cf.nkv, cf.d, n, us, tflops, tflops / c.gemm_tflops));
+        js->prefill_attn.push_back(JsonWriter()
+                                       .Open('{')
+                                       .Field("shape", cf.name)
+                                       .Field("kernel", kname)
+                                       .Field("q_heads", cf.nq)
+                                       .Field("kv_heads", cf.nkv)
+                                       .Field("head_dim", cf.d)
+                                       .Field("tokens", n)
+                                       .Field("us", us, 2)
+                                       .Field("tflops", tflops, 2)
+                                       .Field("frac_of_gemm_peak", tflops / c.gemm_tflops, 4)
+                                       .Close()
+                                       .Take());
       }
     }
   }
@@ -645,9 +701,9 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
 // Which model_decode cases run (--model-batches, --model-kernels,
 // --model-graphs): all by default; fewer keep a profiler's run short.
 struct ModelSelection {
-  std::vector<int> batches = {32, 64, 128, 256, 512};
+  std::vector<int> batches;
   std::vector<std::string> kernels;  // decode kernel names; empty: both
-  std::string graphs = "both";       // on, off or both
+  std::string graphs;                // on, off or both
   // More model overrides after layers= (e.g. one TP rank's shapes:
   // heads=16,kv_heads=4,head_dim=128,ffn=7168,vocab=64128 for TP = 2).
   std::string overrides;
@@ -782,32 +838,40 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
                   kname, batch, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
                   prof.other_ms);
       const auto st = m.graph_stats();
-      js->model.push_back(absl::StrFormat(
-          "{\"model\": \"%s\", \"layers\": %d, \"dtype\": \"bfloat16\", \"tp\": 1, \"batch\": "
-          "%d, "
-          "\"context\": %d, \"cuda_graphs\": %s, \"attention_decode_kernel\": \"%s\", "
-          "\"step_us_gpu\": %.1f, \"step_us_wall\": %.1f, "
-          "\"graph_replays\": %d, \"profile_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
-          "\"row_parallel_gemm\": %.4f, \"other\": %.4f, \"total\": %.4f}}",
-          cfg.name, layers, batch, ctx, graphs ? "true" : "false", kname, g, w, st.replays,
-          prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms, prof.other_ms, prof.total_ms));
+      js->model.push_back(JsonWriter()
+                              .Open('{')
+                              .Field("model", cfg.name)
+                              .Field("layers", layers)
+                              .Field("dtype", "bfloat16")
+                              .Field("tp", 1)
+                              .Field("batch", batch)
+                              .Field("context", ctx)
+                              .Field("cuda_graphs", graphs)
+                              .Field("attention_decode_kernel", kname)
+                              .Field("step_us_gpu", g, 1)
+                              .Field("step_us_wall", w, 1)
+                              .Field("graph_replays", st.replays)
+                              .Key("profile_ms")
+                              .Open('{')
+                              .Field("gemm", prof.gemm_ms, 4)
+                              .Field("attention", prof.attention_ms, 4)
+                              .Field("row_parallel_gemm", prof.row_parallel_ms, 4)
+                              .Field("other", prof.other_ms, 4)
+                              .Field("total", prof.total_ms, 4)
+                              .Close()
+                              .Close()
+                              .Take());
     }
   }
   return absl::OkStatus();
 }
 
-std::string JoinArr(const std::vector<std::string>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ",\n    " : "\n    ") + v[i];
-  return s + "\n  ]";
-}
-
-// "1,16,1" for a flag: each value in [lo, hi], else InvalidArgument
-// "FLAG: 'x' is not WHAT in [lo, hi]".
-absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const char* text, int lo,
-                                              int hi, const char* what) {
+// The values of a list flag ("1,16,1"), each in [lo, hi], else
+// InvalidArgument "FLAG: 'x' is not WHAT in [lo, hi]".
+absl::StatusOr<std::vector<int>> ParseIntList(const char* flag, const std::vector<std::string>& text,
+                                              int lo, int hi, const char* what) {
   std::vector<int> out;
-  for (absl::string_view b : absl::StrSplit(text, ',')) {
+  for (const std::string& b : text) {
     int v = 0;
     if (!absl::SimpleAtoi(b, &v) || v < lo || v > hi) {
       return absl::InvalidArgumentError(
@@ -818,46 +882,20 @@ absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const cha
   return out;
 }
 
-absl::Status Run(int argc, char** argv) {
-  std::string json_path;
-  int layers = 4;
-  bool skip_model = false;
-  std::vector<std::string> gemm_match;
-  std::string sections = "gemm,attention,prefill,model";
+absl::Status Run() {
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  const int layers = absl::GetFlag(FLAGS_layers);
+  const std::vector<std::string> gemm_match = absl::GetFlag(FLAGS_gemm_match);
   ModelSelection model_sel;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (a == "--layers" && i + 1 < argc) {
-      layers = std::atoi(argv[++i]);
-    } else if (a == "--skip-model") {
-      skip_model = true;
-    } else if (a == "--gemm-match" && i + 1 < argc) {
-      gemm_match = absl::StrSplit(argv[++i], ',');
-    } else if (a == "--sections" && i + 1 < argc) {
-      sections = argv[++i];
-    } else if (a == "--model-overrides" && i + 1 < argc) {
-      model_sel.overrides = argv[++i];
-    } else if (a == "--model-batches" && i + 1 < argc) {
-      SYMTP_ASSIGN_OR_RETURN(model_sel.batches, ParseIntList(a, argv[++i], 1, 512, "a batch"));
-    } else if (a == "--model-kernels" && i + 1 < argc) {
-      model_sel.kernels = absl::StrSplit(argv[++i], ',');
-    } else if (a == "--model-graphs" && i + 1 < argc) {
-      model_sel.graphs = argv[++i];
-      if (model_sel.graphs != "on" && model_sel.graphs != "off" && model_sel.graphs != "both") {
-        return absl::InvalidArgumentError("--model-graphs: on, off or both");
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown argument '", a,
-          "'; usage: kernels_bench [--json FILE] [--layers N] [--skip-model] "
-          "[--gemm-match 'llama-8b-shape tp=2 wo M=256,...'] "
-          "[--sections gemm,attention,prefill,model] "
-          "[--model-batches 32,256] [--model-kernels tensor-core] [--model-graphs on|off|both] "
-          "[--model-overrides heads=16,...]"));
-    }
+  model_sel.overrides = absl::GetFlag(FLAGS_model_overrides);
+  model_sel.kernels = absl::GetFlag(FLAGS_model_kernels);
+  model_sel.graphs = absl::GetFlag(FLAGS_model_graphs);
+  if (model_sel.graphs != "on" && model_sel.graphs != "off" && model_sel.graphs != "both") {
+    return absl::InvalidArgumentError("--model-graphs: on, off or both");
   }
+  SYMTP_ASSIGN_OR_RETURN(model_sel.batches,
+                         ParseIntList("--model-batches", absl::GetFlag(FLAGS_model_batches), 1,
+                                      512, "a batch"));
   std::string why;
   if (cuda::VisibleDeviceCount(&why) == 0) return absl::UnavailableError("no GPU: " + why);
   CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
@@ -866,8 +904,13 @@ absl::Status Run(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
   Json js;
-  js.device = absl::StrFormat("{\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %d}", prop.name,
-                              prop.multiProcessorCount, prop.l2CacheSize);
+  js.device = JsonWriter()
+                  .Open('{')
+                  .Field("name", prop.name)
+                  .Field("sms", prop.multiProcessorCount)
+                  .Field("l2_bytes", prop.l2CacheSize)
+                  .Close()
+                  .Take();
   SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
   SYMTP_ASSIGN_OR_RETURN(kernels::CublasLtHandle h, kernels::CublasLtHandle::Create());
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer ws,
@@ -880,26 +923,32 @@ absl::Status Run(int argc, char** argv) {
     std::printf("SECTION %s FAILED: %s\n", name, st.ToString().c_str());
     if (first_error.ok()) first_error = Annotate(st, name);
   };
-  const std::vector<std::string> want = absl::StrSplit(sections, ',');
+  const std::vector<std::string> want = absl::GetFlag(FLAGS_sections);
   auto on = [&](const char* s) { return std::find(want.begin(), want.end(), s) != want.end(); };
   if (on("gemm")) {
     section("decode_gemm", BenchDecodeGemms(h, ws.get(), stream.get(), c, &js, gemm_match));
   }
   if (on("attention")) section("decode_attention", BenchDecodeAttention(stream.get(), c, &js));
   if (on("prefill")) section("prefill_attention", BenchPrefillAttention(stream.get(), c, &js));
-  if (on("model") && !skip_model) {
+  if (on("model") && !absl::GetFlag(FLAGS_skip_model)) {
     section("model_decode", BenchModelDecode(layers, model_sel, stream.get(), &js));
   }
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return absl::UnavailableError("cannot write " + json_path);
-    std::fprintf(f,
-                 "{\n  \"device\": %s,\n  \"ceilings\": %s,\n  \"decode_gemm\": %s,\n"
-                 "  \"decode_attention\": %s,\n  \"prefill_attention\": %s,\n"
-                 "  \"model_decode\": %s\n}\n",
-                 js.device.c_str(), js.ceilings.c_str(), JoinArr(js.gemm).c_str(),
-                 JoinArr(js.attn).c_str(), JoinArr(js.prefill_attn).c_str(),
-                 JoinArr(js.model).c_str());
+    JsonWriter j(2);  // one row a line
+    j.Open('{').Key("device").Raw(js.device).Key("ceilings").Raw(js.ceilings);
+    const std::pair<const char*, const std::vector<std::string>*> parts[] = {
+        {"decode_gemm", &js.gemm},
+        {"decode_attention", &js.attn},
+        {"prefill_attention", &js.prefill_attn},
+        {"model_decode", &js.model}};
+    for (const auto& [key, rows] : parts) {
+      j.Key(key).Open('[');
+      for (const std::string& row : *rows) j.Raw(row);
+      j.Close();
+    }
+    std::fprintf(f, "%s\n", j.Close().Take().c_str());
     std::fclose(f);
     std::printf("wrote %s\n", json_path.c_str());
   }
@@ -910,7 +959,17 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace symtp::bench
 
 int main(int argc, char** argv) {
-  const absl::Status st = symtp::bench::Run(argc, argv);
+  // The flags are spelled with dashes (--skip-model), as symtp's are; absl's
+  // names have underscores.
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (std::strncmp(argv[i], "--", 2) != 0) continue;
+    for (char* c = argv[i] + 2; *c != '\0' && *c != '='; ++c) *c = *c == '-' ? '_' : *c;
+  }
+  absl::SetProgramUsageMessage(
+      "device ceilings and the decode-time cost of the model's kernels; flags are spelled with "
+      "dashes or underscores (--skip-model)");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = symtp::bench::Run();
   if (!st.ok()) {
     std::fprintf(stderr, "kernels_bench: %s\n", st.ToString().c_str());
     return 1;

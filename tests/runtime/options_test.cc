@@ -86,7 +86,7 @@ TEST(OptionsTest, WellFormedValuesParse) {
   EXPECT_DOUBLE_EQ(o.arrival_rate, 1000);
   EXPECT_EQ(o.num_requests, 7);
   EXPECT_EQ(o.seed, UINT64_MAX);
-  EXPECT_EQ(o.prompt_len.kind, "uniform");
+  EXPECT_EQ(o.prompt_len.kind, LengthKind::kUniform);
   EXPECT_EQ(o.prompt_len.b, 40);
 }
 

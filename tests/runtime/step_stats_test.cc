@@ -22,7 +22,7 @@ constexpr int64_t kMs = 1'000'000;
 JobOptions CpuOptions() {
   JobOptions o;
   o.tp = 2;
-  o.resolved_backend = "cpu";
+  o.resolved_backend = BackendKind::kCpu;
   o.warmup_steps = 0;
   return o;
 }
@@ -180,7 +180,7 @@ TEST(ResultsBlockTest, ShowsLatenciesThroughputAndStartup) {
 
 TEST(SummaryJsonTest, RecordsBuildHostFlagsAndNullsForMissingMetrics) {
   JobOptions o = CpuOptions();
-  o.prompt_len = {"uniform", 16, 64};
+  o.prompt_len = {LengthKind::kUniform, 16, 64};
   o.out_dir = "dir with \"quote\"";
   RunSummaryInput in = TwoRequests(&o);
   in.model_json = "{\"name\":\"tiny\"}";

@@ -29,12 +29,12 @@ uint64_t WorkloadHash() {
     o.num_requests = 200;
     o.eos_id = variant == 1 ? 5 : -1;
     if (variant == 1) {
-      o.prompt_len = {"uniform", 3, 40};
+      o.prompt_len = {LengthKind::kUniform, 3, 40};
       o.arrival_rate = 50;
     }
     if (variant == 2) {
-      o.prompt_len = {"normal", 100, 30};
-      o.output_len = {"lognormal", 3, 0.5};
+      o.prompt_len = {LengthKind::kNormal, 100, 30};
+      o.output_len = {LengthKind::kLognormal, 3, 0.5};
     }
     if (variant == 3) o.steady_batch = 16;
     for (const WorkloadRequest& r : GenerateWorkload(o, SmallModel())) {
@@ -57,7 +57,7 @@ TEST(WorkloadTest, StreamMatchesTheWholeWorkloadAndPeekIsStable) {
   JobOptions o;
   o.seed = 3;
   o.num_requests = 50;
-  o.prompt_len = {"uniform", 1, 300};
+  o.prompt_len = {LengthKind::kUniform, 1, 300};
   o.arrival_rate = 10;
   const std::vector<WorkloadRequest> all = GenerateWorkload(o, SmallModel());
   WorkloadStream s(o, SmallModel());
@@ -80,7 +80,7 @@ TEST(WorkloadTest, StreamMatchesTheWholeWorkloadAndPeekIsStable) {
 TEST(WorkloadTest, HugeWorkloadCostsNothingUpFront) {
   JobOptions o;
   o.num_requests = 10'000'000;
-  o.prompt_len = {"fixed", 4000, 0};
+  o.prompt_len = {LengthKind::kFixed, 4000, 0};
   const int64_t t0 = MonotonicNs();
   WorkloadStream s(o, SmallModel());
   for (int i = 0; i < 100; ++i) EXPECT_EQ(s.Take().prompt.size(), 4000u);

@@ -11,10 +11,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "ipc/shm_segment.h"
+
+ABSL_FLAG(std::string, prefix, symtp::env::ShmPrefix() + "_",
+          "name prefix ($SYMTP_SHM_PREFIX or 'symtp', plus '_')");
+ABSL_FLAG(bool, all, false, "clean: every segment under the prefix");
 
 namespace {
 
@@ -106,38 +115,31 @@ int Clean(const std::string& prefix, bool all) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    Usage(stderr);
-    return kUsage;
-  }
-  std::string cmd = argv[1];
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+  const std::string first = argc < 2 ? "" : argv[1];
+  if (first == "-h" || first == "--help" || first == "help") {
     Usage(stdout);
     return kOk;
   }
-  std::string prefix = symtp::env::ShmPrefix() + "_";
-  bool all = false;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--all" && cmd == "clean") {
-      all = true;
-    } else if (a == "--prefix" && i + 1 < argc) {
-      prefix = argv[++i];
-    } else if (a.rfind("--prefix=", 0) == 0) {
-      prefix = a.substr(9);
-    } else {
-      std::fprintf(stderr, "symtp_shm: unexpected argument '%s'\n", a.c_str());
+  // absl exits with 1 on a flag it does not know; here that is a usage error.
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--") && !absl::FindCommandLineFlag(a.substr(0, a.find('=')))) {
+      std::fprintf(stderr, "symtp_shm: unexpected argument '%s'\n", argv[i]);
       Usage(stderr);
       return kUsage;
     }
   }
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::string prefix = absl::GetFlag(FLAGS_prefix);
   if (prefix.empty() || prefix.find('/') != std::string::npos) {
     std::fprintf(stderr, "symtp_shm: invalid prefix '%s'\n", prefix.c_str());
     return kUsage;
   }
-  if (cmd == "list") return List(prefix);
-  if (cmd == "clean") return Clean(prefix, all);
-  std::fprintf(stderr, "symtp_shm: unknown command '%s'\n", cmd.c_str());
+  const std::string cmd = args.size() == 2 ? args[1] : "";  // the one positional argument
+  if (cmd == "list" && !absl::GetFlag(FLAGS_all)) return List(prefix);
+  if (cmd == "clean") return Clean(prefix, absl::GetFlag(FLAGS_all));
+  std::fprintf(stderr, "symtp_shm: expected 'list' or 'clean' and flags, got '%s'\n",
+               absl::StrJoin(argv + 1, argv + argc, " ").c_str());
   Usage(stderr);
   return kUsage;
 }
