@@ -1,4 +1,4 @@
-// allreduce_bench --tp N [--dtype bf16|fp16|fp32] [--json out.json]
+// allreduce_bench --tp N [--dtype bf16|fp16|fp32] [--json out.json] [--fused_hidden 4096]
 //
 // Custom one-shot all-reduce (kernels/allreduce) against NCCL, nccl-tests
 // style: size, count, type, redop, time (us), algbw, busbw (= algbw * 2(n-1)/n)
@@ -11,6 +11,9 @@
 // repetitions of `iters` back-to-back calls (eager) or of one graph holding
 // `iters` calls (graph), timed with CUDA events; a rank's time is the median
 // over repetitions divided by `iters`; the table shows the slowest rank.
+// Then (bf16/fp32) the fused all-reduce + residual + RMSNorm against the
+// all-reduce followed by AddRmsNorm at 1..512 rows of --fused_hidden, checked
+// bitwise against each other and graph-timed.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +38,7 @@
 #include "tests/testing/allreduce/nccl_bootstrap.h"
 #include "tests/testing/allreduce/reference.h"
 #include "kernels/nccl/nccl_comm.h"
+#include "kernels/ops/layer_ops.h"
 
 ABSL_FLAG(int, tp, 2, "ranks (processes, one GPU each)");
 ABSL_FLAG(std::string, dtype, "bf16", "bf16, fp16 or fp32");
@@ -52,6 +56,8 @@ ABSL_FLAG(std::string, json, "allreduce_bench.json", "JSON output file ('' for n
 ABSL_FLAG(bool, calibrate, true, "also run the dispatcher's start-up calibration and print it");
 ABSL_FLAG(bool, tune, false, "also sweep grid sizes and protocols of the custom path");
 ABSL_FLAG(int64_t, timeout_s, 600, "kill the ranks after this long");
+ABSL_FLAG(int, fused_hidden, 4096,
+          "row width of the fused all-reduce + residual + RMSNorm rows (bf16/fp32; 0: none)");
 
 namespace symtp::kernels {
 namespace {
@@ -67,6 +73,7 @@ struct Config {
   CustomAllReduce::Options custom;
   int warmup, iters, reps;
   bool calibrate, tune;
+  int fused_hidden;
   std::string json;
 };
 
@@ -157,6 +164,99 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
   return out;
 }
 
+// Graph-replay time per call of `run` (a graph of `iters` calls, median of
+// cfg.reps replays), the slowest rank's.
+template <typename Run>
+absl::StatusOr<double> GraphUs(const Config& cfg, PeerExchange& ex, cudaStream_t stream,
+                               int iters, Run run) {
+  const Deadline deadline = Deadline::AfterMs(120'000);
+  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, [&] {
+    absl::Status cap;
+    for (int i = 0; i < iters && cap.ok(); ++i) cap = run(stream);
+    return cap;
+  });
+  SYMTP_RETURN_IF_ERROR_CTX(exec.status(), "capturing");
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event start, cuda::Event::Create(true));
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event stop, cuda::Event::Create(true));
+  for (int i = 0; i < 3; ++i) SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
+  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
+  std::vector<double> samples;
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
+    SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
+    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    samples.push_back(ms * 1000.0 / iters);
+  }
+  double mine = Median(samples);
+  std::vector<double> all(cfg.tp);
+  SYMTP_RETURN_IF_ERROR(ex.AllGather(&mine, sizeof(mine), all.data(), deadline));
+  return *std::max_element(all.begin(), all.end());
+}
+
+// The fused all-reduce + residual + RMSNorm against the all-reduce followed
+// by AddRmsNorm, at decode's message sizes (rows x cfg.fused_hidden): checked
+// bitwise against each other once (#wrong), then graph-timed.
+absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAllReduce& custom,
+                        cudaStream_t stream, std::vector<std::string>* lines) {
+  const int H = cfg.fused_hidden;
+  const size_t es = DTypeSize(cfg.dtype);
+  const int max_rows = static_cast<int>(std::min<size_t>(512, custom.max_bytes() / (H * es)));
+  if (H <= 0 || max_rows < 1) return absl::OkStatus();
+  const size_t max_n = static_cast<size_t>(max_rows) * H;
+  std::vector<cuda::DeviceBuffer> b;  // data, residual, out (fused) | data, residual, out | weight
+  for (int i = 0; i < 7; ++i) {
+    SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d,
+                           cuda::DeviceBuffer::Create((i == 6 ? H : max_n) * es));
+    b.push_back(std::move(d));
+  }
+  const kt::HostArray weight = kt::RandomInput(cfg.dtype, H, 7, 0);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(),
+                                       cudaMemcpyHostToDevice, stream));
+  if (rank == 0) {
+    printf("# fused all-reduce + residual + RMSNorm (hidden %d) vs all-reduce then AddRmsNorm, "
+           "graph us per call (slowest rank), #wrong = fused output bits != two-kernel bits\n", H);
+  }
+  for (int rows = 1; rows <= max_rows; rows *= 2) {
+    const size_t n = static_cast<size_t>(rows) * H, bytes = n * es;
+    const kt::HostArray in = kt::RandomInput(cfg.dtype, n, 11 + rows, rank);
+    const kt::HostArray res = kt::RandomInput(cfg.dtype, n, 13 + rows, 0);
+    for (int k : {0, 3}) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[k].get(), in.data(), bytes, cudaMemcpyHostToDevice, stream));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[k + 1].get(), res.data(), bytes, cudaMemcpyHostToDevice, stream));
+    }
+    const ResidualNorm fused{b[1].get(), b[6].get(), b[2].get(), rows, H, 1e-5f};
+    if (!custom.FusesResidualNorm(fused, cfg.dtype)) return absl::OkStatus();
+    auto run_fused = [&](cudaStream_t s) { return custom.AllReduceResidualNorm(b[0].get(), fused, cfg.dtype, s); };
+    auto run_two = [&](cudaStream_t s) -> absl::Status {
+      SYMTP_RETURN_IF_ERROR(custom.AllReduceSum(b[3].get(), n, cfg.dtype, s));
+      return AddRmsNorm(b[4].get(), b[3].get(), b[6].get(), b[5].get(), rows, H, 1e-5f, cfg.dtype, s);
+    };
+    SYMTP_RETURN_IF_ERROR(run_fused(stream));
+    SYMTP_RETURN_IF_ERROR(run_two(stream));
+    kt::HostArray got_f(cfg.dtype, n), got_t(cfg.dtype, n);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(got_f.data(), b[2].get(), bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(got_t.data(), b[5].get(), bytes, cudaMemcpyDeviceToHost, stream));
+    SYMTP_RETURN_IF_ERROR(Sync(stream, Deadline::AfterMs(60'000)));
+    const size_t wrong = kt::CountWrong(got_f, got_t, 0.0);
+    SYMTP_ASSIGN_OR_RETURN(double fused_us, GraphUs(cfg, ex, stream, 100, run_fused));
+    SYMTP_ASSIGN_OR_RETURN(double two_us, GraphUs(cfg, ex, stream, 100, run_two));
+    lines->push_back(absl::StrFormat(
+        "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
+        "wrong %zu", rows, bytes, bytes <= custom.ll_max_bytes() ? "LL" : "staged", fused_us,
+        two_us, fused_us / two_us, wrong));
+    if (rank == 0) {
+      printf("# %s\n", lines->back().c_str());
+      fflush(stdout);
+    }
+    if (wrong != 0) return absl::DataLossError(lines->back());
+  }
+  return custom.Poll();
+}
+
 double BusFactor(int n) { return 2.0 * (n - 1) / n; }
 
 std::string FormatRow(const Row& r, int tp, DType t) {
@@ -235,6 +335,11 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   SYMTP_RETURN_IF_ERROR(custom->Poll());
   SYMTP_RETURN_IF_ERROR(nccl->Poll());
 
+  std::vector<std::string> fused_lines;
+  if (cfg.dtype != DType::kF16) {
+    SYMTP_RETURN_IF_ERROR(BenchFused(cfg, rank, ex, *custom, stream.get(), &fused_lines));
+  }
+
   // Grid / protocol sweep of the custom path (graph timing only matters, both shown).
   std::vector<std::string> tune_lines;
   if (cfg.tune) {
@@ -312,6 +417,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     }
     j.Close().Key("tune").Open('[');
     for (const std::string& line : tune_lines) j.Value(line);
+    j.Close().Key("fused").Open('[');
+    for (const std::string& line : fused_lines) j.Value(line);
     std::ofstream(cfg.json) << j.Close().Close().Take() << "\n";
     printf("# JSON written to %s\n", cfg.json.c_str());
   }
@@ -359,6 +466,7 @@ int main(int argc, char** argv) {
   cfg.reps = std::max(1, absl::GetFlag(FLAGS_reps));
   cfg.calibrate = absl::GetFlag(FLAGS_calibrate);
   cfg.tune = absl::GetFlag(FLAGS_tune);
+  cfg.fused_hidden = absl::GetFlag(FLAGS_fused_hidden);
   cfg.json = absl::GetFlag(FLAGS_json);
 
   std::string why;
