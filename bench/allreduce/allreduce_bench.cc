@@ -99,6 +99,43 @@ float InputValue(int rank, size_t i) {
 
 absl::Status Sync(cudaStream_t s, Deadline d) { return cuda::SyncStream(s, d, "allreduce_bench"); }
 
+// Graph-replay time per call of `run` on this rank: a graph of `iters`
+// calls, median of cfg.reps replays.
+template <typename Run>
+absl::StatusOr<double> GraphUs(const Config& cfg, PeerExchange& ex, cudaStream_t stream,
+                               int iters, Run run) {
+  const Deadline deadline = Deadline::AfterMs(120'000);
+  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, [&] {
+    absl::Status cap;
+    for (int i = 0; i < iters && cap.ok(); ++i) cap = run(stream);
+    return cap;
+  });
+  SYMTP_RETURN_IF_ERROR_CTX(exec.status(), "capturing");
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event start, cuda::Event::Create(true));
+  SYMTP_ASSIGN_OR_RETURN(cuda::Event stop, cuda::Event::Create(true));
+  for (int i = 0; i < 3; ++i) SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
+  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
+  std::vector<double> samples;
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
+    SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
+    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    samples.push_back(ms * 1000.0 / iters);
+  }
+  return Median(samples);
+}
+
+// The largest of every rank's `v`.
+absl::StatusOr<double> SlowestRank(const Config& cfg, PeerExchange& ex, double v) {
+  std::vector<double> all(cfg.tp);
+  SYMTP_RETURN_IF_ERROR(ex.AllGather(&v, sizeof(v), all.data(), Deadline::AfterMs(120'000)));
+  return *std::max_element(all.begin(), all.end());
+}
+
 template <typename Run>
 absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t stream,
                                void* buf, size_t count, int iters, const kt::HostArray& input,
@@ -131,26 +168,9 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
   }
   t.eager_us = Median(samples);
   // 3. Graph of `iters` calls.
-  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, [&] {
-    absl::Status cap;
-    for (int i = 0; i < iters && cap.ok(); ++i) cap = run(buf, count, stream);
-    return cap;
-  });
-  SYMTP_RETURN_IF_ERROR_CTX(exec.status(), "capturing");
-  for (int i = 0; i < 3; ++i) SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
-  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
-  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
-  samples.clear();
-  for (int rep = 0; rep < cfg.reps; ++rep) {
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
-    SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
-    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
-    float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    samples.push_back(ms * 1000.0 / iters);
-  }
-  t.graph_us = Median(samples);
+  SYMTP_ASSIGN_OR_RETURN(t.graph_us, GraphUs(cfg, ex, stream, iters, [&](cudaStream_t st) {
+                           return run(buf, count, st);
+                         }));
   // Slowest rank's times, everyone's wrong elements.
   double mine[3] = {t.eager_us, t.graph_us, static_cast<double>(t.wrong)};
   std::vector<double> all(3 * cfg.tp);
@@ -162,39 +182,6 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
     out.wrong += static_cast<uint64_t>(all[3 * r + 2]);
   }
   return out;
-}
-
-// Graph-replay time per call of `run` (a graph of `iters` calls, median of
-// cfg.reps replays), the slowest rank's.
-template <typename Run>
-absl::StatusOr<double> GraphUs(const Config& cfg, PeerExchange& ex, cudaStream_t stream,
-                               int iters, Run run) {
-  const Deadline deadline = Deadline::AfterMs(120'000);
-  absl::StatusOr<cuda::GraphExec> exec = cuda::GraphExec::Capture(stream, [&] {
-    absl::Status cap;
-    for (int i = 0; i < iters && cap.ok(); ++i) cap = run(stream);
-    return cap;
-  });
-  SYMTP_RETURN_IF_ERROR_CTX(exec.status(), "capturing");
-  SYMTP_ASSIGN_OR_RETURN(cuda::Event start, cuda::Event::Create(true));
-  SYMTP_ASSIGN_OR_RETURN(cuda::Event stop, cuda::Event::Create(true));
-  for (int i = 0; i < 3; ++i) SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
-  SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
-  SYMTP_RETURN_IF_ERROR(ex.Barrier(deadline));
-  std::vector<double> samples;
-  for (int rep = 0; rep < cfg.reps; ++rep) {
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
-    SYMTP_RETURN_IF_ERROR(exec->Launch(stream));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
-    SYMTP_RETURN_IF_ERROR(Sync(stream, deadline));
-    float ms = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    samples.push_back(ms * 1000.0 / iters);
-  }
-  double mine = Median(samples);
-  std::vector<double> all(cfg.tp);
-  SYMTP_RETURN_IF_ERROR(ex.AllGather(&mine, sizeof(mine), all.data(), deadline));
-  return *std::max_element(all.begin(), all.end());
 }
 
 // The fused all-reduce + residual + RMSNorm against the all-reduce followed
@@ -242,8 +229,10 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(got_t.data(), b[5].get(), bytes, cudaMemcpyDeviceToHost, stream));
     SYMTP_RETURN_IF_ERROR(Sync(stream, Deadline::AfterMs(60'000)));
     const size_t wrong = kt::CountWrong(got_f, got_t, 0.0);
-    SYMTP_ASSIGN_OR_RETURN(double fused_us, GraphUs(cfg, ex, stream, 100, run_fused));
-    SYMTP_ASSIGN_OR_RETURN(double two_us, GraphUs(cfg, ex, stream, 100, run_two));
+    SYMTP_ASSIGN_OR_RETURN(double fused_local, GraphUs(cfg, ex, stream, 100, run_fused));
+    SYMTP_ASSIGN_OR_RETURN(double two_local, GraphUs(cfg, ex, stream, 100, run_two));
+    SYMTP_ASSIGN_OR_RETURN(double fused_us, SlowestRank(cfg, ex, fused_local));
+    SYMTP_ASSIGN_OR_RETURN(double two_us, SlowestRank(cfg, ex, two_local));
     lines->push_back(absl::StrFormat(
         "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
         "wrong %zu", rows, bytes, bytes <= custom.ll_max_bytes() ? "LL" : "staged", fused_us,
