@@ -3,9 +3,10 @@
 //
 //   ceilings        bf16 GEMM rate of a large cuBLASLt product (random data),
 //                   device-to-device copy bandwidth (bytes read + written)
-//   decode_gemm     cuBLASLt at M = 32/128/256/512 tokens for the linear
+//   decode_gemm     cuBLASLt at M = 1/8/32/128/256/512 tokens for the linear
 //                   layers of llama-8b / llama-70b shards at TP = 1 and 2
-//                   (weights rotated through a buffer larger than L2)
+//                   (weights rotated through a buffer larger than L2), graph
+//                   time also with no workspace (no split-K reduction kernel)
 //   decode_attn     paged decode attention, context 1024, batch 32..512,
 //                   GB/s of K+V read, per decode kernel
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
@@ -330,11 +331,12 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T, cuBLASLt's heuristic; "
       "us = one launch between two events, graph = per call of 20 captured in a CUDA graph (as "
       "decode runs)\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s\n", "model", "tp", "layer", "N",
-              "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %7s %8s %7s\n", "model", "tp",
+              "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
+              "W%copy", "ws0", "W%copy");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
-    for (int64_t m : {32, 128, 256, 512}) {
+    for (int64_t m : {1, 8, 32, 128, 256, 512}) {
       // --gemm-match: only rows whose "model tp=N layer M=m" holds one of the strings.
       const std::string label = absl::StrFormat("%s tp=%d %s M=%d", g.model, g.tp, g.layer, m);
       if (!match.empty() && std::none_of(match.begin(), match.end(), [&](const std::string& x) {
@@ -373,16 +375,27 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       }
       SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
       SYMTP_ASSIGN_OR_RETURN(double us_graph, GraphUsPerCall(s, 20, 5, run));
+      // The same product with no workspace: cuBLASLt's heuristic may then not
+      // pick a split-K algorithm that reduces in a second kernel.
+      SYMTP_ASSIGN_OR_RETURN(double us_ws0, GraphUsPerCall(s, 20, 5, [&](int i) {
+                               return kernels::Gemm(h, abuf.get(), ops.Weights(g.n, g.k, i),
+                                                    cbuf.get(), m, g.n, g.k, DType::kBF16,
+                                                    nullptr, 0, s);
+                             }));
+      // Weight bytes per graph call against the measured copy bandwidth.
+      auto wcopy = [&](double us_call) { return wbytes / (us_call * 1e-6) / 1e9 / c.copy_gbps; };
       const double flop = 2.0 * m * g.n * g.k;
       // Fraction of the measured bf16 rate at `us` per call.
       auto frac = [&](double us_call) { return flop / (us_call * 1e-6) / 1e12 / c.gemm_tflops; };
       const double frac_graph = frac(us_graph);
       const double tflops = flop / (us * 1e-6) / 1e12;
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
-      std::printf("%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%%\n",
-                  g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
-                  static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps,
-                  us_graph, 100.0 * frac_graph);
+      std::printf(
+          "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %6.1f%% %8.1f "
+          "%6.1f%%\n",
+          g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
+          static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
+          100.0 * frac_graph, 100.0 * wcopy(us_graph), us_ws0, 100.0 * wcopy(us_ws0));
       js->gemm.push_back(JsonWriter()
                              .Open('{')
                              .Field("model", g.model)
@@ -397,6 +410,8 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                              .Field("weight_gbps", wgbps, 1)
                              .Field("graph_us", us_graph, 2)
                              .Field("graph_frac_of_measured_peak", frac_graph, 4)
+                             .Field("graph_weight_frac_of_copy", wcopy(us_graph), 4)
+                             .Field("graph_us_no_workspace", us_ws0, 2)
                              .Close()
                              .Take());
     }
