@@ -7,7 +7,7 @@
 //                   layers of llama-8b / llama-70b shards at TP = 1 and 2
 //                   (weights rotated through a buffer larger than L2), graph
 //                   time also with no workspace (no split-K reduction kernel)
-//   decode_attn     paged decode attention, context 1024, batch 32..512,
+//   decode_attn     paged decode attention, context 1024, batch 1..512,
 //                   GB/s of K+V read, per decode kernel
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
 //                   TFLOP/s, tiled vs tensor-core kernel
@@ -425,6 +425,7 @@ struct AttnShape {
   int nq, nkv, d;
 };
 constexpr AttnShape kAttnShapes[] = {{"llama-8b-shape tp1", 32, 8, 128},
+                                     {"llama-8b-shape tp2", 16, 4, 128},
                                      {"llama-70b-shape tp2", 32, 4, 128}};
 
 template <typename T>
@@ -526,7 +527,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
     for (const Variant& var : variants) {
       const kernels::DecodeKernel dk = var.kernel;
       const char* kname = kernels::DecodeKernelName(dk);
-      for (int batch : {32, 64, 128, 256, 512}) {
+      for (int batch : {1, 8, 32, 64, 128, 256, 512}) {
         const int chunk = var.chunk > 0
                               ? var.chunk
                               : kernels::PlanDecodeSplitChunk(std::vector<int32_t>(batch, ctx),
