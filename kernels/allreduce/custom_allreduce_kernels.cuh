@@ -48,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/allreduce/custom_allreduce_device.h"
 #include "kernels/allreduce/custom_allreduce_launch.h"
@@ -488,15 +489,24 @@ cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size
   return cudaGetLastError();
 }
 
+// f(std::integral_constant<int, N>{}) for the group size N = a.size (2, 4
+// or 8): the kernels are instantiated per size.
+template <typename F>
+cudaError_t ForGroupSize(const DeviceArgs& a, F&& f) {
+  switch (a.size) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <typename T>
 cudaError_t LaunchForSize(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                           cudaStream_t stream) {
-  switch (a.size) {
-    case 2: return LaunchTyped<T, 2>(protocol, a, data, count, stream);
-    case 4: return LaunchTyped<T, 4>(protocol, a, data, count, stream);
-    case 8: return LaunchTyped<T, 8>(protocol, a, data, count, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return ForGroupSize(a, [&](auto n) {
+    return LaunchTyped<T, decltype(n)::value>(protocol, a, data, count, stream);
+  });
 }
 
 }  // namespace symtp::kernels::allreduce_internal

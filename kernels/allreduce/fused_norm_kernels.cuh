@@ -28,24 +28,9 @@
 
 #include "kernels/allreduce/custom_allreduce_kernels.cuh"
 #include "kernels/allreduce/fused_norm_launch.h"
+#include "kernels/ops/internal/device_utils.cuh"  // BlockSum: AddRmsNorm's reduction tree
 
 namespace symtp::kernels::allreduce_internal {
-
-// Sum over the whole block (every thread gets it); the same shuffle tree as
-// AddRmsNorm's, so both paths round alike. Contains __syncthreads().
-__device__ __forceinline__ float FusedBlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? scratch[lane] : 0.f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // The epilogue of one row: `sum[j]` holds thread-owned unit j's all-reduced
 // 16 bytes (already rounded to T); residual add, RMSNorm, stores.
@@ -88,7 +73,7 @@ __device__ __forceinline__ void NormRow(const FusedNormArgs& f, int64_t row, con
 #pragma unroll
     for (int i = 0; i < kN; ++i) ss += x[j][i] * x[j][i];
   }
-  ss = FusedBlockSum(ss, scratch);
+  ss = internal::BlockSum(ss, scratch);
   const float inv = rsqrtf(ss / static_cast<float>(f.hidden) + f.eps);
   uint4* o = reinterpret_cast<uint4*>(static_cast<char*>(f.out) + row * f.hidden * sizeof(T));
 #pragma unroll
@@ -288,20 +273,11 @@ cudaError_t LaunchFusedForSize(Protocol protocol, const DeviceArgs& a, const Fus
   const int nunits = f.hidden / kN;
   const int per = nunits <= 1024 ? 1 : 2;
   const int threads = std::max(32, ((nunits + per - 1) / per + 31) / 32 * 32);
-  if (per == 1) {
-    switch (a.size) {
-      case 2: return LaunchFusedTyped<T, 2, 1>(protocol, a, f, threads, stream);
-      case 4: return LaunchFusedTyped<T, 4, 1>(protocol, a, f, threads, stream);
-      case 8: return LaunchFusedTyped<T, 8, 1>(protocol, a, f, threads, stream);
-    }
-  } else {
-    switch (a.size) {
-      case 2: return LaunchFusedTyped<T, 2, 2>(protocol, a, f, threads, stream);
-      case 4: return LaunchFusedTyped<T, 4, 2>(protocol, a, f, threads, stream);
-      case 8: return LaunchFusedTyped<T, 8, 2>(protocol, a, f, threads, stream);
-    }
-  }
-  return cudaErrorInvalidValue;
+  return ForGroupSize(a, [&](auto n) {
+    constexpr int N = decltype(n)::value;
+    return per == 1 ? LaunchFusedTyped<T, N, 1>(protocol, a, f, threads, stream)
+                    : LaunchFusedTyped<T, N, 2>(protocol, a, f, threads, stream);
+  });
 }
 
 }  // namespace symtp::kernels::allreduce_internal
