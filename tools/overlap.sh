@@ -15,7 +15,8 @@
 #       [--arms "k1=--buckets=1 k4=--buckets=4,--gemm-sm-margin=16"]
 #       [--noar] [--out DIR]   (an arm is NAME=FLAGS, FLAGS comma-separated)
 #       [-- more launcher flags for every run]
-# Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
+# Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh;
+# $SYMTP_BIN_<arm> runs that arm with another build (tools/device/ab_bench.sh).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TP=2 MODEL=llama-8b-shape OVERRIDES=layers=32 OUT=out/overlap REPEATS=2 NOAR=0
@@ -33,7 +34,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "overlap.sh: unknown argument $1 (--help)" >&2; exit 2;;
   esac
 done
-run() { if [[ -n ${SYMTP_BIN:-} ]]; then "$SYMTP_BIN" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi; }
+run() {
+  local arm_bin=SYMTP_BIN_$1; shift
+  local bin=${!arm_bin:-${SYMTP_BIN:-}}
+  if [[ -n $bin ]]; then "$bin" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi
+}
 mkdir -p "$OUT"
 read -ra arm_list <<<"$ARMS"
 skips=(false)
@@ -64,7 +69,7 @@ for shape in $SHAPES; do
         dir=$OUT/${shape}__${name}__skip${skip}__r$r
         echo "overlap: $shape arm=$name skip_allreduce=$skip repeat=$r" >&2
         # shellcheck disable=SC2086
-        run --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" $flags \
+        run "$name" --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" $flags \
           --bench-skip-allreduce=$skip --progress=false --out="$dir" "${wl[@]}" "${EXTRA[@]}" \
           >"$dir.out" 2>"$dir.log" || { echo "overlap: FAILED, see $dir.log" >&2; tail -3 "$dir.log" >&2; failed=1; }
         rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"

@@ -8,6 +8,11 @@
 # AB_ARGS: kernels_bench arguments both builds understand (default
 # "--sections model"); ROUNDS: runs of each (default 3). Writes $OUT/ab/
 # (each run's output and JSON, as ab.tar.gz) and $OUT/ab_summary.md.
+# AB_MODE=step times whole symtp jobs instead: tools/overlap.sh with the arms
+# base (the base build) and new (this tree), plus $AB_ARMS of this tree
+# (e.g. "nofuse=--fuse-allreduce-norm=false"); AB_TP, AB_MODEL, AB_OVERRIDES,
+# AB_SHAPES shape them (default TP 2, llama-8b-shape 32 layers, decode 1-512
+# at context 1024); ROUNDS is the repeats.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ ${1:-} == --prepare ]]; then
@@ -25,8 +30,22 @@ mkdir -p "$OUT/ab"
 export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 rm -rf .ab/base && mkdir -p .ab/base && tar xf .ab/base.tar -C .ab/base
 ln -sfn "$PWD/.deps" .ab/base/.deps
-(.ab/base/tools/device/build.sh kernels_bench >"$OUT/ab/build_base.log" 2>&1) || { tail -30 "$OUT/ab/build_base.log"; exit 1; }
-(tools/device/build.sh kernels_bench >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
+TARGET=kernels_bench
+[[ ${AB_MODE:-} == step ]] && TARGET=symtp
+(.ab/base/tools/device/build.sh $TARGET >"$OUT/ab/build_base.log" 2>&1) || { tail -30 "$OUT/ab/build_base.log"; exit 1; }
+(tools/device/build.sh $TARGET >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
+if [[ ${AB_MODE:-} == step ]]; then
+  SYMTP_BIN_base=$PWD/.ab/base/build-gpu/tools/symtp SYMTP_BIN=$PWD/build-gpu/tools/symtp \
+    tools/overlap.sh --tp "${AB_TP:-2}" --model "${AB_MODEL:-llama-8b-shape}" \
+    --overrides "${AB_OVERRIDES:-layers=32}" --repeats "${ROUNDS:-3}" --out "$OUT/ab/step" \
+    --shapes "${AB_SHAPES:-decode1@1024 decode8@1024 decode32@1024 decode64@1024 decode256@1024 decode512@1024}" \
+    --arms "base= new= ${AB_ARMS:-}" 2>"$OUT/ab/step.log" >"$OUT/ab_summary.md"
+  rc=$?
+  echo "base $(cat .ab/base.commit)" >>"$OUT/ab_summary.md"
+  cat "$OUT/ab_summary.md"; tail -5 "$OUT/ab/step.log"
+  (cd "$OUT" && tar czf ab.tar.gz ab/step.log ab/step/*.md ab/step/*.json ab/step/*/summary.json 2>/dev/null; rm -rf ab)
+  exit $rc
+fi
 ARGS=${AB_ARGS:-"--sections model"}
 for i in $(seq 1 "${ROUNDS:-3}"); do
   for side in base new; do
