@@ -73,6 +73,9 @@ ABSL_FLAG(std::vector<std::string>, model_batches,
 ABSL_FLAG(std::vector<std::string>, model_kernels, {},
           "model_decode: decode attention kernels (tiled, tensor-core; empty: both)");
 ABSL_FLAG(std::string, model_graphs, "both", "model_decode: CUDA graphs on, off or both");
+ABSL_FLAG(int, model_gemm_workspace_min_rows, -1,
+          "model_decode: GEMMs with fewer rows run without the split-K workspace (-1: the "
+          "model's default, 0: always with it)");
 ABSL_FLAG(std::string, model_overrides, "",
           "model_decode: more overrides after layers= (e.g. heads=16,kv_heads=4)");
 
@@ -794,6 +797,9 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
     // 32-layer model would not fit beside its weights at TP = 1).
     const int kv_seqs = *std::max_element(batches.begin(), batches.end());
     model::GpuModelOptions o = DecodeBenchOptions(cfg, ctx, graphs, mode.dk, kv_seqs);
+    if (const int r = absl::GetFlag(FLAGS_model_gemm_workspace_min_rows); r >= 0) {
+      o.gemm_workspace_min_rows = r;
+    }
     SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
     for (int batch : batches) {
       const model::BatchInput in = DecodeBenchInput(cfg, batch, ctx);

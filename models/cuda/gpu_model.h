@@ -104,6 +104,13 @@ struct GpuModelOptions {
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;
   kernels::PrefillKernel attention_prefill_kernel = kernels::PrefillKernel::kTensorCore;
   size_t gemm_workspace_bytes = size_t{32} << 20;
+  // GEMMs with fewer rows than this run without the workspace, so cuBLASLt's
+  // heuristic picks a kernel that needs no separate split-K reduction: at
+  // decode's M <= 128 those were as fast or faster in a CUDA graph on an
+  // H100 (llama-8b TP=2 qkv 11.9 vs 14.7 us at M = 32, TP=1 down 44.8 vs
+  // 53.2 us at M = 128), and a step saves two reduction launches per layer;
+  // at M = 256 the split-K kernels win again (gate_up). 0: always use it.
+  int gemm_workspace_min_rows = 129;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on
