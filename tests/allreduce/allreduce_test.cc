@@ -313,8 +313,9 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 }
 
 // The all-reduce fused with the residual add and RMSNorm after it
-// (AllReduceResidualNorm), through both protocols, one and several rows per
-// block, one and two 16-byte units per thread: the new residual equals the
+// (AllReduceResidualNorm), through both protocols, rows split over clusters
+// of 8, 4, 2 and 1 blocks and several rows per block, one and two 16-byte
+// units per thread: the new residual equals the
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
@@ -332,7 +333,8 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       int hidden;
     };
     const Shape shapes[] = {
-        {DType::kBF16, 1, 4096},   {DType::kBF16, 7, 4104},  {DType::kBF16, 32, 4096},
+        {DType::kBF16, 1, 4096},   {DType::kBF16, 7, 4104},  {DType::kBF16, 12, 4096},
+        {DType::kBF16, 32, 4096},
         {DType::kBF16, 200, 4096}, {DType::kBF16, 3, 12288}, {DType::kBF16, 70, 12288},
         {DType::kF32, 3, 4096},    {DType::kF32, 100, 4096}, {DType::kF32, 5, 8192},
     };
