@@ -313,9 +313,8 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 }
 
 // The all-reduce fused with the residual add and RMSNorm after it
-// (AllReduceResidualNorm), through both protocols, rows split over clusters
-// of 8, 4, 2 and 1 blocks and several rows per block, one and two 16-byte
-// units per thread: the new residual equals the
+// (AllReduceResidualNorm), through both protocols, one and several rows per
+// block, one and two 16-byte units per thread: the new residual equals the
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
