@@ -12,12 +12,15 @@ namespace symtp::kernels {
 namespace {
 
 // out[t, h, :] = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) over the
-// splits that hold keys of token t (s < ceil((pos_t + 1) / chunk)).
+// splits that hold keys of token t (s < ceil((pos_t + 1) / chunk)). Launched
+// with programmatic dependent launch: its blocks start while the attention
+// kernel finishes and wait for it here.
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* __restrict__ ml,
                                   const int32_t* __restrict__ positions, T* __restrict__ out,
                                   int num_q_heads, int head_dim, int num_splits, int chunk_arg,
                                   const int32_t* __restrict__ chunk_dev) {
+  internal::GridDependencyWait();
   const int chunk = SplitChunk(chunk_arg, chunk_dev);
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
@@ -161,15 +164,16 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
       part + static_cast<int64_t>(a.num_tokens) * a.num_q_heads * a.num_splits * a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
   if (dtype == DType::kF32) {
-    MergeSplitsKernel<float><<<grid, a.head_dim, 0, stream>>>(
-        part, ml, a.positions, static_cast<float*>(a.out), a.num_q_heads, a.head_dim, a.num_splits,
-        a.split_chunk, a.split_chunk_dev);
+    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+        MergeSplitsKernel<float>, grid, dim3(a.head_dim), 0, stream, part, ml, a.positions,
+        static_cast<float*>(a.out), a.num_q_heads, a.head_dim, a.num_splits, a.split_chunk,
+        a.split_chunk_dev));
   } else {
-    MergeSplitsKernel<internal::bf16><<<grid, a.head_dim, 0, stream>>>(
-        part, ml, a.positions, static_cast<internal::bf16*>(a.out), a.num_q_heads, a.head_dim,
-        a.num_splits, a.split_chunk, a.split_chunk_dev);
+    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+        MergeSplitsKernel<internal::bf16>, grid, dim3(a.head_dim), 0, stream, part, ml,
+        a.positions, static_cast<internal::bf16*>(a.out), a.num_q_heads, a.head_dim,
+        a.num_splits, a.split_chunk, a.split_chunk_dev));
   }
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
