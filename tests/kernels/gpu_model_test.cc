@@ -4,8 +4,8 @@
 // decode bitwise, and the bucketed row-parallel path through a 1-rank comm.
 #include "models/cuda/gpu_model.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
