@@ -512,18 +512,15 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   // Every kernel at the smallest split-K chunk (256 positions: 4 splits at
   // context 1024), the tensor-core kernel with fewer, longer splits, and the
   // chunk GpuModel plans per step (PlanDecodeSplitChunk; chunk 0 here,
-  // printed with a leading '=') from the smallest chunk `min_chunk` (64,
-  // printed with '~': the finer splits GpuModel allows steps of few rows).
+  // printed with a leading '=').
   struct Variant {
     kernels::DecodeKernel kernel;
     int chunk;
-    int min_chunk = 256;
   };
   const Variant variants[] = {
       {kernels::DecodeKernel::kTiled, 256},      {kernels::DecodeKernel::kTensorCore, 256},
       {kernels::DecodeKernel::kTensorCore, 512}, {kernels::DecodeKernel::kTensorCore, 1024},
-      {kernels::DecodeKernel::kTiled, 0},        {kernels::DecodeKernel::kTensorCore, 0},
-      {kernels::DecodeKernel::kTensorCore, 0, 64}};
+      {kernels::DecodeKernel::kTiled, 0},        {kernels::DecodeKernel::kTensorCore, 0}};
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("\ndecode attention (bf16 cache, context %d)\n", ctx);
@@ -537,7 +534,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         const int chunk = var.chunk > 0
                               ? var.chunk
                               : kernels::PlanDecodeSplitChunk(std::vector<int32_t>(batch, ctx),
-                                                              cf.nkv, num_sms, var.min_chunk);
+                                                              cf.nkv, num_sms, /*min_chunk=*/256);
         const int blocks_per_seq = ctx / B;
         const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
         const int64_t cache_elems = blocks * B * cf.nkv * cf.d;
@@ -602,7 +599,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
         const double gbps = bytes / (us * 1e-6) / 1e9;
         std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
-                    absl::StrCat(var.chunk > 0 ? "" : var.min_chunk < 256 ? "~" : "=", chunk).c_str(), batch, us, gbps,
+                    absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
                     100.0 * gbps / c.copy_gbps);
         js->attn.push_back(JsonWriter()
                                .Open('{')
@@ -615,7 +612,6 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
                                .Field("context", ctx)
                                .Field("split_chunk", chunk)
                                .Field("chunk_planned", var.chunk <= 0)
-                               .Field("min_chunk", var.min_chunk)
                                .Field("us", us, 2)
                                .Field("kv_gbps", gbps, 1)
                                .Field("frac_of_copy_bw", gbps / c.copy_gbps, 4)

@@ -110,22 +110,6 @@ struct GpuModel::State {
   std::vector<int> graph_sizes;
   size_t weight_bytes = 0, kv_bytes = 0;
 
-  // Decode steps of few rows may split their keys finer than
-  // opt.attention_split_chunk (planned steps only): the split workspace holds
-  // max_seqs x max_splits partials (none when max_splits is 1), so a step of
-  // `rows` rows has room for max_seqs / rows times the splits, used down to a
-  // quarter of the chunk and no smaller than 64 keys.
-  bool BalancesSplits() const {
-    return opt.attention_balance_splits && dt == DType::kBF16 &&
-           opt.attention_decode_kernel == kernels::DecodeKernel::kTensorCore;
-  }
-  int FinerSplits(int rows, bool planned) const {
-    const int room = planned && max_splits > 1 ? max_seqs / std::max(1, rows) : 1;
-    int f = room >= 4 ? 4 : room >= 2 ? 2 : 1;
-    while (f > 1 && opt.attention_split_chunk / f < 64) f /= 2;
-    return f;
-  }
-
   kernels::CublasLtHandle gemm;
   cuda::Stream side;
   std::vector<cuda::Event> ev_gemm, ev_ar;
@@ -456,13 +440,13 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     sh.max_item_tokens = 1;
     int max_ctx = 1;
     for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
-    const bool balance = BalancesSplits();
-    const int finer = FinerSplits(P, balance);
+    const bool balance = opt.attention_balance_splits && dt == DType::kBF16 &&
+                         opt.attention_decode_kernel == kernels::DecodeKernel::kTensorCore;
     const int chunk = balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl, num_sms,
-                                                              opt.attention_split_chunk / finer)
+                                                              opt.attention_split_chunk)
                               : opt.attention_split_chunk;
     sh.split_chunk = chunk;
-    sh.splits = std::min(max_splits * finer, (max_ctx + chunk - 1) / chunk);
+    sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
   } else {
     int per = kernels::MaxAttentionItemTokens(NHl, NKVl);
     int longest = 1;
@@ -566,15 +550,14 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     auto it = graphs.find(key);
     if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
       StepShape gsh = sh;
-      // The partition depends only on the chunk: same bits as eager steps.
-      gsh.splits = max_splits * FinerSplits(P, BalancesSplits());
+      gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
       // ... but launch only about the blocks the planner fills the SMs with
       // at this batch (2 x SMs over P x kv heads); the tensor-core kernel's
       // blocks walk the rest of a step's splits (long outliers).
       const int64_t pairs = static_cast<int64_t>(std::max(1, P)) * NKVl;
       gsh.split_grid = static_cast<int>(
           std::clamp<int64_t>((2 * static_cast<int64_t>(num_sms) + pairs - 1) / pairs, 1,
-                              std::max(1, gsh.splits)));
+                              std::max(1, max_splits)));
       absl::StatusOr<cuda::GraphExec> exec = Capture(gsh, stream);
       if (exec.ok()) {
         it = graphs.emplace(key, std::move(*exec)).first;

@@ -4,7 +4,6 @@
 // decode bitwise, and the bucketed row-parallel path through a 1-rank comm.
 #include "models/cuda/gpu_model.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -35,8 +34,7 @@ model::ModelConfig Cfg(const char* preset, const char* overrides = "") {
   return *c;
 }
 
-GpuModelOptions Opts(DType dt, bool graphs, DecodeKernel dk = DecodeKernel::kTiled,
-                     int split_chunk = 64) {
+GpuModelOptions Opts(DType dt, bool graphs, DecodeKernel dk = DecodeKernel::kTiled) {
   GpuModelOptions o;
   o.attention_decode_kernel = dk;
   // The tensor-core decode kernel is tested with the tensor-core prefill.
@@ -47,7 +45,7 @@ GpuModelOptions Opts(DType dt, bool graphs, DecodeKernel dk = DecodeKernel::kTil
   o.max_batch_tokens = 256;
   o.max_seqs = 16;
   o.cuda_graphs = graphs;
-  o.attention_split_chunk = split_chunk;
+  o.attention_split_chunk = 64;
   return o;
 }
 
@@ -63,10 +61,10 @@ class GpuModelTest : public testing::GpuTest {
   // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
   void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
                       int decode_steps, double rtol, double norm_tol,
-                      DecodeKernel dk = DecodeKernel::kTiled, int split_chunk = 64) {
+                      DecodeKernel dk = DecodeKernel::kTiled) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
-    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk, split_chunk), nullptr);
+    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
     ASSERT_OK(gpu);
     SimBatch sim(cfg, kBlocks, 42);
     for (int p : prompts) sim.AddSequence(p, cfg.vocab);
@@ -131,14 +129,6 @@ TEST_F(GpuModelTest, TinyBf16TensorCoreAttentionLogitsCloseToCpu) {
 TEST_F(GpuModelTest, SmallTwoLayersBf16TensorCoreAttentionLogitsCloseToCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64}, 64, 3, 0, 0.08,
                  DecodeKernel::kTensorCore);
-}
-
-// Chunk 256 with two sequences of 300 and 200 tokens: the decode steps split
-// finer than the chunk (GpuModel lets steps of few rows use chunks down to a
-// quarter of it: 64 keys here, 5 splits).
-TEST_F(GpuModelTest, TinyBf16TensorCoreFinerSplitsLogitsCloseToCpu) {
-  CompareWithCpu(Cfg("tiny"), DType::kBF16, {300, 200}, 64, 6, 0, 0.08, DecodeKernel::kTensorCore,
-                 /*split_chunk=*/256);
 }
 
 // 16 greedy decode steps: the GPU samples on the device and feeds its own
@@ -280,23 +270,20 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
-                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
-                  int split_chunk = 64, std::vector<int> prompts = {60, 20, 62, 1, 45}) {
-  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk, split_chunk), nullptr);
-  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk, split_chunk), nullptr);
+                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false) {
+  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
+  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
   ASSERT_OK(b);
   if (fail_first_capture) {
     a->FailNextCaptureForTesting(absl::InternalError("injected capture failure"));
   }
   SimBatch sim(cfg, kBlocks, 3);
-  for (int p : prompts) sim.AddSequence(p, cfg.vocab);  // 5 seqs by default: padded to 8
+  for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
   std::vector<int> prev_rows;
   for (int step = 0; step < 12; ++step) {
     std::vector<int> rows;
-    // Every prompt prefills in step 0, so every later step forwards the
-    // previous step's samples.
-    auto batch = sim.NextStep(*std::max_element(prompts.begin(), prompts.end()), &rows);
+    auto batch = sim.NextStep(64, &rows);
     ASSERT_OK(batch);
     StepOptions so;
     so.sampling.resize(batch->sample_index.size());
@@ -347,10 +334,6 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
 }
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseTensorCoreBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore);
-}
-TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFinerSplitsBf16) {
-  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
-               /*fail_first_capture=*/false, /*split_chunk=*/256, {130, 5, 100});
 }
 TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());
