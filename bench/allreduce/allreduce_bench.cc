@@ -235,7 +235,7 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
     SYMTP_ASSIGN_OR_RETURN(double two_us, SlowestRank(cfg, ex, two_local));
     lines->push_back(absl::StrFormat(
         "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
-        "wrong %zu", rows, bytes, bytes <= custom.ll_max_bytes() ? "LL" : "staged", fused_us,
+        "wrong %zu", rows, bytes, bytes <= custom.fused_ll_max_bytes() ? "LL" : "staged", fused_us,
         two_us, fused_us / two_us, wrong));
     if (rank == 0) {
       printf("# %s\n", lines->back().c_str());

@@ -117,7 +117,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   timeout_ms_ = options.timeout_ms;
   max_bytes_ = RoundUp(std::max(max_bytes, kMinMaxBytes), 256);
   const size_t ll_wanted = options.ll_max_bytes == Options::kAutoLLMaxBytes
-                               ? (256 * 1024) / static_cast<size_t>(size)
+                               ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
                                : options.ll_max_bytes;
   ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
   const size_t ll_lines = ll_max_bytes_ / 8;
@@ -392,7 +392,7 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
   const allreduce_internal::FusedNormArgs f{data,      norm.residual, norm.weight, norm.out,
                                             norm.rows, norm.hidden,   norm.eps};
   CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchFusedNorm(
-      bytes <= ll_max_bytes_ ? Protocol::kLL : Protocol::kStaged, args_, f, dtype, stream));
+      bytes <= fused_ll_max_bytes() ? Protocol::kLL : Protocol::kStaged, args_, f, dtype, stream));
   return absl::OkStatus();
 }
 

@@ -71,9 +71,14 @@ class CustomAllReduce {
     int64_t timeout_ms = 5'000;
     // Messages up to this size use the LL protocol (0: never). Its receive
     // region costs 2 (parity) x size x 2 (LL lines carry half data) x this;
-    // kAutoLLMaxBytes picks 256 KiB / size (128 KiB at TP 2, 32 KiB at TP 8),
-    // a 1 MiB region at every TP.
+    // kAutoLLMaxBytes picks 256 KiB at TP 2 (graph-timed on H100 / H200 x2,
+    // LL beat STAGED up to 256 KiB: 4.5 vs 5.2-5.8 us there, and tied at
+    // 512 KiB) and 256 KiB / size above (64 KiB at TP 4, 32 KiB at TP 8).
+    // The fused all-reduce + RMSNorm uses LL only up to kFusedLLMaxBytes:
+    // its LL kernel has one block per row, and at 32 rows of 4096 bf16 the
+    // STAGED one was faster (5.4 vs 6.6 us on H200 x2).
     static constexpr size_t kAutoLLMaxBytes = ~size_t{0};
+    static constexpr size_t kFusedLLMaxBytes = size_t{128} << 10;
     size_t ll_max_bytes = kAutoLLMaxBytes;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
@@ -108,6 +113,10 @@ class CustomAllReduce {
   int device() const { return device_; }
   size_t max_bytes() const { return max_bytes_; }
   size_t ll_max_bytes() const { return ll_max_bytes_; }
+  // Largest message the fused all-reduce + RMSNorm sends with LL.
+  size_t fused_ll_max_bytes() const {
+    return ll_max_bytes_ < Options::kFusedLLMaxBytes ? ll_max_bytes_ : Options::kFusedLLMaxBytes;
+  }
   // Device memory this rank allocated (signals + LL lines + staging).
   size_t scratch_bytes() const { return total_bytes_; }
 

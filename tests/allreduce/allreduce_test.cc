@@ -341,7 +341,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
       const size_t bytes = n * DTypeSize(sh.t);
       const std::string what = absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x",
-                                            sh.hidden, bytes <= ar->ll_max_bytes() ? " LL" : " staged");
+                                            sh.hidden, bytes <= ar->fused_ll_max_bytes() ? " LL" : " staged");
       const uint64_t seed = SeedOf(sh.t, n, 99);
       const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
       const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
