@@ -37,6 +37,12 @@
 // Flags compare wrap-aware ((int32)(flag - e) >= 0), LL lines compare equal,
 // parity is e & 1 (2^32 is even), so the counters may wrap.
 //
+// Launch: every kernel (these and the fused ones) is started with
+// programmatic dependent launch and waits (griddepcontrol.wait) for the
+// previous kernel on its stream before it touches memory: its blocks are
+// scheduled during that kernel's tail, and the stream order the reuse
+// argument rests on is unchanged.
+//
 // Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns) and a
 // host-mapped abort word; on either the thread records {code, peer, protocol,
 // block, epoch} (atomicCAS on the device copy, mirrored to host-mapped memory)
@@ -52,6 +58,7 @@
 
 #include "kernels/allreduce/custom_allreduce_device.h"
 #include "kernels/allreduce/custom_allreduce_launch.h"
+#include "kernels/ops/internal/device_utils.cuh"  // GridDependencyWait, LaunchDependent
 
 namespace symtp::kernels::allreduce_internal {
 
@@ -274,6 +281,7 @@ __device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, 
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, void* data_v,
                                                                 size_t count) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr size_t kE = 16 / sizeof(T);  // elements per 16-byte unit
   char* const data = static_cast<char*>(data_v);
   const int b = blockIdx.x;
@@ -401,6 +409,7 @@ __device__ __forceinline__ void StoreLine(char* data, size_t l, size_t count, bo
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_v, size_t count) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   char* const data = static_cast<char*>(data_v);
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
@@ -481,12 +490,11 @@ __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_
 template <typename T, int N>
 cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                         cudaStream_t stream) {
-  if (protocol == Protocol::kStaged) {
-    StagedKernel<T, N><<<a.staged_blocks, kStagedThreads, 0, stream>>>(a, data, count);
-  } else {
-    LLKernel<T, N><<<a.ll_blocks, kLLThreads, 0, stream>>>(a, data, count);
-  }
-  return cudaGetLastError();
+  return protocol == Protocol::kStaged
+             ? internal::LaunchDependent(StagedKernel<T, N>, dim3(a.staged_blocks),
+                                         dim3(kStagedThreads), 0, stream, a, data, count)
+             : internal::LaunchDependent(LLKernel<T, N>, dim3(a.ll_blocks), dim3(kLLThreads), 0,
+                                         stream, a, data, count);
 }
 
 // f(std::integral_constant<int, N>{}) for the group size N = a.size (2, 4

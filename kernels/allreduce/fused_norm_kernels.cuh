@@ -134,6 +134,7 @@ __device__ __forceinline__ uint4 SumUnits(const uint32_t (&in)[N][4]) {
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNormArgs f) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr int kN = 16 / sizeof(T);
   __shared__ float scratch[32];
   __shared__ int s_fail;
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs f) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr int kN = 16 / sizeof(T);
   __shared__ float scratch[32];
   const int b = blockIdx.x;
@@ -282,12 +284,11 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
 template <typename T, int N, int kPer>
 cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
                              int threads, cudaStream_t stream) {
-  if (protocol == Protocol::kStaged) {
-    StagedNormKernel<T, N, kPer><<<a.staged_blocks, threads, 0, stream>>>(a, f);
-  } else {
-    LLNormKernel<T, N, kPer><<<a.ll_blocks, threads, 0, stream>>>(a, f);
-  }
-  return cudaGetLastError();
+  return protocol == Protocol::kStaged
+             ? internal::LaunchDependent(StagedNormKernel<T, N, kPer>, dim3(a.staged_blocks),
+                                         dim3(threads), 0, stream, a, f)
+             : internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks),
+                                         dim3(threads), 0, stream, a, f);
 }
 
 // Threads per block and units per thread as AddRmsNorm picks them (one or
