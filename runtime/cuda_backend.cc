@@ -125,7 +125,6 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
-    mo.l2_prefetch_max_rows = opts.l2_prefetch_max_rows;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     SYMTP_ASSIGN_OR_RETURN(
         model::GpuModel m,

@@ -298,7 +298,6 @@ SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (fa
 SYMTP_TOPIC(gpu, "GPU execution");
 SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
 SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
-SYMTP_FLAG(l2_prefetch_max_rows, l2_prefetch_max_rows, "steps of at most this many rows load each layer's output-projection weights into L2 while attention runs (0: off)", Int<0, 1'000'000>);
 SYMTP_TOPIC(allreduce, "All-reduce");
 SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
 SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom one-shot all-reduce (scratch ~2x per rank); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);

@@ -111,7 +111,6 @@ struct JobOptions {
   // rank); messages above it go to NCCL.
   int64_t custom_allreduce_max_bytes = 8 << 20;
   bool fuse_allreduce_norm = true;
-  int l2_prefetch_max_rows = 64;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 
   // Robustness.

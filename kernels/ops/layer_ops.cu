@@ -306,33 +306,6 @@ absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DTyp
   });
 }
 
-namespace {
-
-// One bulk L2 prefetch per 32 KiB chunk (a multiple of 16 bytes).
-__global__ void PrefetchL2Kernel(const char* p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr size_t kChunk = size_t{32} << 10;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * kChunk;
-  for (size_t off = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kChunk;
-       off < bytes; off += stride) {
-    const uint32_t n = static_cast<uint32_t>(min(kChunk, bytes - off)) & ~15u;
-    if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n));
-  }
-#endif
-}
-
-}  // namespace
-
-absl::Status PrefetchL2(const void* p, size_t bytes, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    return absl::InvalidArgumentError("PrefetchL2: pointer not 16-byte aligned");
-  }
-  if (bytes < 16) return absl::OkStatus();
-  PrefetchL2Kernel<<<1, 256, 0, stream>>>(static_cast<const char*>(p), bytes);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, void* dst,
                         int64_t dst_ld, int64_t rows, int64_t cols, DType dtype,
                         cudaStream_t stream) {

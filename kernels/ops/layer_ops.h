@@ -73,12 +73,6 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
 absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DType dtype,
                      cudaStream_t stream);
 
-// Starts loading [p, p + bytes) into L2 (cp.async.bulk.prefetch.L2 on sm_90,
-// nothing on older GPUs) and returns once the requests are issued: for
-// read-only data a later kernel streams, loaded while memory is otherwise
-// idle. Nothing waits for the data; p must be 16-byte aligned.
-absl::Status PrefetchL2(const void* p, size_t bytes, cudaStream_t stream);
-
 // dst[i, :] = src[index[i], :] for i < rows (row strides in elements).
 absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, void* dst,
                         int64_t dst_ld, int64_t rows, int64_t cols, DType dtype,

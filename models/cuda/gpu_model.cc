@@ -113,7 +113,6 @@ struct GpuModel::State {
   kernels::CublasLtHandle gemm;
   cuda::Stream side;
   std::vector<cuda::Event> ev_gemm, ev_ar;
-  cuda::Event ev_pf_in, ev_pf_out;  // the L2 prefetch's edges in and out
   cuda::Event step_done;
   cuda::Event staging_done[2];
   bool staging_used[2] = {false, false};
@@ -295,14 +294,6 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     }
     SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    const bool prefetch = rows <= opt.l2_prefetch_max_rows;
-    if (prefetch) {  // edge in: after the QKV GEMM (it would compete for memory)
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_pf_in.get(), s));
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_pf_in.get(), 0));
-      SYMTP_RETURN_IF_ERROR(
-          kernels::PrefetchL2(w.wo, static_cast<size_t>(H) * QW * esz, side.get()));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_pf_out.get(), side.get()));
-    }
     SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
                                                     rows, rope, cfg.max_seq_len, w.k_cache,
                                                     w.v_cache, dt, s));
@@ -335,9 +326,6 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.prefill_kernel = opt.attention_prefill_kernel;
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
-    if (prefetch) {  // edge out (the requests are issued; the data may still be landing)
-      CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_pf_out.get(), 0));
-    }
     SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
     SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
@@ -871,8 +859,6 @@ absl::Status GpuModel::State::Init() {
     ev_ar.push_back(std::move(e2));
   }
   SYMTP_ASSIGN_OR_RETURN(step_done, cuda::Event::Create());
-  SYMTP_ASSIGN_OR_RETURN(ev_pf_in, cuda::Event::Create());
-  SYMTP_ASSIGN_OR_RETURN(ev_pf_out, cuda::Event::Create());
   for (auto& e : staging_done) {
     SYMTP_ASSIGN_OR_RETURN(e, cuda::Event::Create());
   }

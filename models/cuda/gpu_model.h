@@ -74,11 +74,6 @@ struct GpuModelOptions {
   // (DeviceComm::FusesResidualNorm: the custom all-reduce's sizes); false:
   // the all-reduce, then AddRmsNorm.
   bool fuse_allreduce_norm = true;
-  // Steps of at most this many rows start loading each layer's output
-  // projection weights into L2 on the side stream after the QKV GEMM, so the
-  // O GEMM reads them from L2 after RoPE and attention, which leave memory
-  // mostly idle at small batch (sm_90; 0: off).
-  int l2_prefetch_max_rows = 64;
   // Create the bucketed all-reduce's side stream with the device's greatest
   // stream priority (false: default priority, as the committed overlap
   // results were measured).
