@@ -38,7 +38,6 @@ class Deadline {
  public:
   static Deadline AfterNs(int64_t ns) { return Deadline(MonotonicNs() + ns); }
   static Deadline AfterMs(int64_t ms) { return AfterNs(ms * 1'000'000); }
-  static Deadline AtNs(int64_t t) { return Deadline(t); }
 
   int64_t at_ns() const { return at_ns_; }
   bool Expired() const { return MonotonicNs() >= at_ns_; }

@@ -664,6 +664,4 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSegments(const std::string& 
   return removed;
 }
 
-void UnlinkOwnedSegmentsFromSignalHandler() { UnlinkOwned(); }
-
 }  // namespace symtp::ipc

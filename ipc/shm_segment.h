@@ -163,9 +163,4 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSegments(const std::string& 
 // Unlinks /dev/shm/<name> whatever its state. NotFound if it does not exist.
 absl::Status RemoveSegmentByName(const std::string& name);
 
-// Unlinks every segment this process created and has not removed yet. Async-
-// signal-safe: a program that installs its own SIGINT/SIGTERM handlers after
-// creating segments (replacing ours) can call this from them.
-void UnlinkOwnedSegmentsFromSignalHandler();
-
 }  // namespace symtp::ipc

@@ -52,7 +52,6 @@ class Backend {
   // Whether Collect would return at once (the oldest launched step is done,
   // or failed). Never blocks.
   virtual bool OldestDone() { return true; }
-  int in_flight() const { return in_flight_; }
 
   virtual std::string Describe() const = 0;
   // KV cache blocks this rank allocated (per layer).

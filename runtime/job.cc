@@ -7,18 +7,6 @@
 
 namespace symtp::runtime {
 
-const char* ProcPhaseName(ProcPhase p) {
-  switch (p) {
-    case ProcPhase::kNotStarted: return "not started";
-    case ProcPhase::kStarting: return "starting";
-    case ProcPhase::kReady: return "ready";
-    case ProcPhase::kRunning: return "running";
-    case ProcPhase::kDone: return "done";
-    case ProcPhase::kFailed: return "failed";
-  }
-  return "?";
-}
-
 std::string ProcName(int proc_index) {
   return proc_index == 0 ? std::string("scheduler") : absl::StrCat("worker rank ", proc_index - 1);
 }

@@ -43,7 +43,6 @@ enum class ProcPhase : int32_t {
   kDone = 4,
   kFailed = 5,
 };
-const char* ProcPhaseName(ProcPhase p);
 
 // A process-shared generation-counted barrier (runtime/shm_barrier.h).
 struct alignas(64) BarrierWord {

@@ -8,20 +8,6 @@
 
 namespace symtp::sched {
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kMaxTokens:
-      return "max_tokens";
-    case FinishReason::kAborted:
-      return "aborted";
-  }
-  return "?";
-}
-
 absl::Status SchedulerConfig::Validate() const {
   auto bad = [](const char* field, int64_t v, const char* want) {
     return absl::InvalidArgumentError(

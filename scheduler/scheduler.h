@@ -112,7 +112,6 @@ struct SchedulerConfig {
 };
 
 enum class FinishReason { kNone = 0, kEos, kMaxTokens, kAborted };
-const char* FinishReasonName(FinishReason r);
 
 struct RequestOutput {
   uint64_t id = 0;

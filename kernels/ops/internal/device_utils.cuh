@@ -44,12 +44,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // Sum over the whole block; every thread gets the result. `scratch` holds at
 // least 32 floats. Contains __syncthreads(): call from all threads.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
