@@ -342,19 +342,8 @@ std::string SpmcRing::DebugString() const {
 RingProducer::RingProducer(SpmcRing ring, std::string label, WaitPolicy policy)
     : ring_(ring), label_(std::move(label)), policy_(Sanitize(policy)) {}
 
-RingProducer::RingProducer(RingProducer&& o) noexcept
-    : ring_(o.ring_),
-      label_(std::move(o.label_)),
-      policy_(o.policy_),
-      active_(std::exchange(o.active_, false)),
-      closed_(o.closed_),
-      write_(o.write_),
-      next_seq_(o.next_seq_),
-      cached_min_read_(o.cached_min_read_),
-      reserved_(std::exchange(o.reserved_, false)),
-      reserved_cursor_(o.reserved_cursor_),
-      reserved_bytes_(o.reserved_bytes_),
-      demote_on_commit_(o.demote_on_commit_) {}
+// Default members, then the move: ReleaseRole() has nothing to release.
+RingProducer::RingProducer(RingProducer&& o) noexcept { *this = std::move(o); }
 
 RingProducer& RingProducer::operator=(RingProducer&& o) noexcept {
   if (this != &o) {
@@ -585,22 +574,7 @@ void RingProducer::Close() {
 RingConsumer::RingConsumer(SpmcRing ring, uint32_t index, std::string label, WaitPolicy policy)
     : ring_(ring), index_(index), label_(std::move(label)), policy_(Sanitize(policy)) {}
 
-RingConsumer::RingConsumer(RingConsumer&& o) noexcept
-    : ring_(o.ring_),
-      index_(o.index_),
-      label_(std::move(o.label_)),
-      policy_(o.policy_),
-      active_(std::exchange(o.active_, false)),
-      detached_(o.detached_),
-      read_(o.read_),
-      cached_write_(o.cached_write_),
-      last_seq_(o.last_seq_),
-      peeked_(std::exchange(o.peeked_, false)),
-      peek_end_(o.peek_end_),
-      peek_seq_(o.peek_seq_),
-      peek_data_(o.peek_data_),
-      peek_len_(o.peek_len_),
-      producer_watch_(std::move(o.producer_watch_)) {}
+RingConsumer::RingConsumer(RingConsumer&& o) noexcept { *this = std::move(o); }
 
 RingConsumer& RingConsumer::operator=(RingConsumer&& o) noexcept {
   if (this != &o) {
