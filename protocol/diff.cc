@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "protocol/wire.h"
 
 namespace symtp::proto {
@@ -59,8 +60,7 @@ absl::Status CheckNewRequest(const NewRequest& r, size_t i) {
     return absl::InvalidArgumentError(
         absl::StrFormat("new_requests[%d] (id %d): eos id %d is negative", i, r.id, *r.eos_id));
   }
-  absl::Status s = CheckSampling(r.sampling, i, r.id);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(CheckSampling(r.sampling, i, r.id));
   const size_t need = (r.num_scheduled + kBlockSize - 1) / kBlockSize;
   if (r.block_ids.size() < need || r.block_ids.size() > kMaxBlocksPerRequest) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -140,11 +140,9 @@ absl::Status CheckListSizes(const StepDiff& d) {
 }
 
 absl::Status CheckFields(const StepDiff& d) {
-  absl::Status s = CheckListSizes(d);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(CheckListSizes(d));
   for (size_t i = 0; i < d.new_requests.size(); ++i) {
-    s = CheckNewRequest(d.new_requests[i], i);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(CheckNewRequest(d.new_requests[i], i));
   }
   return CheckContinuing(d);
 }
@@ -221,14 +219,12 @@ size_t MaxPayloadSize(const StepDiff& d) {
 absl::Status ReadIdList(Reader& r, std::vector<uint64_t>* ids, const char* count_field,
                         const char* id_field) {
   uint64_t n;
-  absl::Status s = r.Count(&n, kMaxEntriesPerList, 1, count_field);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(r.Count(&n, kMaxEntriesPerList, 1, count_field));
   ids->resize(n);
   uint64_t prev = 0;
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t z;
-    s = r.Varint(&z, id_field);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(r.Varint(&z, id_field));
     prev += static_cast<uint64_t>(wire::UnZigZag(z));
     (*ids)[i] = prev;
   }
@@ -239,8 +235,7 @@ absl::Status ReadBlocks(Reader& r, int32_t* out, uint64_t n, const char* field) 
   int64_t prev = 0;
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t v;
-    absl::Status s = r.Varint(&v, field);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(r.Varint(&v, field));
     int64_t b;
     if (k == 0) {
       if (v > kMaxInt32) return r.OutOfRange(v, kMaxInt32, field);
@@ -263,8 +258,7 @@ absl::Status DecodePayload(Reader& r, StepDiff* d) {
   absl::Status s;
   uint64_t n_new;
   // The smallest new request is 1+1+1+1+4+1+4+1+1+1+1+1 = 18 bytes.
-  s = r.Count(&n_new, kMaxEntriesPerList, 18, "new_requests.count");
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(r.Count(&n_new, kMaxEntriesPerList, 18, "new_requests.count"));
   d->new_requests.resize(n_new);
   for (uint64_t i = 0; i < n_new; ++i) {
     NewRequest& q = d->new_requests[i];
@@ -296,13 +290,11 @@ absl::Status DecodePayload(Reader& r, StepDiff* d) {
     if (!(s = r.Count(&nb, kMaxBlocksPerRequest, 1, "new_requests.num_blocks")).ok()) return s;
     q.block_ids.resize(nb);
     if (!(s = ReadBlocks(r, q.block_ids.data(), nb, "new_requests.block_id")).ok()) return s;
-    s = CheckNewRequest(q, i);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(CheckNewRequest(q, i));
   }
 
   uint64_t n_cont;
-  s = r.Count(&n_cont, kMaxEntriesPerList, 2, "continuing.count");
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(r.Count(&n_cont, kMaxEntriesPerList, 2, "continuing.count"));
   d->continuing.resize(n_cont);
   d->continuing_blocks.clear();
   uint64_t prev = 0;
@@ -334,8 +326,8 @@ absl::Status DecodePayload(Reader& r, StepDiff* d) {
         return r.Invalid("continuing.num_new_blocks", "too many new blocks in one diff");
       }
       d->continuing_blocks.resize(d->continuing_blocks.size() + nb);
-      s = ReadBlocks(r, d->continuing_blocks.data() + c.block_offset, nb, "continuing.block_id");
-      if (!s.ok()) return s;
+      SYMTP_RETURN_IF_ERROR(
+          ReadBlocks(r, d->continuing_blocks.data() + c.block_offset, nb, "continuing.block_id"));
     }
   }
   if (!(s = ReadIdList(r, &d->finished, "finished.count", "finished.id")).ok()) return s;
@@ -431,71 +423,31 @@ size_t MaxEncodedDiffSize(const StepDiff& d) { return kHeaderSize + MaxPayloadSi
 absl::StatusOr<size_t> EncodeDiffTo(const StepDiff& d, absl::Span<uint8_t> out) {
   absl::Status s = CheckFields(d);
   if (!s.ok()) return Annotated(s, d.step);
-  const size_t bound = MaxEncodedDiffSize(d);
-  if (bound - kHeaderSize > kMaxPayloadBytes) {
-    // The bound over-estimates; encode into a scratch buffer to learn the exact size.
-    std::vector<uint8_t> tmp(bound);
-    const size_t n = EncodePayload(d, tmp.data() + kHeaderSize);
-    if (n > kMaxPayloadBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "diff step %d: payload %d bytes exceeds limit %d", d.step, n, kMaxPayloadBytes));
-    }
-    if (out.size() < kHeaderSize + n) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "diff step %d needs %d bytes, buffer has %d", d.step, kHeaderSize + n, out.size()));
-    }
-    std::memcpy(out.data() + kHeaderSize, tmp.data() + kHeaderSize, n);
-    WriteHeader(out.data(), kDiffMagic, d.flags, d.step, static_cast<uint32_t>(n));
-    return kHeaderSize + n;
-  }
-  if (out.size() >= bound) {
-    const size_t n = EncodePayload(d, out.data() + kHeaderSize);
-    WriteHeader(out.data(), kDiffMagic, d.flags, d.step, static_cast<uint32_t>(n));
-    return kHeaderSize + n;
-  }
-  // The caller's buffer may still be large enough for the exact size.
-  std::vector<uint8_t> tmp(bound);
-  const size_t n = EncodePayload(d, tmp.data() + kHeaderSize);
-  if (out.size() < kHeaderSize + n) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "diff step %d needs %d bytes, buffer has %d", d.step, kHeaderSize + n, out.size()));
-  }
-  WriteHeader(tmp.data(), kDiffMagic, d.flags, d.step, static_cast<uint32_t>(n));
-  std::memcpy(out.data(), tmp.data(), kHeaderSize + n);
-  return kHeaderSize + n;
+  return EncodeRecordTo(
+      kDiffMagic, d.flags, d.step, kWhat, MaxPayloadSize(d),
+      [&](uint8_t* p) { return EncodePayload(d, p); }, out);
 }
 
 absl::Status EncodeDiff(const StepDiff& d, std::vector<uint8_t>* out) {
   absl::Status s = CheckFields(d);
   if (!s.ok()) return Annotated(s, d.step);
-  out->resize(MaxEncodedDiffSize(d));
-  const size_t n = EncodePayload(d, out->data() + kHeaderSize);
-  if (n > kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "diff step %d: payload %d bytes exceeds limit %d", d.step, n, kMaxPayloadBytes));
-  }
-  WriteHeader(out->data(), kDiffMagic, d.flags, d.step, static_cast<uint32_t>(n));
-  out->resize(kHeaderSize + n);
-  return absl::OkStatus();
+  return EncodeRecord(
+      kDiffMagic, d.flags, d.step, kWhat, MaxPayloadSize(d),
+      [&](uint8_t* p) { return EncodePayload(d, p); }, out);
 }
 
 absl::Status DecodeDiffInto(absl::Span<const uint8_t> record, StepDiff* out) {
-  absl::StatusOr<FrameHeader> h = ParseHeader(record, kDiffMagic, kDiffKnownFlags, kWhat);
-  if (!h.ok()) return h.status();
-  absl::Status s = VerifyChecksum(record, *h, kWhat);
-  if (!s.ok()) return s;
-  out->step = h->seq;
-  out->flags = h->flags;
-  Reader r(record.data() + kHeaderSize, record.data() + kHeaderSize + h->payload_len);
-  s = DecodePayload(r, out);
-  if (!s.ok()) return Annotated(s, h->seq);
+  SYMTP_ASSIGN_OR_RETURN(const FrameHeader h,
+                         DecodeRecord(record, kDiffMagic, kDiffKnownFlags, kWhat,
+                                      [&](Reader& r) { return DecodePayload(r, out); }));
+  out->step = h.seq;
+  out->flags = h.flags;
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepDiff> DecodeDiff(absl::Span<const uint8_t> record) {
   StepDiff d;
-  absl::Status s = DecodeDiffInto(record, &d);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(DecodeDiffInto(record, &d));
   return d;
 }
 

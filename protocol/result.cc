@@ -1,6 +1,7 @@
 #include "protocol/result.h"
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "protocol/diff.h"
 #include "protocol/wire.h"
 
@@ -108,57 +109,30 @@ size_t MaxPayload(const StepResult& r) {
 size_t MaxEncodedResultSize(const StepResult& r) { return kHeaderSize + MaxPayload(r); }
 
 absl::Status EncodeResult(const StepResult& r, std::vector<uint8_t>* out) {
-  absl::Status s = CheckResult(r);
-  if (!s.ok()) return s;
-  out->resize(MaxEncodedResultSize(r));
-  const size_t n = EncodePayload(r, out->data() + kHeaderSize);
-  if (n > kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "result step %d: payload %d bytes exceeds limit %d", r.step, n, kMaxPayloadBytes));
-  }
-  WriteHeader(out->data(), kResultMagic, 0, r.step, static_cast<uint32_t>(n));
-  out->resize(kHeaderSize + n);
-  return absl::OkStatus();
+  SYMTP_RETURN_IF_ERROR(CheckResult(r));
+  return EncodeRecord(
+      kResultMagic, 0, r.step, kWhat, MaxPayload(r),
+      [&](uint8_t* p) { return EncodePayload(r, p); }, out);
 }
 
 absl::StatusOr<size_t> EncodeResultTo(const StepResult& r, absl::Span<uint8_t> out) {
-  absl::Status s = CheckResult(r);
-  if (!s.ok()) return s;
-  const size_t bound = MaxEncodedResultSize(r);
-  if (out.size() >= bound && bound - kHeaderSize <= kMaxPayloadBytes) {
-    const size_t n = EncodePayload(r, out.data() + kHeaderSize);
-    WriteHeader(out.data(), kResultMagic, 0, r.step, static_cast<uint32_t>(n));
-    return kHeaderSize + n;
-  }
-  std::vector<uint8_t> tmp;
-  s = EncodeResult(r, &tmp);
-  if (!s.ok()) return s;
-  if (out.size() < tmp.size()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "result step %d needs %d bytes, buffer has %d", r.step, tmp.size(), out.size()));
-  }
-  std::memcpy(out.data(), tmp.data(), tmp.size());
-  return tmp.size();
+  SYMTP_RETURN_IF_ERROR(CheckResult(r));
+  return EncodeRecordTo(
+      kResultMagic, 0, r.step, kWhat, MaxPayload(r),
+      [&](uint8_t* p) { return EncodePayload(r, p); }, out);
 }
 
 absl::Status DecodeResultInto(absl::Span<const uint8_t> record, StepResult* out) {
-  absl::StatusOr<FrameHeader> h = ParseHeader(record, kResultMagic, kResultKnownFlags, kWhat);
-  if (!h.ok()) return h.status();
-  absl::Status s = VerifyChecksum(record, *h, kWhat);
-  if (!s.ok()) return s;
-  out->step = h->seq;
-  Reader rd(record.data() + kHeaderSize, record.data() + kHeaderSize + h->payload_len);
-  s = DecodePayload(rd, out);
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("result record seq %d: %s", h->seq, s.message()));
-  }
+  SYMTP_ASSIGN_OR_RETURN(const FrameHeader h,
+                         DecodeRecord(record, kResultMagic, kResultKnownFlags, kWhat,
+                                      [&](Reader& r) { return DecodePayload(r, out); }));
+  out->step = h.seq;
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> DecodeResult(absl::Span<const uint8_t> record) {
   StepResult r;
-  absl::Status s = DecodeResultInto(record, &r);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(DecodeResultInto(record, &r));
   return r;
 }
 

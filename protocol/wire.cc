@@ -1,5 +1,6 @@
 #include "protocol/wire.h"
 
+#include "common/status_macros.h"
 #include "protocol/crc32c.h"
 
 namespace symtp::proto {
@@ -82,6 +83,53 @@ void WriteHeader(uint8_t* buf, uint32_t magic, uint16_t flags, uint64_t seq, uin
   uint32_t crc = Crc32c(0, buf, 20);
   crc = Crc32c(crc, buf + kHeaderSize, payload_len);
   w.Fixed32(crc);
+}
+
+absl::StatusOr<size_t> EncodeRecordTo(uint32_t magic, uint16_t flags, uint64_t seq,
+                                      const char* what, size_t max_payload,
+                                      absl::FunctionRef<size_t(uint8_t*)> payload,
+                                      absl::Span<uint8_t> out) {
+  // Straight into `out` when it holds the bound; else into a scratch buffer,
+  // as the exact size may still fit.
+  const bool direct = out.size() >= kHeaderSize + max_payload;
+  std::vector<uint8_t> tmp(direct ? 0 : kHeaderSize + max_payload);
+  uint8_t* buf = direct ? out.data() : tmp.data();
+  const size_t n = payload(buf + kHeaderSize);
+  if (n > kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s step %d: payload %d bytes exceeds limit %d", what, seq, n, kMaxPayloadBytes));
+  }
+  if (out.size() < kHeaderSize + n) {
+    return absl::ResourceExhaustedError(absl::StrFormat("%s step %d needs %d bytes, buffer has %d",
+                                                        what, seq, kHeaderSize + n, out.size()));
+  }
+  WriteHeader(buf, magic, flags, seq, static_cast<uint32_t>(n));
+  if (!direct) std::memcpy(out.data(), tmp.data(), kHeaderSize + n);
+  return kHeaderSize + n;
+}
+
+absl::Status EncodeRecord(uint32_t magic, uint16_t flags, uint64_t seq, const char* what,
+                          size_t max_payload, absl::FunctionRef<size_t(uint8_t*)> payload,
+                          std::vector<uint8_t>* out) {
+  out->resize(kHeaderSize + max_payload);
+  SYMTP_ASSIGN_OR_RETURN(const size_t n, EncodeRecordTo(magic, flags, seq, what, max_payload,
+                                                        payload, absl::MakeSpan(*out)));
+  out->resize(n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FrameHeader> DecodeRecord(absl::Span<const uint8_t> record, uint32_t magic,
+                                         uint16_t allowed_flags, const char* what,
+                                         absl::FunctionRef<absl::Status(wire::Reader&)> payload) {
+  SYMTP_ASSIGN_OR_RETURN(const FrameHeader h, ParseHeader(record, magic, allowed_flags, what));
+  SYMTP_RETURN_IF_ERROR(VerifyChecksum(record, h, what));
+  wire::Reader r(record.data() + kHeaderSize, record.data() + kHeaderSize + h.payload_len);
+  const absl::Status s = payload(r);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrFormat("%s record seq %d: %s", what, h.seq, s.message()));
+  }
+  return h;
 }
 
 namespace wire {

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
@@ -173,4 +175,24 @@ class Reader {
 };
 
 }  // namespace wire
+
+// The record around a payload, shared by the diff and result codecs. `what`
+// names the record type in errors; `payload` writes the payload at its
+// argument, with room for `max_payload` bytes, and returns its length.
+// EncodeRecordTo returns the record size: InvalidArgument when the payload
+// exceeds kMaxPayloadBytes, ResourceExhausted when `out` cannot hold it.
+absl::StatusOr<size_t> EncodeRecordTo(uint32_t magic, uint16_t flags, uint64_t seq,
+                                      const char* what, size_t max_payload,
+                                      absl::FunctionRef<size_t(uint8_t*)> payload,
+                                      absl::Span<uint8_t> out);
+// Same, into `out` resized to the record.
+absl::Status EncodeRecord(uint32_t magic, uint16_t flags, uint64_t seq, const char* what,
+                          size_t max_payload, absl::FunctionRef<size_t(uint8_t*)> payload,
+                          std::vector<uint8_t>* out);
+// ParseHeader and VerifyChecksum, then `payload` on a reader of the payload;
+// its errors get "<what> record seq <seq>: " in front. Returns the header.
+absl::StatusOr<FrameHeader> DecodeRecord(absl::Span<const uint8_t> record, uint32_t magic,
+                                         uint16_t allowed_flags, const char* what,
+                                         absl::FunctionRef<absl::Status(wire::Reader&)> payload);
+
 }  // namespace symtp::proto
