@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace symtp::sched {
 
@@ -38,11 +39,9 @@ absl::Status SchedulerConfig::Validate() const {
 }
 
 absl::StatusOr<Scheduler> Scheduler::Create(const SchedulerConfig& config) {
-  absl::Status s = config.Validate();
-  if (!s.ok()) return s;
-  absl::StatusOr<BlockManager> blocks = BlockManager::Create(config.num_kv_blocks);
-  if (!blocks.ok()) return blocks.status();
-  return Scheduler(config, std::move(*blocks));
+  SYMTP_RETURN_IF_ERROR(config.Validate());
+  SYMTP_ASSIGN_OR_RETURN(BlockManager blocks, BlockManager::Create(config.num_kv_blocks));
+  return Scheduler(config, std::move(blocks));
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager blocks)
@@ -130,8 +129,7 @@ absl::Status Scheduler::Abort(uint64_t id, int64_t now_ns) {
   if (r->state == State::kStopped) {
     // Stopped by max tokens with results still in flight: drop those tokens.
   } else if (r->state == State::kRunning) {
-    absl::Status s = StopRunning(r);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(StopRunning(r));
     pending_aborted_.push_back(id);
     r->on_worker = false;
   } else {  // waiting: the workers do not hold it
@@ -159,17 +157,14 @@ void Scheduler::CompactRunning() {
   running_.resize(w);
 }
 
-Scheduler::Request* Scheduler::PickVictim(uint64_t step) {
-  for (size_t i = running_.size(); i-- > 0;) {
-    Request* r = running_[i];
-    if (r != nullptr && r->scheduled_step != step) return r;
+absl::StatusOr<bool> Scheduler::PreemptFor(Request* r, uint64_t step, proto::StepDiff* diff,
+                                           const char* what) {
+  Request* v = nullptr;
+  for (size_t i = running_.size(); v == nullptr && i-- > 0;) {
+    if (running_[i] != nullptr && running_[i]->scheduled_step != step) v = running_[i];
   }
-  return nullptr;
-}
-
-absl::Status Scheduler::Preempt(Request* v, uint64_t step, proto::StepDiff* diff) {
-  absl::Status s = StopRunning(v);
-  if (!s.ok()) return s;
+  if (v == nullptr) return absl::InternalError(absl::StrCat("no preemption victim for a ", what));
+  SYMTP_RETURN_IF_ERROR(StopRunning(v));
   v->state = State::kWaiting;
   v->on_worker = false;
   v->num_computed = 0;
@@ -180,7 +175,7 @@ absl::Status Scheduler::Preempt(Request* v, uint64_t step, proto::StepDiff* diff
   diff->preempted.push_back(v->id);
   ++v->out.num_preemptions;
   ++stats_.preemptions;
-  return absl::OkStatus();
+  return v == r;
 }
 
 void Scheduler::Schedule(Request* r, int32_t n, bool is_new, uint64_t step, StepPlan* plan) {
@@ -210,8 +205,7 @@ void Scheduler::Schedule(Request* r, int32_t n, bool is_new, uint64_t step, Step
 
 absl::StatusOr<StepPlan> Scheduler::PlanNextStep() {
   StepPlan plan;
-  absl::Status s = PlanNextStep(&plan);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(PlanNextStep(&plan));
   return plan;
 }
 
@@ -244,14 +238,8 @@ absl::Status Scheduler::PlanNextStep(StepPlan* plan) {
     const int32_t need =
         BlocksForTokens(r->num_computed + 1, bs) - static_cast<int32_t>(r->blocks.size());
     bool self_preempted = false;
-    while (need > blocks_.num_free()) {
-      Request* v = PickVictim(step);  // r itself is always a candidate
-      if (v == nullptr) return absl::InternalError("no preemption victim for a decode");
-      if (!(s = Preempt(v, step, &diff)).ok()) return s;
-      if (v == r) {
-        self_preempted = true;
-        break;
-      }
+    while (!self_preempted && need > blocks_.num_free()) {
+      SYMTP_ASSIGN_OR_RETURN(self_preempted, PreemptFor(r, step, &diff, "decode"));
     }
     if (self_preempted) continue;
     const size_t first_new = r->blocks.size();
@@ -267,22 +255,14 @@ absl::Status Scheduler::PlanNextStep(StepPlan* plan) {
     if (r == nullptr || !r->prefilling() || r->scheduled_step == step) continue;
     int32_t n = std::min({r->tokens_known() - r->num_computed, budget, chunk});
     bool self_preempted = false;
-    for (;;) {
-      const int64_t fit =
-          (static_cast<int64_t>(r->blocks.size()) + blocks_.num_free()) * bs - r->num_computed;
-      if (fit >= 1) {
-        n = static_cast<int32_t>(std::min<int64_t>(n, fit));
-        break;
-      }
-      Request* v = PickVictim(step);
-      if (v == nullptr) return absl::InternalError("no preemption victim for a prefill");
-      if (!(s = Preempt(v, step, &diff)).ok()) return s;
-      if (v == r) {
-        self_preempted = true;
-        break;
-      }
+    int64_t fit = 0;  // tokens r's blocks and the free ones hold
+    while (!self_preempted &&
+           (fit = (static_cast<int64_t>(r->blocks.size()) + blocks_.num_free()) * bs -
+                  r->num_computed) < 1) {
+      SYMTP_ASSIGN_OR_RETURN(self_preempted, PreemptFor(r, step, &diff, "prefill"));
     }
     if (self_preempted) continue;
+    n = static_cast<int32_t>(std::min<int64_t>(n, fit));
     const int32_t need =
         BlocksForTokens(r->num_computed + n, bs) - static_cast<int32_t>(r->blocks.size());
     const size_t first_new = r->blocks.size();
@@ -446,8 +426,7 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
         r->eos_seen = true;
         r->out.finish_reason = FinishReason::kEos;
         if (r->state == State::kRunning) {
-          absl::Status s = StopRunning(r);
-          if (!s.ok()) return s;
+          SYMTP_RETURN_IF_ERROR(StopRunning(r));
           r->on_worker = false;
           pending_finished_.push_back(r->id);
         } else if (r->state == State::kWaiting) {  // preempted; workers dropped it already
@@ -464,8 +443,7 @@ absl::Status Scheduler::OnStepResult(const proto::StepResult& result, int64_t no
 
 absl::Status Scheduler::OnStepResults(absl::Span<const proto::StepResult> ranks, int64_t now_ns) {
   if (ranks.empty()) return absl::InvalidArgumentError("OnStepResults with no results");
-  absl::Status s = CheckDigests(ranks[0].step, ranks);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(CheckDigests(ranks[0].step, ranks));
   return OnStepResult(ranks[0], now_ns);
 }
 

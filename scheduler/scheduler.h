@@ -261,8 +261,10 @@ class Scheduler {
 
   // Frees r's blocks and takes it out of running (state -> kStopped).
   absl::Status StopRunning(Request* r);
-  absl::Status Preempt(Request* victim, uint64_t step, proto::StepDiff* diff);
-  Request* PickVictim(uint64_t step);
+  // Preempts the most recently admitted running request not scheduled in
+  // `step` (r itself is always one) for r's `what`; true when that was r.
+  absl::StatusOr<bool> PreemptFor(Request* r, uint64_t step, proto::StepDiff* diff,
+                                  const char* what);
   void Schedule(Request* r, int32_t n, bool is_new, uint64_t step, StepPlan* plan);
   void MaybeComplete(Request* r, int64_t now_ns);
   void CompactRunning();
