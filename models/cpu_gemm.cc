@@ -319,6 +319,17 @@ void MatMulBaseline(const float* x, int64_t ldx, int T, int K, const float* w, i
   MatMulBody<2>(x, ldx, T, K, w, N, y, ldy, s);
 }
 
+template <typename Row>
+void DotRowsDispatch(const double* a, int K, const Row* rows, int64_t row_stride, int n,
+                     double* out) {
+  if (n <= 0) return;
+#ifdef SYMTP_X86_DISPATCH
+  if (HaveAvx512()) return DotRowsAvx512(a, K, rows, row_stride, n, out);
+  if (HaveAvx2()) return DotRowsAvx2(a, K, rows, row_stride, n, out);
+#endif
+  DotRowsBody(a, K, rows, row_stride, n, out);
+}
+
 }  // namespace
 
 void MatMulTransB(const float* x, int64_t ldx, int T, int K, const float* w, int N, float* y,
@@ -343,21 +354,11 @@ void MatMulTransB(const float* x, int64_t ldx, int T, int K, const float* w, int
 }
 
 void DotRows(const double* a, int K, const float* rows, int64_t row_stride, int n, double* out) {
-  if (n <= 0) return;
-#ifdef SYMTP_X86_DISPATCH
-  if (HaveAvx512()) return DotRowsAvx512(a, K, rows, row_stride, n, out);
-  if (HaveAvx2()) return DotRowsAvx2(a, K, rows, row_stride, n, out);
-#endif
-  DotRowsBody(a, K, rows, row_stride, n, out);
+  DotRowsDispatch(a, K, rows, row_stride, n, out);
 }
 
 void DotRows(const double* a, int K, const double* rows, int64_t row_stride, int n, double* out) {
-  if (n <= 0) return;
-#ifdef SYMTP_X86_DISPATCH
-  if (HaveAvx512()) return DotRowsAvx512(a, K, rows, row_stride, n, out);
-  if (HaveAvx2()) return DotRowsAvx2(a, K, rows, row_stride, n, out);
-#endif
-  DotRowsBody(a, K, rows, row_stride, n, out);
+  DotRowsDispatch(a, K, rows, row_stride, n, out);
 }
 
 double ReferenceDot(const float* a, const float* b, int K) {
