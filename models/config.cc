@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "common/status_macros.h"
 
 namespace symtp::model {
 namespace {
@@ -136,10 +137,8 @@ absl::Status ApplyOverrides(absl::string_view overrides, ModelConfig* cfg) {
 }
 
 absl::StatusOr<ModelConfig> MakeConfig(absl::string_view preset, absl::string_view overrides) {
-  auto cfg = PresetConfig(preset);
-  if (!cfg.ok()) return cfg.status();
-  absl::Status st = ApplyOverrides(overrides, &*cfg);
-  if (!st.ok()) return st;
+  SYMTP_ASSIGN_OR_RETURN(ModelConfig cfg, PresetConfig(preset));
+  SYMTP_RETURN_IF_ERROR(ApplyOverrides(overrides, &cfg));
   return cfg;
 }
 
@@ -170,8 +169,7 @@ absl::Status ValidateConfig(const ModelConfig& c) {
 }
 
 absl::Status ValidateForTp(const ModelConfig& c, int n) {
-  absl::Status st = ValidateConfig(c);
-  if (!st.ok()) return st;
+  SYMTP_RETURN_IF_ERROR(ValidateConfig(c));
   std::vector<std::string> errors;
   if (n < 1) {
     return absl::InvalidArgumentError(

@@ -7,9 +7,10 @@
 #include <mutex>
 #include <string>
 
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 
 namespace symtp::model {
 
@@ -97,10 +98,8 @@ class ThreadEndpoint : public HostComm {
     g.src[rank_] = data;
     g.counts[rank_] = n;
     if (g.result.size() < n) g.result.resize(n);
-    absl::Status st = g.Barrier(rank_, "AllReduceSum/publish", deadline, lock);
-    if (!st.ok()) return st;
-    st = g.CheckCounts(rank_, n);
-    if (!st.ok()) return st;
+    SYMTP_RETURN_IF_ERROR(g.Barrier(rank_, "AllReduceSum/publish", deadline, lock));
+    SYMTP_RETURN_IF_ERROR(g.CheckCounts(rank_, n));
     float* result = g.result.data();
     lock.unlock();
     // Each rank sums a disjoint chunk, reading every rank's buffer in rank order.
@@ -111,8 +110,7 @@ class ThreadEndpoint : public HostComm {
       for (size_t i = begin; i < end; ++i) result[i] += s[i];
     }
     lock.lock();
-    st = g.Barrier(rank_, "AllReduceSum/sum", deadline, lock);
-    if (!st.ok()) return st;
+    SYMTP_RETURN_IF_ERROR(g.Barrier(rank_, "AllReduceSum/sum", deadline, lock));
     lock.unlock();
     if (n > 0) std::memcpy(data, result, n * sizeof(float));
     lock.lock();
@@ -126,10 +124,8 @@ class ThreadEndpoint : public HostComm {
     if (!g.broken.empty()) return g.BrokenError(rank_);
     g.src[rank_] = send;
     g.counts[rank_] = n;
-    absl::Status st = g.Barrier(rank_, "AllGather/publish", deadline, lock);
-    if (!st.ok()) return st;
-    st = g.CheckCounts(rank_, n);
-    if (!st.ok()) return st;
+    SYMTP_RETURN_IF_ERROR(g.Barrier(rank_, "AllGather/publish", deadline, lock));
+    SYMTP_RETURN_IF_ERROR(g.CheckCounts(rank_, n));
     lock.unlock();
     for (int q = 0; q < g.size; ++q) {
       if (n > 0 && g.src[q] != recv + q * n) std::memcpy(recv + q * n, g.src[q], n * sizeof(float));

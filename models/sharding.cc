@@ -4,12 +4,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace symtp::model {
 
 absl::StatusOr<ShardLayout> MakeShardLayout(const ModelConfig& cfg, int tp_rank, int tp_size) {
-  absl::Status st = ValidateForTp(cfg, tp_size);
-  if (!st.ok()) return st;
+  SYMTP_RETURN_IF_ERROR(ValidateForTp(cfg, tp_size));
   if (tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(
         absl::StrFormat("tp_rank %d out of range for tp_size %d", tp_rank, tp_size));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace symtp::worker {
 namespace {
@@ -259,8 +260,7 @@ absl::Status WorkerState::AddNew(const proto::NewRequest& n, size_t index, uint6
   index_.emplace(n.id, slot);
   MarkDirty(slot);
   MarkRowChanged(r.row);
-  absl::Status s = TakeBlocks(slot, n.block_ids, step);
-  if (!s.ok()) return s;
+  SYMTP_RETURN_IF_ERROR(TakeBlocks(slot, n.block_ids, step));
   const size_t need = (n.num_scheduled + proto::kBlockSize - 1) / proto::kBlockSize;
   if (r.block_table.size() < need) {
     return absl::InvalidArgumentError(
@@ -299,8 +299,7 @@ absl::Status WorkerState::Continue(const proto::ContinuingRequest& c,
                         c.id, r.num_sampled + 1, r.max_new_tokens));
   }
   if (!blocks.empty()) {
-    absl::Status s = TakeBlocks(slot, blocks, step);
-    if (!s.ok()) return s;
+    SYMTP_RETURN_IF_ERROR(TakeBlocks(slot, blocks, step));
     MarkRowChanged(r.row);
   }
   if (static_cast<int64_t>(r.block_table.size()) * proto::kBlockSize < end) {
