@@ -104,21 +104,15 @@ uint64_t ProcessStartTicks(pid_t pid) {
 ProcState ProbeProcess(pid_t pid, uint64_t expected_start_ticks) {
   ProcState s = ProbeProcess(pid);
   if (expected_start_ticks != 0 && IsLive(s)) {
-    uint64_t now_ticks = ProcessStartTicks(pid);
-    // 0 means it vanished between the two reads.
-    if (now_ticks == 0) return ProcState::kDead;
-    if (now_ticks != expected_start_ticks) return ProcState::kDead;  // recycled pid
+    // 0: it vanished between the two reads; another value: a recycled pid.
+    if (ProcessStartTicks(pid) != expected_start_ticks) return ProcState::kDead;
   }
   return s;
 }
 
 PidWatch::~PidWatch() { Close(); }
 
-PidWatch::PidWatch(PidWatch&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)),
-      pid_(o.pid_),
-      start_ticks_(o.start_ticks_),
-      unavailable_(o.unavailable_) {}
+PidWatch::PidWatch(PidWatch&& o) noexcept { *this = std::move(o); }
 
 PidWatch& PidWatch::operator=(PidWatch&& o) noexcept {
   if (this != &o) {
