@@ -6,16 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "models/weights.h"
 
 namespace symtp::worker {
 namespace {
 
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+inline uint64_t Mix(uint64_t x) { return model::Mix64(x); }
 inline uint64_t ChainToken(uint64_t h, int32_t tok) {
   return Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tok)) | (1ull << 40)));
 }
