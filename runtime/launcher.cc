@@ -167,16 +167,11 @@ absl::Status CheckOutputs(const JobOptions& opts) {
 int RunLauncher(JobOptions opts, const std::string& self_exe) {
   // ---- Resolve and check everything we can before any process starts.
   absl::StatusOr<JobLayout> layout = PlanJobLayout(opts);
-  if (!layout.ok()) {
-    std::fprintf(stderr, "symtp: %s\n", std::string(layout.status().message()).c_str());
-    return 2;
-  }
-  if (absl::Status s = ResolveBackend(&opts); !s.ok()) {
-    std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (absl::Status s = CheckOutputs(opts); !s.ok()) {
-    std::fprintf(stderr, "symtp: %s\n", std::string(s.message()).c_str());
+  absl::Status checked = layout.status();
+  if (checked.ok()) checked = ResolveBackend(&opts);
+  if (checked.ok()) checked = CheckOutputs(opts);
+  if (!checked.ok()) {
+    std::fprintf(stderr, "symtp: %s\n", std::string(checked.message()).c_str());
     return 2;
   }
 
