@@ -62,12 +62,14 @@ std::string HumanAge(int64_t created_unix_ns) {
   return absl::StrFormat("%.1fd", s / 86400);
 }
 
+int Failed(const absl::Status& s) {
+  std::fprintf(stderr, "symtp_shm: %s\n", s.ToString().c_str());
+  return kFailed;
+}
+
 int List(const std::string& prefix) {
   auto infos = symtp::ipc::ListSegments(prefix);
-  if (!infos.ok()) {
-    std::fprintf(stderr, "symtp_shm: %s\n", infos.status().ToString().c_str());
-    return kFailed;
-  }
+  if (!infos.ok()) return Failed(infos.status());
   std::printf("%-44s %8s %-8s %10s %6s\n", "NAME", "PID", "CREATOR", "SIZE", "AGE");
   for (const auto& s : *infos) {
     std::string state = s.header_valid ? symtp::ipc::ProcStateName(s.creator_state) : "unknown";
@@ -82,19 +84,13 @@ int List(const std::string& prefix) {
 int Clean(const std::string& prefix, bool all) {
   if (!all) {
     auto removed = symtp::ipc::RemoveStaleSegments(prefix);
-    if (!removed.ok()) {
-      std::fprintf(stderr, "symtp_shm: %s\n", removed.status().ToString().c_str());
-      return kFailed;
-    }
+    if (!removed.ok()) return Failed(removed.status());
     for (const auto& n : *removed) std::printf("removed %s\n", n.c_str());
     std::printf("%zu stale segment(s) removed\n", removed->size());
     return kOk;
   }
   auto infos = symtp::ipc::ListSegments(prefix);
-  if (!infos.ok()) {
-    std::fprintf(stderr, "symtp_shm: %s\n", infos.status().ToString().c_str());
-    return kFailed;
-  }
+  if (!infos.ok()) return Failed(infos.status());
   int rc = kOk;
   size_t n = 0;
   for (const auto& s : *infos) {
@@ -104,8 +100,7 @@ int Clean(const std::string& prefix, bool all) {
       std::printf("removed %s%s\n", s.name.c_str(),
                   s.creator_alive ? " (its creator was still alive)" : "");
     } else {
-      std::fprintf(stderr, "symtp_shm: %s\n", st.ToString().c_str());
-      rc = kFailed;
+      rc = Failed(st);
     }
   }
   std::printf("%zu segment(s) removed\n", n);
