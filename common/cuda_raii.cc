@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <thread>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"

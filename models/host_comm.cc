@@ -1,6 +1,5 @@
 #include "models/host_comm.h"
 
-#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <thread>
 
 #include "absl/strings/str_format.h"

@@ -11,22 +11,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "ipc/liveness.h"
-#include "ipc/ring.h"
 #include "ipc/shm_segment.h"
 #include "runtime/job.h"
 #include "runtime/layout.h"
-#include "runtime/shm_host_comm.h"
 
 namespace symtp::runtime {
 

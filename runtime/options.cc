@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <string_view>
 #include <type_traits>
 
 #include "absl/flags/flag.h"

@@ -1,13 +1,11 @@
 #include "runtime/v0.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/json.h"
-#include "common/log.h"
 #include "common/status_macros.h"
 #include "protocol/result.h"
 #include "runtime/job_sizing.h"

@@ -3,8 +3,6 @@
 #include <sched.h>
 #include <time.h>
 
-#include <utility>
-
 #include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"
 #include "common/log.h"

@@ -15,7 +15,6 @@
 // patched to match, so the fuzzer reaches the payload decoder.
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <vector>
 
 #include "protocol/crc32c.h"
