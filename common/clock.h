@@ -5,7 +5,6 @@
 #include <time.h>
 
 #include <cstdint>
-#include <limits>
 
 namespace symtp {
 

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 
 #include "absl/status/status.h"
 #include "common/clock.h"
