@@ -75,11 +75,6 @@ static void Grow(std::vector<float>* v, size_t n) {
 }
 
 absl::StatusOr<CpuModel> CpuModel::Create(const ModelConfig& cfg, int tp_rank, int tp_size,
-                                          int num_kv_blocks, HostComm* comm) {
-  return Create(cfg, tp_rank, tp_size, num_kv_blocks, comm, CpuModelOptions());
-}
-
-absl::StatusOr<CpuModel> CpuModel::Create(const ModelConfig& cfg, int tp_rank, int tp_size,
                                           int num_kv_blocks, HostComm* comm,
                                           const CpuModelOptions& options) {
   SYMTP_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(cfg, tp_rank, tp_size));

@@ -34,10 +34,8 @@ class CpuModel {
   // num_kv_blocks), ResourceExhausted (over CpuModelOptions::max_host_bytes;
   // the big presets are only meant for GPUs).
   static absl::StatusOr<CpuModel> Create(const ModelConfig& cfg, int tp_rank, int tp_size,
-                                         int num_kv_blocks, HostComm* comm);
-  static absl::StatusOr<CpuModel> Create(const ModelConfig& cfg, int tp_rank, int tp_size,
                                          int num_kv_blocks, HostComm* comm,
-                                         const CpuModelOptions& options);
+                                         const CpuModelOptions& options = {});
 
   CpuModel(CpuModel&&) noexcept;
   CpuModel& operator=(CpuModel&&) noexcept;
