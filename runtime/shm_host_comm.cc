@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<ShmHostComm>> ShmHostComm::Attach(void* mem, size
       new ShmHostComm(h, slots, rank, h->tp, h->max_floats, cb, timeout_ns));
 }
 
+absl::Status ShmHostComm::Barrier(const char* what) {
+  return BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_), what);
+}
+
 absl::Status ShmHostComm::AllReduceSum(float* data, size_t n) {
   if (tp_ == 1) return absl::OkStatus();
   if (n > max_floats_) {
@@ -61,15 +65,13 @@ absl::Status ShmHostComm::AllReduceSum(float* data, size_t n) {
         absl::StrFormat("all-reduce of %d floats exceeds the %d-float scratch", n, max_floats_));
   }
   std::memcpy(slot(rank_), data, n * sizeof(float));
-  SYMTP_RETURN_IF_ERROR(BarrierWait(&h_->barrier, tp_, cb_, tp_,
-                                    Deadline::AfterNs(timeout_ns_), "host all-reduce (enter)"));
+  SYMTP_RETURN_IF_ERROR(Barrier("host all-reduce (enter)"));
   for (size_t i = 0; i < n; ++i) {
     float acc = slot(0)[i];
     for (int r = 1; r < tp_; ++r) acc += slot(r)[i];
     data[i] = acc;
   }
-  return BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
-                     "host all-reduce (exit)");
+  return Barrier("host all-reduce (exit)");
 }
 
 absl::Status ShmHostComm::AllGather(const float* send, size_t n, float* recv) {
@@ -82,11 +84,9 @@ absl::Status ShmHostComm::AllGather(const float* send, size_t n, float* recv) {
     return absl::OkStatus();
   }
   std::memcpy(slot(rank_), send, n * sizeof(float));
-  SYMTP_RETURN_IF_ERROR(BarrierWait(&h_->barrier, tp_, cb_, tp_,
-                                    Deadline::AfterNs(timeout_ns_), "host all-gather (enter)"));
+  SYMTP_RETURN_IF_ERROR(Barrier("host all-gather (enter)"));
   for (int r = 0; r < tp_; ++r) std::memcpy(recv + static_cast<size_t>(r) * n, slot(r), n * sizeof(float));
-  return BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
-                     "host all-gather (exit)");
+  return Barrier("host all-gather (exit)");
 }
 
 absl::Status ShmHostComm::Broadcast(void* data, size_t bytes, int root) {
@@ -96,11 +96,9 @@ absl::Status ShmHostComm::Broadcast(void* data, size_t bytes, int root) {
         "broadcast of %d bytes exceeds the %d-byte scratch", bytes, capacity_bytes()));
   }
   if (rank_ == root) std::memcpy(slot(root), data, bytes);
-  SYMTP_RETURN_IF_ERROR(BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
-                                    "host broadcast (enter)"));
+  SYMTP_RETURN_IF_ERROR(Barrier("host broadcast (enter)"));
   if (rank_ != root) std::memcpy(data, slot(root), bytes);
-  return BarrierWait(&h_->barrier, tp_, cb_, tp_, Deadline::AfterNs(timeout_ns_),
-                     "host broadcast (exit)");
+  return Barrier("host broadcast (exit)");
 }
 
 }  // namespace symtp::runtime

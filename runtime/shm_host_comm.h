@@ -37,6 +37,7 @@ class ShmHostComm : public model::HostComm {
       : h_(h), slots_(slots), rank_(rank), tp_(tp), max_floats_(max_floats), cb_(cb),
         timeout_ns_(timeout_ns) {}
   float* slot(int r) const { return slots_ + static_cast<size_t>(r) * max_floats_; }
+  absl::Status Barrier(const char* what);  // every rank, within timeout_ns_
 
   Header* h_;
   float* slots_;
