@@ -351,10 +351,7 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
   out->max_blocks_per_seq = max_blocks;
   out->block_tables.resize(static_cast<size_t>(S) * max_blocks);
   out->sample_index.clear();
-  sample_slots_.clear();
-  sample_ids_.clear();
-  sample_params_.clear();
-  sample_positions_.clear();
+  PrepareSampleOrder();  // the same rows, in the same order, as sample_index below
   input_pending_.clear();
 
   int32_t* tok = out->tokens.data();
@@ -383,18 +380,11 @@ absl::Status WorkerState::BuildInput(model::BatchInput* out) {
     int32_t* row_bt = bt + static_cast<size_t>(s) * max_blocks;
     std::memcpy(row_bt, table, sizeof(int32_t) * nb);
     std::fill(row_bt + nb, row_bt + max_blocks, -1);
-    if (r.num_computed == static_cast<int32_t>(r.tokens.size())) {
-      out->sample_index.push_back(t - 1);
-      sample_slots_.push_back(slot);
-      sample_ids_.push_back(r.id);
-      sample_params_.push_back(r.sampling);
-      sample_positions_.push_back(r.num_computed);
-    }
+    if (r.num_computed == static_cast<int32_t>(r.tokens.size())) out->sample_index.push_back(t - 1);
     ++s;
   }
   out->seq_start[S] = t;
   input_tokens_ = t;
-  order_ready_ = true;
   return absl::OkStatus();
 }
 
