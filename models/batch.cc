@@ -104,10 +104,8 @@ absl::Status BatchInput::Validate(const ModelConfig& cfg, int num_kv_blocks) con
     }
     used.assign(table, table + needed);
     std::sort(used.begin(), used.end());
-    for (size_t i = 1; i < used.size(); ++i) {
-      if (used[i] == used[i - 1]) {
-        return Bad(absl::StrFormat("sequence %d: physical block %d mapped twice", s, used[i]));
-      }
+    if (auto d = std::adjacent_find(used.begin(), used.end()); d != used.end()) {
+      return Bad(absl::StrFormat("sequence %d: physical block %d mapped twice", s, *d));
     }
     for (int32_t t = begin; t < end; ++t) {
       const int64_t p = positions[t];
@@ -120,10 +118,8 @@ absl::Status BatchInput::Validate(const ModelConfig& cfg, int num_kv_blocks) con
   }
   std::vector<int32_t> slots(slot_mapping);
   std::sort(slots.begin(), slots.end());
-  for (size_t i = 1; i < slots.size(); ++i) {
-    if (slots[i] == slots[i - 1]) {
-      return Bad(absl::StrFormat("KV slot %d written by two tokens in one step", slots[i]));
-    }
+  if (auto d = std::adjacent_find(slots.begin(), slots.end()); d != slots.end()) {
+    return Bad(absl::StrFormat("KV slot %d written by two tokens in one step", *d));
   }
   for (size_t i = 0; i < sample_index.size(); ++i) {
     if (sample_index[i] < 0 || sample_index[i] >= T) {
