@@ -1,27 +1,16 @@
 #include "runtime/shm_barrier.h"
 
-#include <linux/futex.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ipc/futex.h"
 #include "ipc/liveness.h"
 
 namespace symtp::runtime {
-
-void FutexWaitFor(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
-  timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
-              static_cast<long>(timeout_ns % 1'000'000'000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
 
 absl::Status CheckPeers(const ControlBlock* cb, int tp) {
   if (absl::Status s = CheckAbort(cb); !s.ok()) return s;
@@ -49,7 +38,7 @@ absl::Status BarrierWait(BarrierWord* b, uint32_t n, const ControlBlock* cb, int
   if (b->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
     b->arrived.store(0, std::memory_order_relaxed);
     b->generation.fetch_add(1, std::memory_order_acq_rel);
-    FutexWakeAll(&b->generation);
+    ipc::FutexWakeAll(&b->generation);
     return absl::OkStatus();
   }
   for (int i = 0;; ++i) {
@@ -71,7 +60,9 @@ absl::Status BarrierWait(BarrierWord* b, uint32_t n, const ControlBlock* cb, int
     if (absl::Status s = CheckPeers(cb, tp); !s.ok()) {
       return absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
     }
-    FutexWaitFor(&b->generation, gen, std::min<int64_t>(deadline.RemainingNs() + 1, 2'000'000));
+    // A wake, a changed word, a timeout or an error: all mean "re-check".
+    ipc::FutexWait(&b->generation, gen, std::min<int64_t>(deadline.RemainingNs() + 1, 2'000'000))
+        .IgnoreError();
   }
 }
 

@@ -22,8 +22,4 @@ absl::Status CheckPeers(const ControlBlock* cb, int tp);
 absl::Status BarrierWait(BarrierWord* b, uint32_t n, const ControlBlock* cb, int tp,
                          Deadline deadline, absl::string_view what);
 
-// Futex helpers on a 32-bit word in shared memory (shared, not private, futexes).
-void FutexWaitFor(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns);
-void FutexWakeAll(std::atomic<uint32_t>* word);
-
 }  // namespace symtp::runtime
