@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
         my_stage[r * nunits + u] = data[r * nunits + u];
       }
     }
-    RowInputs<kPer> in;
-    LoadRowInputs<T, kPer>(f, b, in);
+    RowInputs<kPer> rin;
+    LoadRowInputs<T, kPer>(f, b, rin);
     __syncthreads();
     StagedSignalAndWait<N>(a, b, e, &s_fail);
     __syncthreads();
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
 #pragma unroll
       for (int r = 0; r < N; ++r) stage[r] = a.base[r] + parity_off;
       for (int64_t row = b; row < f.rows; row += gridDim.x) {
-        if (row != b) LoadRowInputs<T, kPer>(f, row, in);
+        if (row != b) LoadRowInputs<T, kPer>(f, row, rin);
         uint4 sum[kPer];
 #pragma unroll
         for (int j = 0; j < kPer; ++j) {
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
           }
           sum[j] = SumUnits<T, N>(in);
         }
-        NormRow<T, kPer>(f, row, sum, in, scratch);
+        NormRow<T, kPer>(f, row, sum, rin, scratch);
       }
     }
   }
