@@ -57,6 +57,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/histogram.h"
@@ -574,11 +575,27 @@ void AddMachineContext() {
                               absl::StrFormat("%.1f", cost(&MonotonicCoarseNs)));
 }
 
+// --help: Google Benchmark's flags, then ours with their defaults.
+void PrintHelp() {
+  benchmark::PrintDefaultHelp();
+  std::vector<std::pair<std::string, const absl::CommandLineFlag*>> own;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (name.rfind("ipc_", 0) == 0) own.emplace_back(std::string(name), flag);
+  }
+  std::sort(own.begin(), own.end());
+  std::printf("\nipc_bench:\n");
+  for (const auto& [name, flag] : own) {
+    std::printf("  --%s  %s (default: %s)\n", name.c_str(), flag->Help().c_str(),
+                flag->DefaultValue().c_str());
+  }
+}
+
 }  // namespace
 }  // namespace symtp::ipc
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);  // takes Google Benchmark's flags out of argv
+  // Takes Google Benchmark's flags out of argv (--help prints both sets).
+  benchmark::Initialize(&argc, argv, symtp::ipc::PrintHelp);
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);  // then ours
   if (rest.size() > 1) {
     std::fprintf(stderr, "ipc_bench: unexpected argument '%s'\n", rest[1]);
