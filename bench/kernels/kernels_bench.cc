@@ -431,6 +431,18 @@ constexpr AttnShape kAttnShapes[] = {{"llama-8b-shape tp1", 32, 8, 128},
                                      {"llama-8b-shape tp2", 16, 4, 128},
                                      {"llama-70b-shape tp2", 32, 4, 128}};
 
+// A JSON row of an attention case, opened with its shape and kernel.
+JsonWriter AttnJsonRow(const AttnShape& cf, const char* kernel) {
+  JsonWriter w;
+  w.Open('{')
+      .Field("shape", cf.name)
+      .Field("kernel", kernel)
+      .Field("q_heads", cf.nq)
+      .Field("kv_heads", cf.nkv)
+      .Field("head_dim", cf.d);
+  return w;
+}
+
 template <typename T>
 absl::StatusOr<cuda::DeviceBuffer> Upload(const std::vector<T>& v) {
   SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer b,
@@ -601,13 +613,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
                     absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
                     100.0 * gbps / c.copy_gbps);
-        js->attn.push_back(JsonWriter()
-                               .Open('{')
-                               .Field("shape", cf.name)
-                               .Field("kernel", kname)
-                               .Field("q_heads", cf.nq)
-                               .Field("kv_heads", cf.nkv)
-                               .Field("head_dim", cf.d)
+        js->attn.push_back(AttnJsonRow(cf, kname)
                                .Field("batch", batch)
                                .Field("context", ctx)
                                .Field("split_chunk", chunk)
@@ -698,13 +704,7 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
         const double tflops = flops / (us * 1e-6) / 1e12;
         std::printf("%-20s %-12s %6d %9.1f %9.1f %6.1f%%\n", cf.name, kname, n, us, tflops,
                     100.0 * tflops / c.gemm_tflops);
-        js->prefill_attn.push_back(JsonWriter()
-                                       .Open('{')
-                                       .Field("shape", cf.name)
-                                       .Field("kernel", kname)
-                                       .Field("q_heads", cf.nq)
-                                       .Field("kv_heads", cf.nkv)
-                                       .Field("head_dim", cf.d)
+        js->prefill_attn.push_back(AttnJsonRow(cf, kname)
                                        .Field("tokens", n)
                                        .Field("us", us, 2)
                                        .Field("tflops", tflops, 2)

@@ -190,10 +190,9 @@ std::vector<int> DefaultGraphSizes() {
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
                                    DType out_dt, cudaStream_t s, int sm_count_target) {
-  kernels::GemmArgs g =
-      m >= opt.gemm_workspace_min_rows
-          ? kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, gemm_ws, opt.gemm_workspace_bytes)
-          : kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, nullptr, 0);
+  const bool ws = m >= opt.gemm_workspace_min_rows;
+  kernels::GemmArgs g = kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, ws ? gemm_ws : nullptr,
+                                                    ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
   g.sm_count_target = sm_count_target;
   return kernels::Gemm(gemm, g, s);
