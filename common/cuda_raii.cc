@@ -47,22 +47,18 @@ bool AllPeersReachable(int n, std::string* desc) {
   return ok;
 }
 
+namespace internal {
+cudaError_t DestroyStream(cudaStream_t s) {
+  const cudaError_t e = cudaStreamDestroy(s);
+  if (e != cudaSuccess) SYMTP_LOG(WARN, "cuda") << "cudaStreamDestroy failed";
+  return e;
+}
+}  // namespace internal
+
 absl::StatusOr<Stream> Stream::Create(int priority) {
   cudaStream_t s = nullptr;
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
   return Stream(s);
-}
-Stream::~Stream() {
-  if (s_ && cudaStreamDestroy(s_) != cudaSuccess) {
-    SYMTP_LOG(WARN, "cuda") << "cudaStreamDestroy failed";
-  }
-}
-Stream& Stream::operator=(Stream&& o) noexcept {
-  if (this != &o) {
-    if (s_) cudaStreamDestroy(s_);
-    s_ = std::exchange(o.s_, nullptr);
-  }
-  return *this;
 }
 
 absl::StatusOr<Event> Event::Create(bool timing) {
@@ -70,49 +66,17 @@ absl::StatusOr<Event> Event::Create(bool timing) {
   CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   return Event(e);
 }
-Event::~Event() {
-  if (e_) cudaEventDestroy(e_);
-}
-Event& Event::operator=(Event&& o) noexcept {
-  if (this != &o) {
-    if (e_) cudaEventDestroy(e_);
-    e_ = std::exchange(o.e_, nullptr);
-  }
-  return *this;
-}
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Create(size_t bytes) {
   void* p = nullptr;
   if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
   return DeviceBuffer(p, bytes);
 }
-DeviceBuffer::~DeviceBuffer() {
-  if (p_) cudaFree(p_);
-}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFree(p_);
-    p_ = std::exchange(o.p_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
-}
 
 absl::StatusOr<PinnedBuffer> PinnedBuffer::Create(size_t bytes) {
   void* p = nullptr;
   if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
   return PinnedBuffer(p, bytes);
-}
-PinnedBuffer::~PinnedBuffer() {
-  if (p_) cudaFreeHost(p_);
-}
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFreeHost(p_);
-    p_ = std::exchange(o.p_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
 }
 
 absl::StatusOr<Graph> Graph::Capture(cudaStream_t stream,
@@ -129,19 +93,9 @@ absl::StatusOr<Graph> Graph::Capture(cudaStream_t stream,
   }
   return Graph(g);
 }
-Graph::~Graph() {
-  if (g_) cudaGraphDestroy(g_);
-}
-Graph& Graph::operator=(Graph&& o) noexcept {
-  if (this != &o) {
-    if (g_) cudaGraphDestroy(g_);
-    g_ = std::exchange(o.g_, nullptr);
-  }
-  return *this;
-}
 absl::StatusOr<Graph> Graph::Clone() const {
   cudaGraph_t g = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaGraphClone(&g, g_));
+  CUDA_RETURN_IF_ERROR(cudaGraphClone(&g, get()));
   return Graph(g);
 }
 
@@ -160,18 +114,8 @@ absl::StatusOr<GraphExec> GraphExec::Capture(cudaStream_t stream,
   if (!g.ok()) return g.status();
   return Instantiate(*g);
 }
-GraphExec::~GraphExec() {
-  if (e_) cudaGraphExecDestroy(e_);
-}
-GraphExec& GraphExec::operator=(GraphExec&& o) noexcept {
-  if (this != &o) {
-    if (e_) cudaGraphExecDestroy(e_);
-    e_ = std::exchange(o.e_, nullptr);
-  }
-  return *this;
-}
 absl::Status GraphExec::Launch(cudaStream_t stream) const {
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(e_, stream));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(get(), stream));
   return absl::OkStatus();
 }
 

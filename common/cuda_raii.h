@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -23,88 +24,107 @@ int VisibleDeviceCount(std::string* why_none = nullptr);
 // devices' names and the pairs that cannot. Creates no context.
 bool AllPeersReachable(int n, std::string* desc);
 
-class Stream {
+namespace internal {
+
+// The move-only owner of one CUDA handle: `Destroy` releases it with the
+// object (its error ignored); a moved-from owner holds nothing.
+template <typename H, auto Destroy>
+class Owner {
+ public:
+  Owner() = default;
+  ~Owner() { Reset(); }
+  Owner(Owner&& o) noexcept : h_(std::exchange(o.h_, H{})) {}
+  Owner& operator=(Owner&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      h_ = std::exchange(o.h_, H{});
+    }
+    return *this;
+  }
+  H get() const { return h_; }
+
+ protected:
+  explicit Owner(H h) : h_(h) {}
+
+ private:
+  void Reset() {
+    if (h_) Destroy(h_);
+  }
+  H h_{};
+};
+
+// An allocation of bytes() bytes, freed by `Free`.
+template <auto Free>
+class Buffer : public Owner<void*, Free> {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept
+      : Owner<void*, Free>(std::move(o)), bytes_(std::exchange(o.bytes_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      Owner<void*, Free>::operator=(std::move(o));
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(this->get());
+  }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  Buffer(void* p, size_t b) : Owner<void*, Free>(p), bytes_(b) {}
+
+ private:
+  size_t bytes_ = 0;
+};
+
+// Destroys a stream, logging a failure.
+cudaError_t DestroyStream(cudaStream_t s);
+
+}  // namespace internal
+
+class Stream : public internal::Owner<cudaStream_t, internal::DestroyStream> {
  public:
   // Non-blocking with respect to the legacy default stream.
   static absl::StatusOr<Stream> Create(int priority = 0);
   Stream() = default;
-  ~Stream();
-  Stream(Stream&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
-  Stream& operator=(Stream&& o) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
 
  private:
-  explicit Stream(cudaStream_t s) : s_(s) {}
-  cudaStream_t s_ = nullptr;
+  explicit Stream(cudaStream_t s) : Owner(s) {}
 };
 
-class Event {
+class Event : public internal::Owner<cudaEvent_t, cudaEventDestroy> {
  public:
   // timing=false creates a cudaEventDisableTiming event (cheaper for ordering).
   static absl::StatusOr<Event> Create(bool timing = false);
   Event() = default;
-  ~Event();
-  Event(Event&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
-  Event& operator=(Event&& o) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
 
  private:
-  explicit Event(cudaEvent_t e) : e_(e) {}
-  cudaEvent_t e_ = nullptr;
+  explicit Event(cudaEvent_t e) : Owner(e) {}
 };
 
-class DeviceBuffer {
+class DeviceBuffer : public internal::Buffer<cudaFree> {
  public:
   static absl::StatusOr<DeviceBuffer> Create(size_t bytes);
   DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
 
  private:
-  DeviceBuffer(void* p, size_t b) : p_(p), bytes_(b) {}
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
+  DeviceBuffer(void* p, size_t b) : Buffer(p, b) {}
 };
 
-class PinnedBuffer {
+class PinnedBuffer : public internal::Buffer<cudaFreeHost> {
  public:
   static absl::StatusOr<PinnedBuffer> Create(size_t bytes);
   PinnedBuffer() = default;
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  void* get() const { return p_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
 
  private:
-  PinnedBuffer(void* p, size_t b) : p_(p), bytes_(b) {}
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
+  PinnedBuffer(void* p, size_t b) : Buffer(p, b) {}
 };
 
 // A CUDA graph (cudaGraph_t), destroyed with the object.
-class Graph {
+class Graph : public internal::Owner<cudaGraph_t, cudaGraphDestroy> {
  public:
   // What `record` enqueues on `stream`, captured in thread-local mode. When
   // `record` fails or the capture does, the capture is ended, its graph
@@ -113,38 +133,24 @@ class Graph {
   static absl::StatusOr<Graph> Capture(cudaStream_t stream,
                                        absl::FunctionRef<absl::Status()> record);
   Graph() = default;
-  ~Graph();
-  Graph(Graph&& o) noexcept : g_(o.g_) { o.g_ = nullptr; }
-  Graph& operator=(Graph&& o) noexcept;
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
   absl::StatusOr<Graph> Clone() const;
-  cudaGraph_t get() const { return g_; }
 
  private:
-  explicit Graph(cudaGraph_t g) : g_(g) {}
-  cudaGraph_t g_ = nullptr;
+  explicit Graph(cudaGraph_t g) : Owner(g) {}
 };
 
 // An instantiated CUDA graph (cudaGraphExec_t), destroyed with the object.
-class GraphExec {
+class GraphExec : public internal::Owner<cudaGraphExec_t, cudaGraphExecDestroy> {
  public:
   static absl::StatusOr<GraphExec> Instantiate(const Graph& graph);
   // Graph::Capture, then Instantiate.
   static absl::StatusOr<GraphExec> Capture(cudaStream_t stream,
                                            absl::FunctionRef<absl::Status()> record);
   GraphExec() = default;
-  ~GraphExec();
-  GraphExec(GraphExec&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
-  GraphExec& operator=(GraphExec&& o) noexcept;
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
   absl::Status Launch(cudaStream_t stream) const;
-  cudaGraphExec_t get() const { return e_; }
 
  private:
-  explicit GraphExec(cudaGraphExec_t e) : e_(e) {}
-  cudaGraphExec_t e_ = nullptr;
+  explicit GraphExec(cudaGraphExec_t e) : Owner(e) {}
 };
 
 // Polls `ev` until it completes or `deadline` passes (spins, then sleeps
