@@ -20,6 +20,9 @@ absl::Status CudaErrorToStatus(cudaError_t e, absl::string_view call, const char
 absl::Status NcclErrorToStatus(ncclResult_t r, absl::string_view call, const char* file, int line);
 absl::Status CublasErrorToStatus(cublasStatus_t s, absl::string_view call, const char* file,
                                  int line);
+inline absl::Status CudaStatus(cudaError_t e, absl::string_view call, const char* file, int line) {
+  return e == cudaSuccess ? absl::OkStatus() : CudaErrorToStatus(e, call, file, line);
+}
 
 }  // namespace symtp
 
@@ -31,8 +34,9 @@ absl::Status CublasErrorToStatus(cublasStatus_t s, absl::string_view call, const
     }                                                                               \
   } while (0)
 
-// For kernel launches: checks cudaGetLastError() right after the <<<>>> launch.
-#define CUDA_RETURN_IF_LAUNCH_ERROR() CUDA_RETURN_IF_ERROR(cudaGetLastError())
+// The call's status, OK on cudaSuccess; a kernel launcher ends with
+// `return CUDA_STATUS(cudaGetLastError());`.
+#define CUDA_STATUS(call) ::symtp::CudaStatus((call), #call, __FILE__, __LINE__)
 
 #define NCCL_RETURN_IF_ERROR(call)                                                  \
   do {                                                                              \

@@ -115,8 +115,7 @@ absl::StatusOr<GraphExec> GraphExec::Capture(cudaStream_t stream,
   return Instantiate(*g);
 }
 absl::Status GraphExec::Launch(cudaStream_t stream) const {
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(get(), stream));
-  return absl::OkStatus();
+  return CUDA_STATUS(cudaGraphLaunch(get(), stream));
 }
 
 absl::Status SyncStream(cudaStream_t stream, Deadline deadline, const char* what) {

@@ -242,8 +242,7 @@ absl::Status EmbeddingLookup(const int32_t* tokens, const void* table, void* out
                        reinterpret_cast<uintptr_t>(out) % 16 == 0;
     EmbeddingKernel<T><<<static_cast<unsigned>(rows), 128, 0, stream>>>(
         tokens, static_cast<const T*>(table), static_cast<T*>(out), hidden, vocab, vec16);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -267,19 +266,17 @@ absl::Status AddRmsNorm(void* residual, const void* delta, const void* weight, v
       auto* kernel = per == 1   ? AddRmsNormVecKernel<T, 1>
                      : per == 2 ? AddRmsNormVecKernel<T, 2>
                                 : AddRmsNormVecKernel<T, 4>;
-      CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+      return CUDA_STATUS(internal::LaunchDependent(
           kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream,
           static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
           static_cast<T*>(out), hidden, eps));
-      return absl::OkStatus();
     }
     const int threads = hidden >= 4096 ? 512 : hidden >= 1024 ? 256 : 128;
     const size_t smem = (static_cast<size_t>(hidden) + 32) * sizeof(float);
     AddRmsNormKernel<T><<<static_cast<unsigned>(rows), threads, smem, stream>>>(
         static_cast<T*>(residual), static_cast<const T*>(delta), static_cast<const T*>(weight),
         static_cast<T*>(out), hidden, eps);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -301,8 +298,7 @@ absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DTyp
       SiluMulKernel<T><<<GridFor(rows * ffn, 256), 256, 0, stream>>>(
           static_cast<const T*>(gate_up), static_cast<T*>(out), rows, ffn);
     }
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -323,13 +319,11 @@ absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, v
       GatherRowsKernel<uint4><<<static_cast<unsigned>(rows), 128, 0, stream>>>(
           static_cast<const uint4*>(src), src_ld / kN, index, static_cast<uint4*>(dst), dst_ld / kN,
           cols / kN);
-      CUDA_RETURN_IF_ERROR(cudaGetLastError());
-      return absl::OkStatus();
+      return CUDA_STATUS(cudaGetLastError());
     }
     GatherRowsKernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
         static_cast<const T*>(src), src_ld, index, static_cast<T*>(dst), dst_ld, cols);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -342,8 +336,7 @@ absl::Status AssembleVocabShards(const float* gathered, float* out, int64_t rows
   if (rows == 0) return absl::OkStatus();
   AssembleVocabKernel<<<GridFor(rows * tp * static_cast<int64_t>(vocab_local), 256), 256, 0,
                         stream>>>(gathered, out, rows, vocab_local, tp);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return CUDA_STATUS(cudaGetLastError());
 }
 
 absl::Status ForwardSampledTokens(int32_t* tokens, const int32_t* prev_tokens,
@@ -352,8 +345,7 @@ absl::Status ForwardSampledTokens(int32_t* tokens, const int32_t* prev_tokens,
   if (rows == 0) return absl::OkStatus();
   ForwardTokensKernel<<<internal::CeilDiv(rows, 256), 256, 0, stream>>>(tokens, prev_tokens,
                                                                         prev_row, rows);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return CUDA_STATUS(cudaGetLastError());
 }
 
 }  // namespace symtp::kernels

@@ -147,8 +147,7 @@ absl::Status BuildRopeTable(double2* table, int max_pos, int head_dim, float the
   const int64_t total = static_cast<int64_t>(max_pos) * (head_dim / 2);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
   RopeTableKernel<<<blocks, 256, 0, stream>>>(table, max_pos, head_dim, static_cast<double>(theta));
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return CUDA_STATUS(cudaGetLastError());
 }
 
 absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
@@ -167,8 +166,7 @@ absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
         <<<static_cast<unsigned>(rows), RopeBlock(num_heads, head_dim), 0, stream>>>(
             static_cast<T*>(x), row_stride, num_heads, head_dim, positions, table, max_pos, 0, 0,
             nullptr, nullptr, nullptr);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -186,18 +184,11 @@ absl::Status WriteKvCache(const void* k, const void* v, int64_t row_stride,
     using T = decltype(tag);
     const bool vec = (width * sizeof(T)) % 16 == 0 && (row_stride * sizeof(T)) % 16 == 0 &&
                      Aligned16(k) && Aligned16(v) && Aligned16(k_cache) && Aligned16(v_cache);
-    const int threads = 128;
-    if (vec) {
-      KvWriteKernel<T, true><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-          static_cast<const T*>(k), static_cast<const T*>(v), row_stride, slot_mapping,
-          static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<int>(width));
-    } else {
-      KvWriteKernel<T, false><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-          static_cast<const T*>(k), static_cast<const T*>(v), row_stride, slot_mapping,
-          static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<int>(width));
-    }
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    auto* kernel = vec ? KvWriteKernel<T, true> : KvWriteKernel<T, false>;
+    kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(
+        static_cast<const T*>(k), static_cast<const T*>(v), row_stride, slot_mapping,
+        static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<int>(width));
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 
@@ -223,12 +214,11 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
                      Aligned16(k_cache) && Aligned16(v_cache);
     const int rot = num_q_heads + num_kv_heads;
     const dim3 threads = RopeBlock(rot, head_dim);
-    CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
+    return CUDA_STATUS(internal::LaunchDependent(
         vec ? RopeKvKernel<T, true, true> : RopeKvKernel<T, true, false>,
         dim3(static_cast<unsigned>(rows)), threads, 0, stream, static_cast<T*>(qkv), row_stride,
         rot, head_dim, positions, table, max_pos, num_q_heads, num_kv_heads, slot_mapping,
         static_cast<T*>(k_cache), static_cast<T*>(v_cache)));
-    return absl::OkStatus();
   });
 }
 

@@ -9,10 +9,13 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "common/status_macros.h"
+#include "kernels/ops/internal/device_utils.cuh"
 #include "kernels/ops/sampling.h"
 
 namespace symtp::kernels {
 namespace {
+
+using internal::Mix64;
 
 constexpr int kThreads = 1024;
 constexpr int kCap = kSampleExactCap;
@@ -41,12 +44,6 @@ __device__ __forceinline__ double Weight(float l, double lmax, double temp, bool
   return w;
 }
 
-__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 __device__ __forceinline__ float SampleUniform(uint64_t seed, uint64_t position) {
   const uint64_t h = Mix64(seed * 0x9E3779B97F4A7C15ull + position);
   return __fmul_rn(static_cast<float>(static_cast<uint32_t>(h >> 40)), 0x1p-24f);
@@ -65,35 +62,16 @@ struct SampleSmem {
   int bcast_flag;
 };
 
-__device__ uint64_t BlockMaxU64(uint64_t v, SampleSmem& sm) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
-    v = x > v ? x : v;
-  }
+// The block's largest (kMax) or smallest value; every thread gets it.
+template <bool kMax>
+__device__ uint64_t BlockExtremeU64(uint64_t v, SampleSmem& sm) {
+  const auto pick = [](uint64_t a, uint64_t b) { return (kMax ? a > b : a < b) ? a : b; };
+  for (int o = 16; o > 0; o >>= 1) v = pick(__shfl_xor_sync(0xffffffffu, v, o), v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sm.red_u64[threadIdx.x >> 5] = v;
   __syncthreads();
   v = sm.red_u64[threadIdx.x & 31];
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
-    v = x > v ? x : v;
-  }
-  return v;
-}
-
-__device__ uint64_t BlockMinU64(uint64_t v, SampleSmem& sm) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
-    v = x < v ? x : v;
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sm.red_u64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sm.red_u64[threadIdx.x & 31];
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
-    v = x < v ? x : v;
-  }
+  for (int o = 16; o > 0; o >>= 1) v = pick(__shfl_xor_sync(0xffffffffu, v, o), v);
   return v;
 }
 
@@ -250,7 +228,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t units = vec4 ? vocab / 4 : vocab, unit = vec4 ? 4 : 1;
   const int begin = static_cast<int>(units * rank / split * unit);
   const int end = static_cast<int>(units * (rank + 1) / split * unit);
-  uint64_t best = BlockMaxU64(MaxKey(L, begin, end, vec4), sm);
+  uint64_t best = BlockExtremeU64<true>(MaxKey(L, begin, end, vec4), sm);
   if constexpr (kCluster) {
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     if (tid == 0) sm.bcast_key = best;
@@ -363,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
       const uint64_t k = SortKey(L[i], i);
       if (k >= klo && k < mn) mn = k;
     }
-    kd = BlockMinU64(mn, sm);
+    kd = BlockExtremeU64<false>(mn, sm);
   }
   if (tid == 0) tokens[row] = KeyId(kd);
 }
@@ -429,8 +407,7 @@ absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
   if (split == 1) {
     SampleKernel<false><<<static_cast<unsigned>(rows), kThreads, kSmem, stream>>>(
         logits, vocab, params, tokens, vec4);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows * split));
@@ -444,9 +421,8 @@ absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
   attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  CUDA_RETURN_IF_ERROR(
+  return CUDA_STATUS(
       cudaLaunchKernelEx(&cfg, SampleKernel<true>, logits, vocab, params, tokens, vec4));
-  return absl::OkStatus();
 }
 
 }  // namespace symtp::kernels

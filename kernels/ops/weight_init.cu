@@ -12,13 +12,7 @@ namespace symtp::kernels {
 namespace {
 
 using internal::bf16;
-
-__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using internal::Mix64;
 
 // The exact fp32 value of MODEL.md. __fmul_rn/__fadd_rn keep the compiler
 // from contracting anything into an FMA (the steps are exact or rounded once).
@@ -73,8 +67,7 @@ absl::Status InitSyntheticWeight(void* dst, DType dtype, const SyntheticBlock& b
     const unsigned blocks =
         static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 64));
     SyntheticInitKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dst), b);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
+    return CUDA_STATUS(cudaGetLastError());
   });
 }
 

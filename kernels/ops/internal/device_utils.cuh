@@ -38,6 +38,15 @@ __device__ __forceinline__ bf16 FromFloat<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The splitmix64 finalizer with its golden-ratio increment (MODEL.md "mix";
+// model::Mix64 on the host).
+__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
