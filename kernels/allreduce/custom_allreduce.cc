@@ -124,7 +124,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
   const size_t stage_offset = RoundUp(ll_offset + ll_bytes, 4096);
-  total_bytes_ = stage_offset + 2 * max_bytes_;
+  total_bytes_ = stage_offset + 2 * static_cast<size_t>(size - 1) * max_bytes_;
 
   // Phase 1 (local): allocate, initialise, export.
   Hello hello{};

@@ -15,8 +15,10 @@
 //   [ll_offset, +ll_bytes)        LL receive lines, [parity 2][src N][lines]
 //                                  x 16 B, written by the peers, polled by the
 //                                  owner ({data lo, epoch, data hi, epoch})
-//   [stage_offset, +2*stage_bytes) staged protocol staging, [parity 2][bytes],
-//                                  written by the owner, read by the peers
+//   [stage_offset, +2*(N-1)*stage_bytes) staged protocol receive slots,
+//                                  [parity 2][src slot N-1][bytes] (src's slot
+//                                  is src - (src > owner)), written by the
+//                                  peers (remote stores), read by the owner
 #pragma once
 
 #include <cstddef>
@@ -65,7 +67,7 @@ struct DeviceArgs {
   size_t ll_offset;
   size_t ll_lines;                   // capacity in lines per (parity, src)
   size_t stage_offset;
-  size_t stage_bytes;                // capacity per parity
+  size_t stage_bytes;                // capacity per (parity, src slot)
   int rank;
   int size;
   int staged_blocks;

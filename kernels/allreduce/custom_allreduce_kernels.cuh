@@ -4,14 +4,15 @@
 // fp32 accumulation in rank order 0..N-1 starting from rank 0's value, so that
 // every rank (and both protocols) produce bitwise identical results:
 //
-// STAGED (mid sizes): block b copies its slice of `data` into the owner's
-//   staging buffer [parity], then (one thread per peer) st.release.sys's the
+// STAGED (mid sizes): block b writes its slice of `data` into its slot of
+//   every peer's staging [parity][src slot] (posted NVLink stores: nothing
+//   waits on a round trip), then (one thread per peer) st.release.sys's the
 //   call's epoch into flags[b][rank] of every peer, ld.acquire.sys-polls its
 //   own flags[b][peer] until every peer has published epoch >= e, and then
-//   reads slice b of every rank's staging buffer (peers' through NVLink, with
-//   ld.global.cg so no stale L1 line is used) and writes the sum into `data`.
+//   reduces slice b from its own `data` and its own staging slots (local
+//   reads, ld.global.cg so no stale L1 line is used) into `data`.
 //   Release/acquire at system scope plus __syncthreads on both sides make the
-//   peer's staging writes visible before its flag (cumulativity of the
+//   writer's staging stores visible before its flag (cumulativity of the
 //   release over the CTA barrier).
 //
 // LL (small sizes, low latency): no fences and no separate flags. Each
@@ -29,11 +30,12 @@
 // blocks of all ranks agree on e = counter + 1 for the k-th call. Buffers are
 // double-buffered by epoch parity; the argument that call k + 2 (which reuses
 // call k's parity) cannot overwrite data a peer still reads in call k:
-//   rank r starts call k + 2 only after its call k + 1 finished (calls on one
-//   instance are stream-ordered, see CustomAllReduce); call k + 1 has at least
-//   one thread that waited for peer p's call-(k + 1) signal (flag >= e_{k+1},
-//   or an LL line carrying e_{k+1}); p emits that signal only in its kernel
-//   k + 1, which starts after p's kernel k (all its reads of call k) finished.
+//   rank r starts call k + 2 (and its stores into p's slots) only after its
+//   call k + 1 finished (calls on one instance are stream-ordered, see
+//   CustomAllReduce); call k + 1 has at least one thread that waited for peer
+//   p's call-(k + 1) signal (flag >= e_{k+1}, or an LL line carrying
+//   e_{k+1}); p emits that signal only in its kernel k + 1, which starts
+//   after p's kernel k (all its reads of call k) finished.
 // Flags compare wrap-aware ((int32)(flag - e) >= 0), LL lines compare equal,
 // parity is e & 1 (2^32 is even), so the counters may wrap.
 //
@@ -254,6 +256,16 @@ __device__ __forceinline__ void StoreBits(void* p, typename Elem<T>::Bits b) {
 // STAGED protocol
 // ---------------------------------------------------------------------------
 
+// Byte offset, in rank `owner`'s buffer, of the staging slot that receives
+// rank `src`'s data (src != owner) in calls of parity `parity`.
+template <int N>
+__device__ __forceinline__ size_t StageSlot(const DeviceArgs& a, uint32_t parity, int owner,
+                                            int src) {
+  return a.stage_offset +
+         (static_cast<size_t>(parity) * (N - 1) + static_cast<size_t>(src - (src > owner))) *
+             a.stage_bytes;
+}
+
 // Publishes call epoch e into flags[b][rank] of every peer and waits until
 // every peer has published e (or later) into this rank's flags[b][peer]: one
 // thread per peer; call from every thread between two __syncthreads. Sets
@@ -292,7 +304,7 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
   __shared__ int s_fail;
   if (tid == 0) s_fail = 0;  // ordered before any use by the copy phase's barrier
   const uint32_t e = *counter + 1;
-  const size_t parity_off = a.stage_offset + (e & 1) * a.stage_bytes;
+  const uint32_t parity = e & 1;
 
   // This block's slice [e0, e1), starting on a 16-byte unit.
   const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
@@ -305,14 +317,25 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
     const size_t nvec = vec ? (e1 - e0) / kE : 0;  // full 16-byte units
     const size_t u0 = e0 / kE;
     const size_t s0 = e0 + nvec * kE;  // scalar remainder [s0, e1)
-    char* const my_stage = my_base + parity_off;
+    // Where this rank's slice lands in every peer's staging (own entry unused).
+    char* peer_slot[N];
+#pragma unroll
+    for (int p = 0; p < N; ++p) peer_slot[p] = a.base[p] + StageSlot<N>(a, parity, p, me);
 
-    // 1. Publish the slice into the own staging buffer (local writes).
+    // 1. Push the slice into every peer's staging slot (remote stores).
     for (size_t i = tid; i < nvec; i += blockDim.x) {
-      reinterpret_cast<uint4*>(my_stage)[u0 + i] = reinterpret_cast<const uint4*>(data)[u0 + i];
+      const uint4 v = reinterpret_cast<const uint4*>(data)[u0 + i];
+#pragma unroll
+      for (int p = 0; p < N; ++p) {
+        if (p != me) reinterpret_cast<uint4*>(peer_slot[p])[u0 + i] = v;
+      }
     }
     for (size_t k = s0 + tid; k < e1; k += blockDim.x) {
-      StoreBits<T>(my_stage + k * sizeof(T), LoadBits<T>(data + k * sizeof(T)));
+      const auto v = LoadBits<T>(data + k * sizeof(T));
+#pragma unroll
+      for (int p = 0; p < N; ++p) {
+        if (p != me) StoreBits<T>(peer_slot[p] + k * sizeof(T), v);
+      }
     }
     __syncthreads();
 
@@ -320,11 +343,11 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
     StagedSignalAndWait<N>(a, b, e, &s_fail);
     __syncthreads();
 
-    // 4. Reduce slice b of every rank's staging, rank order, into `data`.
+    // 4. Reduce slice b, rank order (own `data`, the peers' slots), into `data`.
     if (!s_fail) {
       const char* stage[N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) stage[r] = a.base[r] + parity_off;
+      for (int r = 0; r < N; ++r) stage[r] = r == me ? data : my_base + StageSlot<N>(a, parity, me, r);
       const size_t step = blockDim.x;
       for (size_t i = tid; i < nvec; i += 2 * step) {
         const bool two = i + step < nvec;

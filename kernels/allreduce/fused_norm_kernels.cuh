@@ -129,8 +129,8 @@ __device__ __forceinline__ uint4 SumUnits(const uint32_t (&in)[N][4]) {
 }
 
 // ---------------------------------------------------------------------------
-// STAGED transport: copy own rows to the own staging buffer, flag every peer,
-// wait for every peer's flag, read the rows from every rank's staging.
+// STAGED transport: push own rows into every peer's staging slot, flag every
+// peer, wait for every peer's flag, reduce from own rows and own slots.
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNormArgs f) {
@@ -146,14 +146,22 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
   uint32_t* const counter = reinterpret_cast<uint32_t*>(my_base + kEpochStagedOffset) + b;
   if (tid == 0) s_fail = 0;
   const uint32_t e = *counter + 1;
-  const size_t parity_off = a.stage_offset + (e & 1) * a.stage_bytes;
+  const uint32_t parity = e & 1;
   const uint4* data = static_cast<const uint4*>(f.data);
 
   if (b < f.rows) {
-    uint4* const my_stage = reinterpret_cast<uint4*>(my_base + parity_off);
+    uint4* peer_slot[N];
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+      peer_slot[p] = reinterpret_cast<uint4*>(a.base[p] + StageSlot<N>(a, parity, p, me));
+    }
     for (int64_t r = b; r < f.rows; r += gridDim.x) {
       for (int u = tid; u < nunits; u += blockDim.x) {
-        my_stage[r * nunits + u] = data[r * nunits + u];
+        const uint4 v = data[r * nunits + u];
+#pragma unroll
+        for (int p = 0; p < N; ++p) {
+          if (p != me) peer_slot[p][r * nunits + u] = v;
+        }
       }
     }
     RowInputs<kPer> rin;
@@ -164,7 +172,10 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
     if (!s_fail) {
       const char* stage[N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) stage[r] = a.base[r] + parity_off;
+      for (int r = 0; r < N; ++r) {
+        stage[r] = r == me ? static_cast<const char*>(f.data)
+                           : my_base + StageSlot<N>(a, parity, me, r);
+      }
       for (int64_t row = b; row < f.rows; row += gridDim.x) {
         if (row != b) LoadRowInputs<T, kPer>(f, row, rin);
         uint4 sum[kPer];
