@@ -54,7 +54,8 @@ ABSL_FLAG(int, iters, 0, "calls per timed repetition (0: 100 up to 1 MiB, 20 abo
 ABSL_FLAG(int, reps, 20, "timed repetitions (median)");
 ABSL_FLAG(std::string, json, "allreduce_bench.json", "JSON output file ('' for none)");
 ABSL_FLAG(bool, calibrate, true, "also run the dispatcher's start-up calibration and print it");
-ABSL_FLAG(bool, tune, false, "also sweep grid sizes and protocols of the custom path");
+ABSL_FLAG(bool, tune, false,
+          "also sweep grid sizes (16-256 blocks) and protocols of the custom path, 4 KiB to 4 MiB");
 ABSL_FLAG(int64_t, timeout_s, 600, "kill the ranks after this long");
 ABSL_FLAG(int, fused_hidden, 4096,
           "row width of the fused all-reduce + residual + RMSNorm rows (bf16/fp32; 0: none)");
@@ -332,15 +333,16 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   // Grid / protocol sweep of the custom path (graph timing only matters, both shown).
   std::vector<std::string> tune_lines;
   if (cfg.tune) {
-    for (int blocks : {16, 32, 64, 128}) {
+    for (int blocks : {16, 32, 64, 128, 256}) {
       CustomAllReduce::Options o = cfg.custom;
       o.staged_blocks = blocks;
       o.ll_blocks = blocks;
       o.ll_max_bytes = 1 << 20;
-      SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+      SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 4 << 20, &ex,
                                                               setup, o));
       for (size_t bytes : {size_t{4} << 10, size_t{16} << 10, size_t{64} << 10, size_t{256} << 10,
-                           size_t{1} << 20}) {
+                           size_t{1} << 20, size_t{2} << 20, size_t{4} << 20}) {
+        if (bytes > max_bytes) continue;  // the measurement buffer
         const size_t count = bytes / es;
         kt::HostArray input(cfg.dtype, count), expect(cfg.dtype, count);
         for (size_t i = 0; i < count; ++i) {
@@ -350,6 +352,7 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
           expect.set_bits(i, kt::FromF32(cfg.dtype, sum));
         }
         for (Protocol p : {Protocol::kLL, Protocol::kStaged}) {
+          if (p == Protocol::kLL && bytes > o.ll_max_bytes) continue;
           SYMTP_ASSIGN_OR_RETURN(Timing t, Measure(cfg, ex, stream.get(), buf.get(), count, 100,
                                                    input, expect,
                                                    [&](void* d, size_t n, cudaStream_t s) {
