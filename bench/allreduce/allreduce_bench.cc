@@ -280,8 +280,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
            DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
     printf("# custom one-shot: LL <= %zu B, staged <= %zu B, grids %d (staged) / %d (LL), scratch "
            "%.2f MiB per rank\n",
-           custom->ll_max_bytes(), custom->max_bytes(), cfg.custom.staged_blocks,
-           cfg.custom.ll_blocks, custom->scratch_bytes() / 1048576.0);
+           custom->ll_max_bytes(), custom->max_bytes(), custom->staged_blocks(),
+           custom->ll_blocks(), custom->scratch_bytes() / 1048576.0);
     printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "
            "launches, graph = one CUDA graph of iters calls; busbw = algbw * 2(n-1)/n\n",
            cfg.reps, cfg.iters ? std::to_string(cfg.iters).c_str() : "100 <= 1 MiB, 20 above");

@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<AllReduceDispatcher>> AllReduceDispatcher::Create
   d->size_ = size;
   d->device_ = device;
   d->fallback_ = std::move(fallback);
+  d->max_fused_bytes_ = options.max_fused_bytes;
 
   if (!options.enable_custom) {
     d->custom_disabled_reason_ = "disabled by option";
@@ -180,7 +181,9 @@ absl::Status AllReduceDispatcher::AllReduceSum(void* data, size_t count, DType d
 
 bool AllReduceDispatcher::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
   const size_t count = static_cast<size_t>(std::max<int64_t>(norm.rows, 0)) * norm.hidden;
-  return PathFor(count, dtype) == Path::kCustom && custom_->FusesResidualNorm(norm, dtype);
+  return PathFor(count, dtype) == Path::kCustom &&
+         count * DTypeSize(dtype) <= max_fused_bytes_ &&
+         custom_->FusesResidualNorm(norm, dtype);
 }
 
 absl::Status AllReduceDispatcher::AllReduceResidualNorm(void* data, const ResidualNorm& norm,

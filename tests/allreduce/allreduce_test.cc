@@ -428,6 +428,12 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
     const model::ModelConfig cfg = *model::PresetConfig("tiny");
     const ResidualNorm probe{nullptr, nullptr, nullptr, 64, cfg.hidden, cfg.rms_eps};
     CHECK_OR_RETURN(comm->FusesResidualNorm(probe, DType::kF32), "the dispatcher does not fuse");
+    // Above max_fused_bytes (still on the custom path) it runs two kernels.
+    const int64_t past = static_cast<int64_t>(dopt.max_fused_bytes / (cfg.hidden * 4)) + 1;
+    const ResidualNorm large{nullptr, nullptr, nullptr, past, cfg.hidden, cfg.rms_eps};
+    CHECK_OR_RETURN(comm->PathFor(past * cfg.hidden, DType::kF32) == AllReduceDispatcher::Path::kCustom,
+                    "the large message left the custom path");
+    CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     model::GpuModelOptions o;
     o.dtype = DType::kF32;
