@@ -120,8 +120,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
                                ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
                                : options.ll_max_bytes;
   ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
-  const int ll_blocks = options.ll_blocks == Options::kAutoBlocks ? (size == 2 ? 128 : 64)
-                                                                  : options.ll_blocks;
+  const int ll_blocks = options.ll_blocks;
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;

@@ -82,12 +82,12 @@ class CustomAllReduce {
     size_t ll_max_bytes = kAutoLLMaxBytes;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
-    // all-reduce in flight (they spin waiting for peers). kAutoBlocks for
-    // LL: 128 at TP 2 (graph-timed on H200 x2: 3.87 vs 4.25 us at 256 KiB
-    // with 64, equal at 64 KiB), 64 at TP 4 and 8 (not measured there).
-    static constexpr int kAutoBlocks = 0;
+    // all-reduce in flight (they spin waiting for peers). The fused
+    // all-reduce + RMSNorm shares the LL grid: at TP 2 (H200 x2) 128 LL
+    // blocks made the plain all-reduce faster at 256 KiB (3.93 vs 4.26 us)
+    // and the fused one, which a decode step runs, slower at 1-16 rows.
     int staged_blocks = 64;
-    int ll_blocks = kAutoBlocks;
+    int ll_blocks = 64;
     // Initial value of every epoch counter (tests start near 2^32 to wrap).
     uint32_t initial_epoch = 0;
   };
