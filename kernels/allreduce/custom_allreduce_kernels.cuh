@@ -347,7 +347,9 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
     if (!s_fail) {
       const char* stage[N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) stage[r] = r == me ? data : my_base + StageSlot<N>(a, parity, me, r);
+      for (int r = 0; r < N; ++r) {
+        stage[r] = r == me ? data : my_base + StageSlot<N>(a, parity, me, r);
+      }
       const size_t step = blockDim.x;
       for (size_t i = tid; i < nvec; i += 2 * step) {
         const bool two = i + step < nvec;
@@ -430,6 +432,57 @@ __device__ __forceinline__ void StoreLine(char* data, size_t l, size_t count, bo
   }
 }
 
+// Address of receive line `line` from rank `src` in the LL region of the
+// buffer at `base`, for calls of parity `parity`.
+template <int N>
+__device__ __forceinline__ const char* LLSlot(const DeviceArgs& a, const char* base,
+                                              size_t parity, int src, size_t line) {
+  return base + a.ll_offset +
+         ((parity * N + static_cast<size_t>(src)) * a.ll_lines + line) * kLLLineBytes;
+}
+
+// Waits until this rank's receive lines [line, line + kLines) from every
+// peer carry epoch e and gathers their data words into in[src] (two per
+// line; in[me] is the caller's). False after a timeout or abort (the error
+// recorded against the first peer still missing).
+template <int N, int kLines>
+__device__ __forceinline__ bool LLReceive(const DeviceArgs& a, size_t parity, size_t line,
+                                          uint32_t e, int b, uint32_t (&in)[N][2 * kLines]) {
+  const char* const my_base = BaseOf<N>(a, a.rank);
+  bool ready[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) ready[r] = r == a.rank;
+  SpinBound bound;
+  for (;;) {
+    bool all = true;
+    int missing = -1;
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      if (ready[r]) continue;
+      uint4 v[kLines];
+      bool got = true;
+#pragma unroll
+      for (int k = 0; k < kLines; ++k) {
+        v[k] = LdVolatileV4(LLSlot<N>(a, my_base, parity, r, line + k));
+        got = got && v[k].y == e && v[k].w == e;
+      }
+      if (got) {
+#pragma unroll
+        for (int k = 0; k < kLines; ++k) in[r][2 * k] = v[k].x, in[r][2 * k + 1] = v[k].z;
+        ready[r] = true;
+      } else {
+        all = false;
+        if (missing < 0) missing = r;
+      }
+    }
+    if (all) return true;
+    if (const uint32_t err = bound.Check(a)) {
+      RecordError<N>(a, err, missing, kTagLL, b, e);
+      return false;
+    }
+  }
+}
+
 template <typename T, int N>
 __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_v, size_t count) {
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
@@ -446,58 +499,27 @@ __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_
   const size_t l0 = min(lines, static_cast<size_t>(b) * per_block);
   const size_t l1 = min(lines, l0 + per_block);
   const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
-  // Slot of line l from `src` in the receive region whose base is `dst_base`.
-  auto slot = [&](const char* dst_base, int src, size_t l) -> const char* {
-    return dst_base + a.ll_offset +
-           ((parity * N + static_cast<size_t>(src)) * a.ll_lines + l) * kLLLineBytes;
-  };
 
   // 1. Send every line of this thread to every peer (posted remote stores).
   for (size_t l = l0 + tid; l < l1; l += blockDim.x) {
     const uint2 d = LoadLine<T>(data, l, count, aligned8);
 #pragma unroll
     for (int p = 0; p < N; ++p) {
-      if (p != me) StVolatileV4(const_cast<char*>(slot(a.base[p], me, l)), d.x, e, d.y, e);
+      if (p != me) {
+        StVolatileV4(const_cast<char*>(LLSlot<N>(a, a.base[p], parity, me, l)), d.x, e, d.y, e);
+      }
     }
   }
 
   // 2. Receive (poll own memory) and reduce in rank order.
-  bool failed = false;
-  for (size_t l = l0 + tid; l < l1 && !failed; l += blockDim.x) {
+  for (size_t l = l0 + tid; l < l1; l += blockDim.x) {
     uint32_t in[N][2];
-    bool ready[N];
-#pragma unroll
-    for (int r = 0; r < N; ++r) ready[r] = (r == me);
     const uint2 mine = LoadLine<T>(data, l, count, aligned8);
 #pragma unroll
     for (int r = 0; r < N; ++r) {
       if (r == me) in[r][0] = mine.x, in[r][1] = mine.y;
     }
-    SpinBound bound;
-    for (;;) {
-      bool all = true;
-      int missing = -1;
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        if (!ready[r]) {
-          const uint4 v = LdVolatileV4(slot(my_base, r, l));
-          if (v.y == e && v.w == e) {
-            in[r][0] = v.x, in[r][1] = v.z;
-            ready[r] = true;
-          } else {
-            all = false;
-            if (missing < 0) missing = r;
-          }
-        }
-      }
-      if (all) break;
-      if (const uint32_t err = bound.Check(a)) {
-        RecordError<N>(a, err, missing, kTagLL, b, e);
-        failed = true;
-        break;
-      }
-    }
-    if (failed) break;
+    if (!LLReceive<N, 1>(a, parity, l, e, b, in)) break;
     uint32_t out[2];
     ReducePacked<T, N, 2>(in, out);
     StoreLine<T>(data, l, count, aligned8, make_uint2(out[0], out[1]));

@@ -216,10 +216,6 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLLOffset)[b] + 1;
   const size_t parity = e & 1;
   const uint4* data = static_cast<const uint4*>(f.data);
-  auto slot = [&](const char* dst_base, int src, size_t line) -> const char* {
-    return dst_base + a.ll_offset +
-           ((parity * N + static_cast<size_t>(src)) * a.ll_lines + line) * kLLLineBytes;
-  };
 
   // 1. Send every owned unit to every peer.
   for (int64_t row = b; row < f.rows; row += gridDim.x) {
@@ -232,8 +228,10 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
 #pragma unroll
       for (int p = 0; p < N; ++p) {
         if (p == me) continue;
-        StVolatileV4(const_cast<char*>(slot(a.base[p], me, 2 * unit)), d.x, e, d.y, e);
-        StVolatileV4(const_cast<char*>(slot(a.base[p], me, 2 * unit + 1)), d.z, e, d.w, e);
+        StVolatileV4(const_cast<char*>(LLSlot<N>(a, a.base[p], parity, me, 2 * unit)), d.x, e,
+                     d.y, e);
+        StVolatileV4(const_cast<char*>(LLSlot<N>(a, a.base[p], parity, me, 2 * unit + 1)), d.z,
+                     e, d.w, e);
       }
     }
   }
@@ -250,40 +248,14 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
       if (u >= nunits) continue;
       const size_t unit = static_cast<size_t>(row) * nunits + u;
       uint32_t in[N][4];
-      bool ready[N];
 #pragma unroll
-      for (int r = 0; r < N; ++r) {
-        ready[r] = r == me;
-        in[r][0] = in[r][1] = in[r][2] = in[r][3] = 0;
-      }
+      for (int r = 0; r < N; ++r) in[r][0] = in[r][1] = in[r][2] = in[r][3] = 0;
       const uint4 mine = data[unit];
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
       }
-      SpinBound bound;
-      while (!failed) {
-        bool all = true;
-        int missing = -1;
-#pragma unroll
-        for (int r = 0; r < N; ++r) {
-          if (ready[r]) continue;
-          const uint4 lo = LdVolatileV4(slot(my_base, r, 2 * unit));
-          const uint4 hi = LdVolatileV4(slot(my_base, r, 2 * unit + 1));
-          if (lo.y == e && lo.w == e && hi.y == e && hi.w == e) {
-            in[r][0] = lo.x, in[r][1] = lo.z, in[r][2] = hi.x, in[r][3] = hi.z;
-            ready[r] = true;
-          } else {
-            all = false;
-            if (missing < 0) missing = r;
-          }
-        }
-        if (all) break;
-        if (const uint32_t err = bound.Check(a)) {
-          RecordError<N>(a, err, missing, kTagLL, b, e);
-          failed = true;
-        }
-      }
+      if (!failed) failed = !LLReceive<N, 2>(a, parity, 2 * unit, e, b, in);
       sum[j] = SumUnits<T, N>(in);
     }
     NormRow<T, kPer>(f, row, sum, rin, scratch);
