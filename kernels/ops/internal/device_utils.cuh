@@ -92,6 +92,17 @@ __device__ __forceinline__ void GridDependencyWait() {
 #endif
 }
 
+// Lets the kernel launched after this one (with LaunchDependent) start its
+// blocks before this grid has finished: they fill the SMs this grid leaves
+// free and run what precedes their GridDependencyWait(). Without it they
+// start only as this grid's blocks exit. Visibility is unchanged: the
+// dependent's wait still returns only once this grid has completed.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <typename... KArgs, typename... Args>
 cudaError_t LaunchDependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t stream, Args&&... args) {

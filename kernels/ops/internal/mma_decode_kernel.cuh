@@ -108,25 +108,6 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   auto row_pos = [&](int r) { return r < rows ? a.positions[item.token_begin + r / group] : -1; };
   const int pos0 = row_pos(2 * tig), pos1 = row_pos(2 * tig + 1);
 
-  // Q^T as B fragments: dims 16ks + 2tig + {0, 1} (b0) and + 8 (b1) of row
-  // gid, unscaled bf16 (the scale is applied to S in fp32); zero columns for
-  // rows past `rows`.
-  uint32_t qf[kKS][2];
-  {
-    const uint32_t* qrow = nullptr;
-    if (gid < rows) {
-      const int64_t tok = item.token_begin + gid / group;
-      const int qh = kvh * group + gid % group;
-      qrow = reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(a.q) +
-                                               tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
-    }
-#pragma unroll
-    for (int ks = 0; ks < kKS; ++ks) {
-      qf[ks][0] = qrow ? qrow[8 * ks + tig] : 0u;
-      qf[ks][1] = qrow ? qrow[8 * ks + 4 + tig] : 0u;
-    }
-  }
-
   const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
   const int bs = a.block_size;
   const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
@@ -210,8 +191,44 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   float o[kKS][4];
   ZeroFragments(o);
 
+  // The first tiles' copies may start before the kernel before this one (the
+  // RoPE + KV write) has finished when all their keys are older than every
+  // token of the item, whose keys that kernel writes; the query, which it
+  // rotates, is read after the wait.
+  int newest_min = 0x7fffffff;
+  for (int t = 0; t < item.num_tokens; ++t) {
+    newest_min = min(newest_min, a.positions[item.token_begin + t]);
+  }
+  const bool early = first + (kStages - 2) * stride + kMmaKeyTile <= newest_min;
+  if (early) {
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
+    for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
+  }
+  GridDependencyWait();
+
+  // Q^T as B fragments: dims 16ks + 2tig + {0, 1} (b0) and + 8 (b1) of row
+  // gid, unscaled bf16 (the scale is applied to S in fp32); zero columns for
+  // rows past `rows`.
+  uint32_t qf[kKS][2];
+  {
+    const uint32_t* qrow = nullptr;
+    if (gid < rows) {
+      const int64_t tok = item.token_begin + gid / group;
+      const int qh = kvh * group + gid % group;
+      qrow = reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(a.q) +
+                                               tok * a.q_row_stride + static_cast<int64_t>(qh) * D);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      qf[ks][0] = qrow ? qrow[8 * ks + tig] : 0u;
+      qf[ks][1] = qrow ? qrow[8 * ks + 4 + tig] : 0u;
+    }
+  }
+
+  if (!early) {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i, i, lookup(i));
+  }
   RowSlots next_slots = lookup(kStages - 1);
 
   // Stage of tile i (read) and of tile i + kStages - 1 (refilled).
@@ -333,7 +350,9 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
 template <int D>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
-  GridDependencyWait();
+  // Launched with PDL: the items, positions, block tables and the older keys
+  // were written before the previous kernel started; MmaDecodeSplit waits
+  // for it before it reads what it writes (the query, the newest keys).
   const AttentionItem item = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
@@ -343,6 +362,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const Page
       MmaDecodeSplit<D, false>(a, item, kvh, split, kb, ke);
     }
   });
+  // Blocks whose splits were empty wait too: this grid completes only after
+  // the previous kernel did.
+  GridDependencyWait();
 }
 
 template <int D>
