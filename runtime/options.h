@@ -107,8 +107,9 @@ struct JobOptions {
   AllReduce allreduce = AllReduce::kAuto;
   Attention attention = Attention::kTensorCore;  // kernels/ops/attention.h
   int64_t crossover_bytes = 1 << 20;
-  // Capacity of the custom all-reduce (its scratch is about twice this per
-  // rank); messages above it go to NCCL.
+  // Capacity of the custom all-reduce (its scratch is about 2 x (TP - 1)
+  // times this per rank: a staging slot per peer and parity); messages above
+  // it go to NCCL.
   int64_t custom_allreduce_max_bytes = 8 << 20;
   bool fuse_allreduce_norm = true;
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
