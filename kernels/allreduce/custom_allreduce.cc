@@ -120,7 +120,6 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
                                ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
                                : options.ll_max_bytes;
   ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
-  const int ll_blocks = options.ll_blocks;
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
@@ -130,11 +129,11 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   // Phase 1 (local): allocate, initialise, export.
   Hello hello{};
   auto local = [&]() -> absl::Status {
-    if (options.staged_blocks < 1 || options.staged_blocks > kMaxBlocks || ll_blocks < 1 ||
-        ll_blocks > kMaxBlocks || options.timeout_ms <= 0) {
+    if (options.staged_blocks < 1 || options.staged_blocks > kMaxBlocks || options.ll_blocks < 1 ||
+        options.ll_blocks > kMaxBlocks || options.timeout_ms <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ",
-                       ll_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
+                       options.ll_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
                        options.timeout_ms));
     }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -171,7 +170,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.ll_max_bytes = ll_max_bytes_;
   hello.timeout_ms = options.timeout_ms;
   hello.staged_blocks = options.staged_blocks;
-  hello.ll_blocks = ll_blocks;
+  hello.ll_blocks = options.ll_blocks;
   hello.initial_epoch = options.initial_epoch;
   hello.nonce = static_cast<uint32_t>(MonotonicNs() ^ (static_cast<int64_t>(getpid()) << 20));
 
@@ -240,7 +239,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   args_.rank = rank;
   args_.size = size;
   args_.staged_blocks = options.staged_blocks;
-  args_.ll_blocks = ll_blocks;
+  args_.ll_blocks = options.ll_blocks;
 
   // Phase 3: write-and-verify probe through the mappings.
   SYMTP_RETURN_IF_ERROR(Probe(exchange, deadline, hellos[0].nonce));

@@ -75,8 +75,10 @@ class CustomAllReduce {
     // LL beat STAGED up to 256 KiB: 4.5 vs 5.2-5.8 us there, and tied at
     // 512 KiB) and 256 KiB / size above (64 KiB at TP 4, 32 KiB at TP 8).
     // The fused all-reduce + RMSNorm uses LL only up to kFusedLLMaxBytes:
-    // its LL kernel has one block per row, and at 32 rows of 4096 bf16 the
-    // STAGED one was faster (5.4 vs 6.6 us on H200 x2).
+    // its LL kernel has one block per row, and at 16 rows of 4096 bf16 it
+    // already only ties the all-reduce then AddRmsNorm (4.82 vs 4.77 us on
+    // H200 x2), while at 32 rows the fused STAGED kernel beats them (5.07
+    // vs 5.93; bench/results/h200x2/allreduce_push).
     static constexpr size_t kAutoLLMaxBytes = ~size_t{0};
     static constexpr size_t kFusedLLMaxBytes = size_t{128} << 10;
     size_t ll_max_bytes = kAutoLLMaxBytes;

@@ -55,8 +55,9 @@ class AllReduceDispatcher : public DeviceComm {
     size_t crossover_bytes = 1 << 20;
     // The all-reduce + residual + RMSNorm runs fused up to this size, and as
     // the all-reduce then AddRmsNorm above it: graph-timed on H200 x2 (TP 2,
-    // hidden 4096 bf16) the fused kernel won up to 1 MiB (8.30 vs 8.81 us)
-    // and lost at 2 and 4 MiB (13.72 vs 12.99, 22.99 vs 20.67 us).
+    // hidden 4096 bf16) the fused kernel won up to 1 MiB (8.26 vs 8.77 us)
+    // and lost at 2 and 4 MiB (13.18 vs 12.65, 22.98 vs 20.65 us;
+    // bench/results/h200x2/allreduce_push).
     size_t max_fused_bytes = 1 << 20;
     CustomAllReduce::Options custom;
   };
