@@ -125,6 +125,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
+    mo.sharded_sampling = opts.sharded_sampling;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     SYMTP_ASSIGN_OR_RETURN(
         model::GpuModel m,

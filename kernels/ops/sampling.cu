@@ -85,17 +85,17 @@ __device__ double BlockSumF64(double v, SampleSmem& sm) {
   return v;
 }
 
-// The k-th largest key of the row (1 <= k <= vocab), by an 8-pass radix
-// select on counts.
-__device__ uint64_t SelectKthLargest(const float* __restrict__ L, int vocab, uint32_t k,
-                                     SampleSmem& sm) {
+// The k-th largest of the n keys key_at(0..n) (1 <= k <= n), by an 8-pass
+// radix select on counts.
+template <class KeyAt>
+__device__ uint64_t SelectKthLargest(KeyAt key_at, int n, uint32_t k, SampleSmem& sm) {
   uint64_t prefix = 0, mask = 0;
   uint32_t remaining = k;
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sm.cnt[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint64_t key = SortKey(L[i], i);
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint64_t key = key_at(i);
       if ((key & mask) == prefix) atomicAdd(&sm.cnt[(key >> shift) & 255], 1u);
     }
     __syncthreads();
@@ -181,6 +181,78 @@ __device__ double KeptMass(const float* __restrict__ L, int vocab, uint64_t lo, 
   return BlockSumF64(s, sm);
 }
 
+// sm.cand[0..sm.bcast_u32) = the keys >= lo among key_at(0..n) (at most kCap
+// of them are kept), in any order.
+template <class KeyAt>
+__device__ void GatherKeysAtLeast(KeyAt key_at, int n, uint64_t lo, SampleSmem& sm) {
+  if (threadIdx.x == 0) sm.bcast_u32 = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint64_t key = key_at(i);
+    if (key >= lo) {
+      const uint32_t slot = atomicAdd(&sm.bcast_u32, 1u);
+      if (slot < static_cast<uint32_t>(kCap)) sm.cand[slot] = key;
+    }
+  }
+  __syncthreads();
+}
+
+// The exact path's draw over the gathered keys: sorts them (bitonic, in
+// shared memory) and runs the reference's loop on one thread (double
+// weights of logit_of(key), sequential cumulative sums, top-p, the draw).
+template <class LogitOf>
+__device__ void DrawExact(SampleSmem& sm, const DeviceSamplingParams& p, double u, double lmax,
+                          double temp, LogitOf logit_of, int32_t* token) {
+  const int tid = threadIdx.x;
+  const int n = min(static_cast<int>(sm.bcast_u32), kCap);
+  int pw = 1;
+  while (pw < n) pw <<= 1;
+  for (int i = n + tid; i < pw; i += kThreads) sm.cand[i] = 0;
+  __syncthreads();
+  for (int k = 2; k <= pw; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < pw; i += kThreads) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const uint64_t a = sm.cand[i], b = sm.cand[ixj];
+          const bool desc = (i & k) == 0;
+          if (desc ? a < b : a > b) {
+            sm.cand[i] = b;
+            sm.cand[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = tid; i < n; i += kThreads) sm.cum[i] = Weight(logit_of(sm.cand[i]), lmax, temp, i == 0);
+  __syncthreads();
+  if (tid == 0) {
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) {
+      total += sm.cum[i];
+      sm.cum[i] = total;
+    }
+    int kept = n;
+    if (p.top_p < 1.f) {
+      const double target = static_cast<double>(p.top_p) * total;
+      int m = 1;
+      while (m < kept && sm.cum[m - 1] < target) ++m;
+      kept = m;
+      total = sm.cum[kept - 1];
+    }
+    const double t = u * total;
+    int tok = KeyId(sm.cand[kept - 1]);
+    for (int i = 0; i < kept; ++i) {
+      if (sm.cum[i] > t) {
+        tok = KeyId(sm.cand[i]);
+        break;
+      }
+    }
+    *token = tok;
+  }
+}
+
 // This thread's largest key over L[begin, end) (multiples of 4 when vec4).
 __device__ __forceinline__ uint64_t MaxKey(const float* __restrict__ L, int begin, int end,
                                            bool vec4) {
@@ -255,70 +327,16 @@ __global__ void __launch_bounds__(kThreads)
   const double u = static_cast<double>(SampleUniform(p.seed, p.position));
   const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
   const int k_eff = use_top_k ? p.top_k : vocab;
-  const uint64_t lo = use_top_k ? SelectKthLargest(L, vocab, static_cast<uint32_t>(k_eff), sm) : 0;
+  const uint64_t lo =
+      use_top_k ? SelectKthLargest([&](int i) { return SortKey(L[i], i); }, vocab,
+                                   static_cast<uint32_t>(k_eff), sm)
+                : 0;
 
   if (k_eff <= kCap) {
     // Exact path: gather the kept ids, sort them, run the reference loop.
-    if (tid == 0) sm.bcast_u32 = 0;
-    __syncthreads();
-    for (int i = tid; i < vocab; i += kThreads) {
-      const uint64_t key = SortKey(L[i], i);
-      if (key >= lo) {
-        const uint32_t slot = atomicAdd(&sm.bcast_u32, 1u);
-        if (slot < static_cast<uint32_t>(kCap)) sm.cand[slot] = key;
-      }
-    }
-    __syncthreads();
-    const int n = min(static_cast<int>(sm.bcast_u32), kCap);
-    int pw = 1;
-    while (pw < n) pw <<= 1;
-    for (int i = n + tid; i < pw; i += kThreads) sm.cand[i] = 0;
-    __syncthreads();
-    for (int k = 2; k <= pw; k <<= 1) {
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < pw; i += kThreads) {
-          const int ixj = i ^ j;
-          if (ixj > i) {
-            const uint64_t a = sm.cand[i], b = sm.cand[ixj];
-            const bool desc = (i & k) == 0;
-            if (desc ? a < b : a > b) {
-              sm.cand[i] = b;
-              sm.cand[ixj] = a;
-            }
-          }
-        }
-        __syncthreads();
-      }
-    }
-    for (int i = tid; i < n; i += kThreads) {
-      const int id = KeyId(sm.cand[i]);
-      sm.cum[i] = Weight(L[id], lmax, temp, i == 0);
-    }
-    __syncthreads();
-    if (tid == 0) {
-      double total = 0.0;
-      for (int i = 0; i < n; ++i) {
-        total += sm.cum[i];
-        sm.cum[i] = total;
-      }
-      int kept = n;
-      if (p.top_p < 1.f) {
-        const double target = static_cast<double>(p.top_p) * total;
-        int m = 1;
-        while (m < kept && sm.cum[m - 1] < target) ++m;
-        kept = m;
-        total = sm.cum[kept - 1];
-      }
-      const double t = u * total;
-      int tok = KeyId(sm.cand[kept - 1]);
-      for (int i = 0; i < kept; ++i) {
-        if (sm.cum[i] > t) {
-          tok = KeyId(sm.cand[i]);
-          break;
-        }
-      }
-      tokens[row] = tok;
-    }
+    const auto key_at = [&](int i) { return SortKey(L[i], i); };
+    GatherKeysAtLeast(key_at, vocab, lo, sm);
+    DrawExact(sm, p, u, lmax, temp, [&](uint64_t key) { return L[KeyId(key)]; }, tokens + row);
     return;
   }
 
@@ -344,6 +362,76 @@ __global__ void __launch_bounds__(kThreads)
     kd = BlockExtremeU64<false>(mn, sm);
   }
   if (tid == 0) tokens[row] = KeyId(kd);
+}
+
+// The logit a key was made from (NaN comes back as -inf and -0.0 as +0.0,
+// which give Weight() the same values).
+__device__ __forceinline__ float KeyToLogit(uint64_t key) {
+  const uint32_t o = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+// The same key with id `id + offset` (a shard's local id made global).
+__device__ __forceinline__ uint64_t WithIdOffset(uint64_t key, int offset) {
+  const uint32_t id = static_cast<uint32_t>(KeyId(key) + offset);
+  return (key & 0xffffffff00000000ull) | static_cast<uint32_t>(~id);
+}
+
+// One row per block: the shard's `kmax` candidate slots of the row get the
+// keys (global ids) of its top max(1, top_k) logits, the rest 0.
+__global__ void __launch_bounds__(kThreads)
+    ShardCandidatesKernel(const float* __restrict__ logits, int vocab_local, int offset,
+                          const DeviceSamplingParams* __restrict__ params, int kmax,
+                          uint64_t* __restrict__ cand, bool vec4) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
+  const int64_t row = blockIdx.x;
+  const float* L = logits + row * vocab_local;
+  uint64_t* out = cand + row * kmax;
+  const DeviceSamplingParams p = params[row];
+  const int k = p.temperature > 0.f ? min(max(p.top_k, 1), min(kmax, vocab_local)) : 1;
+  int written = 1;
+  if (k == 1) {
+    const uint64_t best = BlockExtremeU64<true>(MaxKey(L, 0, vocab_local, vec4), sm);
+    if (threadIdx.x == 0) out[0] = WithIdOffset(best, offset);
+  } else {
+    const auto key_at = [&](int i) { return SortKey(L[i], i); };
+    const uint64_t lo = SelectKthLargest(key_at, vocab_local, static_cast<uint32_t>(k), sm);
+    GatherKeysAtLeast(key_at, vocab_local, lo, sm);
+    written = min(static_cast<int>(sm.bcast_u32), k);
+    for (int i = threadIdx.x; i < written; i += kThreads) out[i] = WithIdOffset(sm.cand[i], offset);
+  }
+  for (int i = written + threadIdx.x; i < kmax; i += kThreads) out[i] = 0;
+}
+
+// One row per block over the shards' candidates (cand[s][row][0..kmax)):
+// the draw SampleKernel makes from the full row.
+__global__ void __launch_bounds__(kThreads)
+    CandidatesSampleKernel(const uint64_t* __restrict__ cand, int shards, int64_t rows, int kmax,
+                           int vocab, const DeviceSamplingParams* __restrict__ params,
+                           int32_t* __restrict__ tokens) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
+  const int64_t row = blockIdx.x;
+  const int n = shards * kmax;
+  const auto key_at = [&](int i) {
+    return cand[(static_cast<int64_t>(i / kmax) * rows + row) * kmax + i % kmax];
+  };
+  uint64_t best = 0;
+  for (int i = threadIdx.x; i < n; i += kThreads) best = max(best, key_at(i));
+  best = BlockExtremeU64<true>(best, sm);
+  const DeviceSamplingParams p = params[row];
+  if (!(p.temperature > 0.f)) {
+    if (threadIdx.x == 0) tokens[row] = KeyId(best);
+    return;
+  }
+  const double lmax = KeyLogit(KeyToLogit(best));
+  const double temp = static_cast<double>(p.temperature);
+  const double u = static_cast<double>(SampleUniform(p.seed, p.position));
+  const int k = min(p.top_k, vocab);  // the host sends only 1 <= top_k <= min(kmax, vocab - 1)
+  const uint64_t lo = SelectKthLargest(key_at, n, static_cast<uint32_t>(k), sm);
+  GatherKeysAtLeast(key_at, n, lo, sm);
+  DrawExact(sm, p, u, lmax, temp, [](uint64_t key) { return KeyToLogit(key); }, tokens + row);
 }
 
 // Blocks per row: 2, 4 or 8 (a thread-block cluster) while the rows' blocks
@@ -423,6 +511,42 @@ absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
   cfg.numAttrs = 1;
   return CUDA_STATUS(
       cudaLaunchKernelEx(&cfg, SampleKernel<true>, logits, vocab, params, tokens, vec4));
+}
+
+bool ShardedSamplingTakes(const DeviceSamplingParams& p, int vocab, int kmax) {
+  if (!(p.temperature > 0.f)) return true;
+  return p.top_k >= 1 && p.top_k <= kmax && p.top_k <= kSampleExactCap && p.top_k < vocab;
+}
+
+absl::Status SelectShardCandidates(const float* logits, int64_t rows, int vocab_local,
+                                   int vocab_offset, const DeviceSamplingParams* params, int kmax,
+                                   uint64_t* cand, cudaStream_t stream) {
+  if (rows < 0 || vocab_local <= 0 || vocab_offset < 0 || kmax < 1 || kmax > kSampleExactCap ||
+      rows > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SelectShardCandidates: bad shape rows=%d vocab_local=%d offset=%d kmax=%d", rows,
+        vocab_local, vocab_offset, kmax));
+  }
+  if (rows == 0) return absl::OkStatus();
+  const bool vec4 = vocab_local % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  ShardCandidatesKernel<<<static_cast<unsigned>(rows), kThreads, sizeof(SampleSmem), stream>>>(
+      logits, vocab_local, vocab_offset, params, kmax, cand, vec4);
+  return CUDA_STATUS(cudaGetLastError());
+}
+
+absl::Status SampleFromCandidates(const uint64_t* cand, int shards, int64_t rows, int kmax,
+                                  int vocab, const DeviceSamplingParams* params, int32_t* tokens,
+                                  cudaStream_t stream) {
+  if (rows < 0 || shards < 1 || kmax < 1 || kmax > kSampleExactCap || vocab <= 0 ||
+      rows > 0x7fffffff || static_cast<int64_t>(shards) * kmax > (1 << 24)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SampleFromCandidates: bad shape rows=%d shards=%d kmax=%d vocab=%d", rows, shards, kmax,
+        vocab));
+  }
+  if (rows == 0) return absl::OkStatus();
+  CandidatesSampleKernel<<<static_cast<unsigned>(rows), kThreads, sizeof(SampleSmem), stream>>>(
+      cand, shards, rows, kmax, vocab, params, tokens);
+  return CUDA_STATUS(cudaGetLastError());
 }
 
 }  // namespace symtp::kernels

@@ -41,4 +41,26 @@ struct DeviceSamplingParams {
 absl::Status SampleTokens(const float* logits, int64_t rows, int vocab,
                           const DeviceSamplingParams* params, int32_t* tokens, cudaStream_t stream);
 
+// Vocabulary-parallel sampling, for TP > 1 where each rank holds the logits
+// of its vocabulary shard: instead of gathering every rank's logits, each
+// rank keeps its row's top candidates and only those are gathered.
+//  1. SelectShardCandidates on every rank: cand[row][0..kmax) = the 64-bit
+//     sort keys (ordered logit, ~global id) of the shard's largest
+//     max(1, top_k) logits of the row (1 for a greedy row), the other slots 0;
+//     the shard's id i is global id vocab_offset + i.
+//  2. An all-gather of cand (rows * kmax keys per rank) into
+//     gathered[shard][row][kmax], shards in vocabulary order.
+//  3. SampleFromCandidates: the token SampleTokens draws from the full row
+//     (the global top-k is among the shards' top-k; same keys, same sort,
+//     same reference loop), for every row that ShardedSamplingTakes.
+// Rows that it does not take (temperature > 0 with no top-k, or a top-k
+// over kmax or kSampleExactCap) need the full logits: SampleTokens.
+bool ShardedSamplingTakes(const DeviceSamplingParams& p, int vocab, int kmax);
+absl::Status SelectShardCandidates(const float* logits, int64_t rows, int vocab_local,
+                                   int vocab_offset, const DeviceSamplingParams* params, int kmax,
+                                   uint64_t* cand, cudaStream_t stream);
+absl::Status SampleFromCandidates(const uint64_t* gathered, int shards, int64_t rows, int kmax,
+                                  int vocab, const DeviceSamplingParams* params, int32_t* tokens,
+                                  cudaStream_t stream);
+
 }  // namespace symtp::kernels

@@ -90,6 +90,9 @@ struct StepShape {
   int num_sampled = 0;  // LM-head rows
   bool sample = false;
   bool forward_tokens = false;
+  // > 0: sample from the shards' top candidates, this many slots per row
+  // and rank (GpuModelOptions::sharded_sampling); 0: gather the logits.
+  int shard_k = 0;
 };
 
 }  // namespace
@@ -151,7 +154,7 @@ struct GpuModel::State {
   bool last_logits_copied = false;
   std::vector<kernels::AttentionItem> items_scratch;
 
-  using GraphKey = std::tuple<int, bool>;  // (padded batch, sampled)
+  using GraphKey = std::tuple<int, bool, int>;  // (padded batch, sampled, StepShape::shard_k)
   std::map<GraphKey, cuda::GraphExec> graphs;
   std::map<GraphKey, int> seen;
   std::set<GraphKey> failed;
@@ -178,6 +181,8 @@ struct GpuModel::State {
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
                     cudaStream_t s, int sm_count_target = 0);
   absl::Status Mark(int cls, cudaStream_t s);
+  // StepShape::shard_k for a step that samples with `params` on the device.
+  int ShardedSamplingSlots(absl::Span<const SamplingParams> params) const;
 };
 
 namespace {
@@ -208,6 +213,24 @@ absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
   if (prof_n > 0) prof_cls.push_back(cls);
   ++prof_n;
   return absl::OkStatus();
+}
+
+int GpuModel::State::ShardedSamplingSlots(absl::Span<const SamplingParams> params) const {
+  if (!opt.sharded_sampling || tp <= 1 || comm == nullptr) return 0;
+  int k = 1;
+  for (const SamplingParams& sp : params) {
+    if (sp.temperature > 0.f) k = std::max(k, sp.top_k);
+  }
+  int slots = 1;  // a power of two: few distinct graphs
+  while (slots < k) slots *= 2;
+  if (slots > kernels::kSampleExactCap || 2 * slots > VL) return 0;
+  for (const SamplingParams& sp : params) {
+    kernels::DeviceSamplingParams p;
+    p.temperature = sp.temperature;
+    p.top_k = sp.top_k;
+    if (!kernels::ShardedSamplingTakes(p, V, slots)) return 0;
+  }
+  return slots;
 }
 
 absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out, int rows,
@@ -345,6 +368,22 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::GatherRows(h, H, d_sample_rows, hs, H, sh.num_sampled, H, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, sh.num_sampled, VL, H, DType::kF32, s));
+  if (sh.shard_k > 0) {
+    // Vocabulary-parallel sampling: the shards' candidates, not the logits,
+    // are gathered (the logits buffers hold them: shard_k <= VL / 2).
+    const int k = sh.shard_k;
+    auto* cand = reinterpret_cast<uint64_t*>(logits);
+    auto* all = reinterpret_cast<uint64_t*>(gathered);
+    SYMTP_RETURN_IF_ERROR(kernels::SelectShardCandidates(logits_local, sh.num_sampled, VL,
+                                                         layout.tp_rank * VL, d_params, k, cand, s));
+    SYMTP_RETURN_IF_ERROR_CTX(
+        comm->AllGather(cand, all, static_cast<size_t>(sh.num_sampled) * k * 2, DType::kF32, s),
+        "sampling candidates all-gather");
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    SYMTP_RETURN_IF_ERROR(
+        kernels::SampleFromCandidates(all, tp, sh.num_sampled, k, V, d_params, sampled, s));
+    return Mark(kClsOther, s);
+  }
   const float* sample_from = logits;
   int sample_vocab = V;
   if (tp > 1 && comm == nullptr) {  // a shard alone (bench_skip_allreduce): its own vocabulary
@@ -432,6 +471,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   sh.rows = P;
   sh.sample = sample;
   sh.num_sampled = padded ? P : NS;
+  sh.shard_k = sample && !copy_logits ? ShardedSamplingSlots(so.sampling) : 0;
   sh.forward_tokens = fwd || padded;
   if (decode) {
     items_scratch.resize(P);
@@ -545,7 +585,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   // ---- run: graph replay, capture, or eager
   bool done = false;
   if (padded && opt.cuda_graphs && T > 0) {
-    const GraphKey key{P, sample};
+    const GraphKey key{P, sample, sh.shard_k};
     auto it = graphs.find(key);
     if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
       StepShape gsh = sh;

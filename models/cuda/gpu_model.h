@@ -90,6 +90,12 @@ struct GpuModelOptions {
   // Copy the logits to pinned host memory (allocates max_sampled_rows x
   // vocab floats of pinned memory).
   bool host_logits = true;
+  // TP > 1, steps that sample on the device without copying the logits, and
+  // whose rows are all greedy or top-k with top_k <= kernels::
+  // kSampleExactCap: each rank keeps its vocabulary shard's top candidates
+  // and only those are all-gathered (kernels::SelectShardCandidates), the
+  // same tokens as gathering every logit. Other steps gather the logits.
+  bool sharded_sampling = true;
   // Split-K chunk of decode attention, in positions: the smallest chunk when
   // attention_balance_splits, else the chunk of every decode step.
   int attention_split_chunk = 256;
@@ -190,7 +196,9 @@ class GpuModel {
   // the step did not sample or is out of that window.
   absl::Span<const int32_t> host_tokens_of(int64_t step) const;
   int64_t steps_enqueued() const;
-  const float* device_logits() const;    // [num_sampled, vocab], fp32
+  // [num_sampled, vocab], fp32; after a step that gathered the logits (not
+  // one that sampled from the shards' candidates: sharded_sampling).
+  const float* device_logits() const;
   const int32_t* device_tokens() const;  // [num_sampled]
 
   // Per-class timing with events around each op of eager steps (adds event

@@ -4,7 +4,10 @@
 // parent's pid. Each rank runs prefill + greedy decode with device sampling,
 // 2 all-reduce buckets and CUDA graphs, and writes its logits and tokens;
 // the parent checks that both ranks agree bitwise and match the CPU
-// reference at TP = 1 (fp32).
+// reference at TP = 1 (fp32). Then each rank runs the same steps with mixed
+// greedy / top-k / top-p device sampling and no logits copy, once sampling
+// from the shards' candidates and once from the gathered logits: the tokens
+// must be the same.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -81,6 +84,41 @@ void RunRank(int rank) {
     to << "\n";
     sim.Commit(rows, toks);
   }
+  // Mixed sampling without the logits copy: sharded vs gathered logits.
+  std::ofstream so_out(PathFor(parent, "sampled" + std::to_string(rank)));
+  for (bool sharded : {true, false}) {
+    model::GpuModelOptions o2 = o;
+    o2.host_logits = false;
+    o2.sharded_sampling = sharded;
+    auto m2 = GpuModel::Create(cfg, rank, 2, rank, o2, comm->get());
+    ASSERT_OK(m2);
+    SimBatch sim2(cfg, kBlocks, 22);
+    for (int p : kPrompts) sim2.AddSequence(p, cfg.vocab);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<int> rows;
+      auto batch = sim2.NextStep(64, &rows);
+      ASSERT_OK(batch);
+      model::StepOptions so;
+      so.copy_logits = false;
+      so.sampling.resize(batch->sample_index.size());
+      for (size_t i = 0; i < so.sampling.size(); ++i) {
+        model::SamplingParams& sp = so.sampling[i];
+        sp.temperature = i % 3 == 0 ? 0.f : 1.1f;  // greedy, top-k, top-k + top-p
+        sp.top_k = i % 3 == 0 ? 0 : 3 + static_cast<int>(i);
+        sp.top_p = i % 3 == 2 ? 0.8f : 1.f;
+        sp.seed = 77 + i;
+      }
+      ASSERT_OK(m2->Forward(*batch, stream->get(), so));
+      ASSERT_OK(m2->WaitForStep(Deadline::AfterMs(60'000)));
+      const auto t = m2->host_tokens();
+      std::vector<int32_t> toks(t.begin(), t.end());
+      for (int32_t x : toks) so_out << x << " ";
+      so_out << "\n";
+      sim2.Commit(rows, toks);
+    }
+    so_out << "--\n";
+    EXPECT_EQ(m2->graph_stats().capture_failures, 0);
+  }
   ASSERT_OK(comm.value()->Poll());
   std::printf("[ rank %d ] graph replays %lld captures %lld failures %lld\n", rank,
               static_cast<long long>(m->graph_stats().replays),
@@ -144,8 +182,19 @@ TEST_F(GpuModelTp2Test, TwoProcessesAgreeAndMatchCpuTp1) {
                           l1 = ReadAll(PathFor(self, "logits1"));
   const std::vector<char> t0 = ReadAll(PathFor(self, "tokens0")),
                           t1 = ReadAll(PathFor(self, "tokens1"));
-  for (const char* w : {"logits0", "logits1", "tokens0", "tokens1"})
+  const std::vector<char> s0 = ReadAll(PathFor(self, "sampled0")),
+                          s1 = ReadAll(PathFor(self, "sampled1"));
+  for (const char* w : {"logits0", "logits1", "tokens0", "tokens1", "sampled0", "sampled1"})
     std::remove(PathFor(self, w).c_str());
+  EXPECT_TRUE(s0 == s1) << "ranks' sampled tokens differ";
+  {
+    const std::string all(s0.begin(), s0.end());
+    const size_t cut = all.find("--\n");
+    ASSERT_NE(cut, std::string::npos) << all;
+    const std::string sharded = all.substr(0, cut), full = all.substr(cut + 3);
+    EXPECT_FALSE(sharded.empty());
+    EXPECT_EQ(sharded + "--\n", full) << "tokens from the shards' candidates vs gathered logits";
+  }
   ASSERT_FALSE(l0.empty());
   EXPECT_TRUE(l0 == l1) << "ranks' logits differ";
   EXPECT_TRUE(t0 == t1) << "ranks' tokens differ";

@@ -3,6 +3,7 @@
 // vocabularies on both sides of the exact path's cap.
 #include "kernels/ops/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -139,6 +140,106 @@ TEST_F(SamplingTest, DegenerateRows) {
   Compare(logits, V, ps, {1, 2, 3, 4}, "degenerate");
   for (auto& p : ps) p.temperature = 0.f;
   Compare(logits, V, ps, {1, 2, 3, 4}, "degenerate greedy");
+}
+
+// Vocabulary-parallel sampling: every shard's candidates, gathered shard by
+// shard as the all-gather lays them out, give the token SampleTokens draws
+// from the whole row (and the CPU reference), for greedy and top-k rows.
+TEST_F(SamplingTest, ShardCandidatesMatchFullRow) {
+  for (int tp : {2, 4, 8}) {
+    for (int V : {4096, 128256}) {
+      SCOPED_TRACE(::testing::Message() << "tp=" << tp << " V=" << V);
+      const int rows = 45, VL = V / tp;
+      std::mt19937_64 rng(V + tp);
+      std::uniform_int_distribution<int> q(-30, 30);
+      std::vector<float> logits(static_cast<size_t>(rows) * V);
+      for (auto& x : logits) x = 0.1f * static_cast<float>(q(rng));  // ties across shards
+      for (int r = 0; r < rows; ++r) {
+        float* row = logits.data() + static_cast<size_t>(r) * V;
+        const int a = (r * 7919) % V, b = (a + VL + r) % V;  // the maximum in two shards
+        row[a] = row[b] = 5.5f;
+        row[(r * 37) % V] = std::numeric_limits<float>::quiet_NaN();
+        row[(r * 53 + 1) % V] = -std::numeric_limits<float>::infinity();
+        row[(r * 71 + 2) % V] = -0.0f;
+      }
+      const int ks[] = {0, 1, 7, 40, 300, 2048};
+      const float temps[] = {0.f, 0.8f, 1.3f};
+      const float tps[] = {1.f, 0.9f, 0.3f};
+      std::vector<DeviceSamplingParams> dp(rows);
+      int kmax = 1;
+      for (int r = 0; r < rows; ++r) {
+        dp[r].temperature = temps[r % 3];
+        dp[r].top_k = ks[(r / 3) % 6];
+        dp[r].top_p = tps[(r / 18) % 3];
+        if (dp[r].temperature > 0.f && dp[r].top_k == 0) dp[r].top_k = 2;
+        dp[r].seed = 1234 + r;
+        dp[r].position = 7 + r;
+        if (dp[r].temperature > 0.f) kmax = std::max(kmax, dp[r].top_k);
+      }
+      if (kmax > VL) continue;  // the runtime sends such steps down the full path
+      for (const auto& p : dp) ASSERT_TRUE(ShardedSamplingTakes(p, V, kmax));
+      cuda::DeviceBuffer d_p = testing::UploadRaw(dp);
+      std::vector<uint64_t> gathered_init(static_cast<size_t>(tp) * rows * kmax, ~0ull);
+      cuda::DeviceBuffer d_all = testing::UploadRaw(gathered_init);
+      for (int sh = 0; sh < tp; ++sh) {
+        std::vector<float> part(static_cast<size_t>(rows) * VL);
+        for (int r = 0; r < rows; ++r) {
+          std::copy_n(logits.data() + static_cast<size_t>(r) * V + static_cast<size_t>(sh) * VL,
+                      VL, part.data() + static_cast<size_t>(r) * VL);
+        }
+        cuda::DeviceBuffer d_part = testing::UploadRaw(part);
+        ASSERT_OK(SelectShardCandidates(
+            d_part.as<float>(), rows, VL, sh * VL, d_p.as<DeviceSamplingParams>(), kmax,
+            d_all.as<uint64_t>() + static_cast<size_t>(sh) * rows * kmax, stream()));
+        Sync();
+      }
+      std::vector<int32_t> poison(rows, -7);
+      cuda::DeviceBuffer d_sharded = testing::UploadRaw(poison), d_full = testing::UploadRaw(poison);
+      ASSERT_OK(SampleFromCandidates(d_all.as<uint64_t>(), tp, rows, kmax, V,
+                                     d_p.as<DeviceSamplingParams>(), d_sharded.as<int32_t>(),
+                                     stream()));
+      cuda::DeviceBuffer d_l = testing::UploadRaw(logits);
+      ASSERT_OK(SampleTokens(d_l.as<float>(), rows, V, d_p.as<DeviceSamplingParams>(),
+                             d_full.as<int32_t>(), stream()));
+      Sync();
+      const std::vector<int32_t> got = testing::DownloadRaw<int32_t>(d_sharded.get(), rows);
+      const std::vector<int32_t> want = testing::DownloadRaw<int32_t>(d_full.get(), rows);
+      int bad = 0;
+      for (int r = 0; r < rows; ++r) {
+        model::SamplingParams sp;
+        sp.temperature = dp[r].temperature;
+        sp.top_k = dp[r].top_k;
+        sp.top_p = dp[r].top_p;
+        sp.seed = dp[r].seed;
+        const int32_t cpu = model::SampleToken(
+            absl::MakeConstSpan(logits.data() + static_cast<size_t>(r) * V, V), sp,
+            dp[r].position);
+        if ((got[r] != want[r] || got[r] != cpu) && bad++ < 8) {
+          ADD_FAILURE() << "row " << r << ": sharded " << got[r] << ", full " << want[r]
+                        << ", cpu " << cpu << " (T=" << dp[r].temperature << " k=" << dp[r].top_k
+                        << " p=" << dp[r].top_p << ")";
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+TEST(ShardedSamplingTakes, OnlyRowsWhoseTopCandidatesSuffice) {
+  DeviceSamplingParams p;
+  p.temperature = 0.f;
+  EXPECT_TRUE(ShardedSamplingTakes(p, 1000, 1));  // greedy
+  p.temperature = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(ShardedSamplingTakes(p, 1000, 1));  // NaN: greedy, as SampleTokens reads it
+  p.temperature = 0.7f;
+  p.top_k = 0;
+  EXPECT_FALSE(ShardedSamplingTakes(p, 1000, 2048));  // the whole vocabulary
+  p.top_k = 64;
+  EXPECT_TRUE(ShardedSamplingTakes(p, 1000, 64));
+  EXPECT_FALSE(ShardedSamplingTakes(p, 1000, 32));  // over the slots
+  EXPECT_FALSE(ShardedSamplingTakes(p, 64, 64));    // top_k >= vocab: no top-k at all
+  p.top_k = kSampleExactCap + 1;
+  EXPECT_FALSE(ShardedSamplingTakes(p, 1 << 20, 1 << 20));
 }
 
 }  // namespace
