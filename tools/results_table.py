@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "small_batch_decode", "attention_prefetch", "kernel_table", "gemm_workspace", "skinny_gemm", "merge_fold",
+ORDER = ["decode_step", "small_batch_decode", "attention_prefetch", "kernel_table", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
@@ -29,6 +29,7 @@ TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace",
           "skinny_gemm": "Small-M GEMM kernel (dropped)",
           "merge_fold": "Split merge in the attention kernel (dropped)",
+          "rope_fold_l2_prefetch": "RoPE fold and L2 weight prefetch (dropped)",
           "small_batch_studies": "Small-batch decode studies", "cleanup_step": "Decode step across the clean-up",
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
