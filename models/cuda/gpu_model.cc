@@ -472,6 +472,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   sh.sample = sample;
   sh.num_sampled = padded ? P : NS;
   sh.shard_k = sample && !copy_logits ? ShardedSamplingSlots(so.sampling) : 0;
+  if (sh.shard_k > 0) ++stats.sharded_sampling_steps;
   sh.forward_tokens = fwd || padded;
   if (decode) {
     items_scratch.resize(P);

@@ -153,6 +153,7 @@ struct GraphStats {
   int64_t replays = 0;
   int64_t capture_failures = 0;
   int64_t eager_steps = 0;
+  int64_t sharded_sampling_steps = 0;  // steps sampled from the shards' candidates
 };
 
 class GpuModel {

@@ -94,6 +94,7 @@ void RunRank(int rank) {
     ASSERT_OK(m2);
     SimBatch sim2(cfg, kBlocks, 22);
     for (int p : kPrompts) sim2.AddSequence(p, cfg.vocab);
+    int64_t sampled_steps = 0;
     for (int step = 0; step < kSteps; ++step) {
       std::vector<int> rows;
       auto batch = sim2.NextStep(64, &rows);
@@ -108,6 +109,7 @@ void RunRank(int rank) {
         sp.top_p = i % 3 == 2 ? 0.8f : 1.f;
         sp.seed = 77 + i;
       }
+      sampled_steps += so.sampling.empty() ? 0 : 1;
       ASSERT_OK(m2->Forward(*batch, stream->get(), so));
       ASSERT_OK(m2->WaitForStep(Deadline::AfterMs(60'000)));
       const auto t = m2->host_tokens();
@@ -118,6 +120,8 @@ void RunRank(int rank) {
     }
     so_out << "--\n";
     EXPECT_EQ(m2->graph_stats().capture_failures, 0);
+    EXPECT_GT(sampled_steps, 0);
+    EXPECT_EQ(m2->graph_stats().sharded_sampling_steps, sharded ? sampled_steps : 0);
   }
   ASSERT_OK(comm.value()->Poll());
   std::printf("[ rank %d ] graph replays %lld captures %lld failures %lld\n", rank,
