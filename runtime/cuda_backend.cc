@@ -125,7 +125,9 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
-    mo.sharded_sampling = opts.sharded_sampling;
+    // The candidates' all-gather needs every rank to sample the step with the
+    // same parameters: v1's workers do; v0 samples on rank 0 alone.
+    mo.sharded_sampling = opts.sharded_sampling && opts.mode == Mode::kV1;
     mo.bench_skip_allreduce = opts.bench_skip_allreduce;
     SYMTP_ASSIGN_OR_RETURN(
         model::GpuModel m,

@@ -95,6 +95,9 @@ struct GpuModelOptions {
   // kSampleExactCap: each rank keeps its vocabulary shard's top candidates
   // and only those are all-gathered (kernels::SelectShardCandidates), the
   // same tokens as gathering every logit. Other steps gather the logits.
+  // Every rank must then sample the same steps with the same parameters (a
+  // rank that does not sample would gather logits while the others gather
+  // candidates: the collective would not match).
   bool sharded_sampling = true;
   // Split-K chunk of decode attention, in positions: the smallest chunk when
   // attention_balance_splits, else the chunk of every decode step.
