@@ -102,6 +102,15 @@ if has launch; then
   d=$R/launch/cuda_bf16_tp${TP_MAX}_v0
   timeout 120 $B/tools/symtp launch --backend=cuda --mode=v0 --tp=$TP_MAX $W --out="$d" >"$d.log" 2>&1
   echo "cuda bf16 tp=$TP_MAX v0 exit $? tokens==v1(bf16): $( [[ -f $R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl ]] && cmp -s "$d/tokens.jsonl" "$R/launch/cuda_bf16_tp${TP_MAX}/tokens.jsonl" && echo yes || echo n/a)" | tee -a "$LOG"
+  # Top-k / top-p sampling: at TP > 1, v1 draws from the ranks' top candidates
+  # (--sharded-sampling) and v0 from the gathered logits; both must give the CPU's tokens.
+  TK="--temperature=0.8 --top-k=20 --top-p=0.9"
+  timeout 60 $B/tools/symtp launch --backend=cpu --tp=1 $W $TK --out="$R/launch/cpu_tp1_topk" >"$R/launch/cpu_tp1_topk.log" 2>&1 || true
+  for mode in v1 v0; do
+    d=$R/launch/cuda_fp32_tp${TP_MAX}_topk_$mode
+    timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --mode=$mode --tp=$TP_MAX $W $TK --out="$d" >"$d.log" 2>&1
+    echo "cuda fp32 tp=$TP_MAX $mode top-k exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1_topk/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+  done
   # KV cache sized by the workers from free GPU memory, and the tensor-core attention.
   d=$R/launch/cuda_fp32_tp${TP_MAX}_kvfraction
   timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --tp=$TP_MAX --kv-cache-fraction=0.3 $W --out="$d" >"$d.log" 2>&1
