@@ -428,7 +428,9 @@ __global__ void __launch_bounds__(kThreads)
   const double lmax = KeyLogit(KeyToLogit(best));
   const double temp = static_cast<double>(p.temperature);
   const double u = static_cast<double>(SampleUniform(p.seed, p.position));
-  const int k = min(p.top_k, vocab);  // the host sends only 1 <= top_k <= min(kmax, vocab - 1)
+  // ShardedSamplingTakes: 1 <= top_k <= kmax, so every shard sent top_k real
+  // keys (or all of its own) and the union holds the row's top top_k.
+  const int k = max(1, min(p.top_k, min(kmax, vocab)));
   const uint64_t lo = SelectKthLargest(key_at, n, static_cast<uint32_t>(k), sm);
   GatherKeysAtLeast(key_at, n, lo, sm);
   DrawExact(sm, p, u, lmax, temp, [](uint64_t key) { return KeyToLogit(key); }, tokens + row);
