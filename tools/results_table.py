@@ -95,6 +95,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=root)
     ap.add_argument("--check", metavar="FILE", help="fail if FILE lacks a row of the table")
+    ap.add_argument("--write", metavar="FILE",
+                    help="replace the table in FILE (the block of lines from its header row)")
     a = ap.parse_args()
     docs = []
     for p in glob.glob(os.path.join(a.results, "*", "*", "summary.json")):
@@ -122,6 +124,20 @@ def main():
         for l in missing:
             print(f"results_table.py: {a.check} lacks: {l}", file=sys.stderr)
         return 1 if missing else 0
+    if a.write:
+        with open(a.write) as f:
+            text = f.read().split("\n")
+        if lines[0] not in text:
+            print(f"results_table.py: {a.write} has no line {lines[0]!r}", file=sys.stderr)
+            return 1
+        begin = text.index(lines[0])
+        end = begin
+        while end < len(text) and text[end].startswith("|"):
+            end += 1
+        text[begin:end] = lines
+        with open(a.write, "w") as f:
+            f.write("\n".join(text))
+        return 0
     print("\n".join(lines))
     return 0
 
