@@ -187,6 +187,16 @@ struct GpuModel::State {
 
 namespace {
 
+kernels::DeviceSamplingParams ToDeviceParams(const SamplingParams& sp, uint64_t position) {
+  kernels::DeviceSamplingParams p;
+  p.temperature = sp.temperature;
+  p.top_k = sp.top_k;
+  p.top_p = sp.top_p;
+  p.seed = sp.seed;
+  p.position = position;
+  return p;
+}
+
 std::vector<int> DefaultGraphSizes() {
   return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512};
 }
@@ -219,18 +229,13 @@ int GpuModel::State::ShardedSamplingSlots(absl::Span<const SamplingParams> param
   if (!opt.sharded_sampling || tp <= 1 || comm == nullptr) return 0;
   int k = 1;
   for (const SamplingParams& sp : params) {
-    if (sp.temperature > 0.f) k = std::max(k, sp.top_k);
+    const kernels::DeviceSamplingParams p = ToDeviceParams(sp, 0);
+    if (!kernels::ShardedSamplingTakes(p, V, kernels::kSampleExactCap)) return 0;
+    if (p.temperature > 0.f) k = std::max(k, p.top_k);
   }
-  int slots = 1;  // a power of two: few distinct graphs
+  int slots = 1;  // a power of two (kSampleExactCap is one): few distinct graphs
   while (slots < k) slots *= 2;
-  if (slots > kernels::kSampleExactCap || 2 * slots > VL) return 0;
-  for (const SamplingParams& sp : params) {
-    kernels::DeviceSamplingParams p;
-    p.temperature = sp.temperature;
-    p.top_k = sp.top_k;
-    if (!kernels::ShardedSamplingTakes(p, V, slots)) return 0;
-  }
-  return slots;
+  return 2 * slots <= VL ? slots : 0;
 }
 
 absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out, int rows,
@@ -538,12 +543,8 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     for (int i = 0; i < sh.num_sampled; ++i) {
       kernels::DeviceSamplingParams p;
       if (i < NS) {
-        const SamplingParams& sp = so.sampling[i];
-        p.temperature = sp.temperature;
-        p.top_k = sp.top_k;
-        p.top_p = sp.top_p;
-        p.seed = sp.seed;
-        p.position = static_cast<uint64_t>(in.positions[in.sample_index[i]]) + 1;
+        p = ToDeviceParams(so.sampling[i],
+                           static_cast<uint64_t>(in.positions[in.sample_index[i]]) + 1);
       }
       h_params[i] = p;
     }
