@@ -133,8 +133,10 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // Returns a chunk >= max(context) (no split) when the sequences alone fill
 // more than half the SMs (then splitting cannot double the blocks in flight,
 // and its merge costs more than it gains).
+// resident_per_sm > 0 (study): the merge is paid anyway; split until the
+// blocks fill resident_per_sm x num_sms slots, never past them.
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
-                         int min_chunk);
+                         int min_chunk, int resident_per_sm = 0);
 
 // Workspace of a split-K launch (fp32 partial outputs and softmax stats).
 size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits);

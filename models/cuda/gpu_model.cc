@@ -487,8 +487,9 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
     const bool balance = opt.attention_balance_splits && dt == DType::kBF16 &&
                          opt.attention_decode_kernel == kernels::DecodeKernel::kTensorCore;
+    const int fill = padded && opt.cuda_graphs ? opt.attention_fill_per_sm : 0;
     const int chunk = balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl, num_sms,
-                                                              opt.attention_split_chunk)
+                                                              opt.attention_split_chunk, fill)
                               : opt.attention_split_chunk;
     sh.split_chunk = chunk;
     sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);

@@ -108,6 +108,8 @@ struct GpuModelOptions {
   // kernel keeps the fixed chunk: on an H200 it ran slower with fewer splits
   // at batch 32-64.
   bool attention_balance_splits = true;
+  // Study: > 0 plans graph decode steps to fill this many blocks per SM.
+  int attention_fill_per_sm = 0;
   // Attention kernels (kernels/ops/attention.h) of decode steps and of
   // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;

@@ -415,6 +415,32 @@ TEST(PlanDecodeSplitChunkTest, SplitsOnlyUntilTheSmsAreBusy) {
   EXPECT_GE(PlanDecodeSplitChunk({}, 8, 132, 256), 1);
 }
 
+TEST(PlanDecodeSplitChunkTest, FillsTheResidentBlockSlotsWhenTheMergeIsPaid) {
+  const std::vector<int32_t> b64(64, 1024), b32(32, 1024), b8(8, 1024), b1(1, 1024);
+  // 2 x 132 slots: 32 x 4 = 128 blocks split in two (256 blocks), never three (384).
+  EXPECT_EQ(PlanDecodeSplitChunk(b32, 4, 132, 256, 2), 512);
+  EXPECT_GE(PlanDecodeSplitChunk(b64, 4, 132, 256, 2), 1024);
+  EXPECT_EQ(PlanDecodeSplitChunk(b8, 4, 132, 128, 2), 128);
+  EXPECT_EQ(PlanDecodeSplitChunk(b1, 4, 132, 256, 2), 256);
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<int32_t> ctx(1 + rng() % 300);
+    for (int32_t& c : ctx) c = 1 + static_cast<int32_t>(rng() % (rng() % 2 ? 40000 : 2000));
+    const int nkv = 1 + static_cast<int>(rng() % 16);
+    const int sms = 1 + static_cast<int>(rng() % 200);
+    const int min_chunk = 16 + static_cast<int>(rng() % 512);
+    const int fill = 1 + static_cast<int>(rng() % 3);
+    const int chunk = PlanDecodeSplitChunk(ctx, nkv, sms, min_chunk, fill);
+    const int max_ctx = *std::max_element(ctx.begin(), ctx.end());
+    ASSERT_GE(chunk, min_chunk);
+    ASSERT_LE((max_ctx + chunk - 1) / chunk, (max_ctx + min_chunk - 1) / min_chunk);
+    int64_t blocks = 0;
+    for (int32_t c : ctx) blocks += (c + chunk - 1) / chunk;
+    // A split never makes more blocks than the slots.
+    if ((max_ctx + chunk - 1) / chunk > 1) ASSERT_LE(blocks * nkv, int64_t{fill} * sms);
+  }
+}
+
 TEST(PlanDecodeSplitChunkTest, AlwaysAtLeastTheSmallestChunkAndCoversEveryContext) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 2000; ++trial) {
