@@ -123,8 +123,6 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.attention_decode_kernel = tiled ? kernels::DecodeKernel::kTiled : kernels::DecodeKernel::kTensorCore;
     mo.attention_prefill_kernel = tiled ? kernels::PrefillKernel::kTiled : kernels::PrefillKernel::kTensorCore;
     mo.cuda_graphs = opts.cuda_graphs;
-    mo.attention_split_chunk = opts.attention_split_chunk;
-    mo.attention_fill_per_sm = opts.attention_fill;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
     // The candidates' all-gather needs every rank to sample the step with the

@@ -297,8 +297,6 @@ SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (fa
 SYMTP_TOPIC(gpu, "GPU execution");
 SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
 SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
-SYMTP_FLAG(attention_split_chunk, attention_split_chunk, "smallest decode-attention split chunk (keys)", Int<16, (1 << 20)>);
-SYMTP_FLAG(attention_fill, attention_fill, "study: graph decode steps split attention to fill this many blocks per SM (0: one)", Int<0, 8>);
 SYMTP_TOPIC(allreduce, "All-reduce");
 SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
 SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom one-shot all-reduce (scratch ~2 x (TP-1) x this per rank); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);

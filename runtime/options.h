@@ -100,8 +100,6 @@ struct JobOptions {
 
   // CUDA backend.
   int buckets = 1;
-  int attention_split_chunk = 256;  // model::GpuModelOptions::attention_split_chunk
-  int attention_fill = 0;           // model::GpuModelOptions::attention_fill_per_sm (study)
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   CommPriority comm_priority = CommPriority::kNormal;  // the bucketed all-reduce's stream priority
   bool cuda_graphs = true;

@@ -65,8 +65,8 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   return group > 64 ? 0 : 64 / group;
 }
 
-int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
-                         int min_chunk, int resident_per_sm) {
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads,
+                         int block_slots, int min_chunk) {
   min_chunk = std::max(1, min_chunk);
   int64_t total = 0;
   int max_ctx = 1;
@@ -75,39 +75,20 @@ int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_head
     max_ctx = std::max(max_ctx, static_cast<int>(c));
   }
   const int64_t heads = std::max(1, num_kv_heads);
-  const int64_t work = total * heads;
-  const int64_t sms = std::max(1, num_sms);
+  const int64_t slots = std::max(1, block_slots);
+  // Even chunks (16-key multiples, the kernels' tile), never below min_chunk.
   auto even_chunk = [&](int64_t splits) {
-    // The same number of splits with even chunks (16-key multiples, the
-    // kernels' tile), never below min_chunk.
     const int64_t even = ((max_ctx + splits - 1) / splits + 15) / 16 * 16;
     return static_cast<int>(std::max<int64_t>(min_chunk, even));
   };
-  if (resident_per_sm > 0) {
-    // The merge runs whatever the split (a CUDA graph sized for the longest
-    // context): split until every resident block slot holds work, never past
-    // the slots (a second wave of blocks).
-    const int64_t slots = sms * resident_per_sm;
-    const int64_t per_block = (work + slots - 1) / slots;
-    int64_t splits = (max_ctx + std::max<int64_t>(min_chunk, per_block) - 1) /
-                     std::max<int64_t>(min_chunk, per_block);
-    for (; splits > 1; --splits) {
-      const int chunk = even_chunk(splits);
-      int64_t blocks = 0;
-      for (int32_t c : context_lens) blocks += (std::max(1, static_cast<int>(c)) + chunk - 1) / chunk;
-      if (blocks * heads <= slots) break;
-    }
-    return splits <= 1 ? std::max(max_ctx, min_chunk) : even_chunk(splits);
+  const int64_t want = std::max<int64_t>(min_chunk, (total * heads + slots - 1) / slots);
+  for (int64_t splits = (max_ctx + want - 1) / want; splits > 1; --splits) {
+    const int chunk = even_chunk(splits);
+    int64_t blocks = 0;
+    for (int32_t c : context_lens) blocks += (std::max(1, static_cast<int>(c)) + chunk - 1) / chunk;
+    if (blocks * heads <= slots) return chunk;
   }
-  const int64_t per_block = (work + sms - 1) / sms;
-  // No split unless it at least doubles the blocks of the longest sequence:
-  // with one block short of one per SM (llama-70b TP=2 slice, batch 32: 128
-  // blocks for 132 SMs) two splits of 512 ran at 34% of the copy bandwidth
-  // and no split at 40%, the merge and the second block's start costing more
-  // than the 4 idle SMs.
-  if (2 * per_block > max_ctx) return std::max(max_ctx, min_chunk);
-  const int64_t want = std::max<int64_t>(min_chunk, per_block);
-  return even_chunk((max_ctx + want - 1) / want);
+  return std::max(max_ctx, min_chunk);
 }
 
 size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits) {

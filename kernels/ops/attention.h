@@ -124,19 +124,24 @@ __device__ __forceinline__ int SplitChunk(const PagedAttentionArgs& a) {
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 
 // The split-K chunk for a decode step over sequences of these context lengths
-// (keys per sequence): at least min_chunk, and otherwise about one
-// (sequence, kv head, split) block per SM, spread evenly over the longest
-// context. A block pays a fixed cost (its query, block table and epilogue,
-// and the merge) per split, so the split count that keeps every SM busy and
-// no more is the fastest on an H200: at context 1024, llama-8b shape, batch
-// 256, no split ran at 59% of the copy bandwidth and 4 splits of 256 at 41%.
-// Returns a chunk >= max(context) (no split) when the sequences alone fill
-// more than half the SMs (then splitting cannot double the blocks in flight,
-// and its merge costs more than it gains).
-// resident_per_sm > 0 (study): the merge is paid anyway; split until the
-// blocks fill resident_per_sm x num_sms slots, never past them.
-int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int num_sms,
-                         int min_chunk, int resident_per_sm = 0);
+// (keys per sequence): at least min_chunk, and otherwise the chunk whose
+// (sequence, kv head, split) blocks fill the block_slots the decode kernel
+// holds resident at once (TensorCoreDecodeBlocksPerSm x SMs), spread evenly
+// over the longest context, never past them: a block pays a fixed cost (its
+// query, block table and epilogue, and the merge's share) per split, so
+// blocks beyond the slots (a second wave) cost more than the SMs they fill.
+// Returns a chunk >= max(context) (no split) when two splits would pass the
+// slots. Measured: at llama-8b TP=2 batch 32 (128 blocks of 4 warps, 2
+// resident on each of 132 SMs) two splits of 512 made the graph step 0.976x
+// of no split on H100 x2; at llama-8b TP=1 batch 256 (H200), no split ran at
+// 59% of the copy bandwidth and 4 splits of 256 at 41%.
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads,
+                         int block_slots, int min_chunk);
+
+// Blocks of the tensor-core decode kernel resident on one SM at this head
+// dim (its shared memory and launch bounds; 0 on an error or an unsupported
+// head dim). Needs a current CUDA device.
+int TensorCoreDecodeBlocksPerSm(int head_dim);
 
 // Workspace of a split-K launch (fp32 partial outputs and softmax stats).
 size_t PagedAttentionWorkspaceBytes(int num_tokens, int num_q_heads, int head_dim, int num_splits);

@@ -15,3 +15,22 @@ absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t strea
 }
 
 }  // namespace symtp::kernels::internal
+
+namespace symtp::kernels {
+
+int TensorCoreDecodeBlocksPerSm(int head_dim) {
+  int blocks = 0;
+  const absl::Status st = internal::DispatchMmaHeadDim(head_dim, [&](auto d) -> absl::Status {
+    constexpr int D = decltype(d)::value;
+    constexpr size_t kSmem = internal::MmaDecodeLayout<D>::kSmemBytes;
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(internal::MmaDecodeKernel<D>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(kSmem)));
+    CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, internal::MmaDecodeKernel<D>, internal::kMmaAttnThreads, kSmem));
+    return absl::OkStatus();
+  });
+  return st.ok() ? blocks : 0;
+}
+
+}  // namespace symtp::kernels

@@ -103,13 +103,12 @@ struct GpuModelOptions {
   // attention_balance_splits, else the chunk of every decode step.
   int attention_split_chunk = 256;
   // With the tensor-core decode kernel in bf16, plan each decode step's
-  // chunk from its context lengths (kernels::PlanDecodeSplitChunk: about one
-  // block per SM, no split when the sequences alone fill the SMs). The tiled
+  // chunk from its context lengths (kernels::PlanDecodeSplitChunk: split
+  // until the blocks fill the decode kernel's resident slots, no split when
+  // two splits would pass them). The tiled
   // kernel keeps the fixed chunk: on an H200 it ran slower with fewer splits
   // at batch 32-64.
   bool attention_balance_splits = true;
-  // Study: > 0 plans graph decode steps to fill this many blocks per SM.
-  int attention_fill_per_sm = 0;
   // Attention kernels (kernels/ops/attention.h) of decode steps and of
   // every other step; kTensorCore applies to bf16 (fp32 runs kTiled).
   kernels::DecodeKernel attention_decode_kernel = kernels::DecodeKernel::kTensorCore;

@@ -393,78 +393,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                   std::to_string(std::get<3>(i.param));
                          });
 
-// The decode split planner (host only: runs without a GPU).
-TEST(PlanDecodeSplitChunkTest, SplitsOnlyUntilTheSmsAreBusy) {
-  const std::vector<int32_t> b256(256, 1024), b32(32, 1024), b1(1, 1024);
-  // 256 sequences x 8 kv heads fill 132 SMs: no split.
-  EXPECT_GE(PlanDecodeSplitChunk(b256, 8, 132, 256), 1024);
-  EXPECT_GE(PlanDecodeSplitChunk(b32, 8, 132, 256), 1024);
-  // 32 x 4 = 128 blocks, just under 132 SMs: no split either (it cannot
-  // double the blocks in flight); 16 x 4 = 64 blocks: three even splits
-  // (an even share of the work per SM is 497 keys: 1024 / 3 rounded up to 16).
-  EXPECT_GE(PlanDecodeSplitChunk(b32, 4, 132, 256), 1024);
-  const std::vector<int32_t> b16(16, 1024);
-  EXPECT_EQ(PlanDecodeSplitChunk(b16, 4, 132, 256), 352);
+// The decode split planner (host only: runs without a GPU). 264 slots: 2
+// resident blocks on each of 132 SMs.
+TEST(PlanDecodeSplitChunkTest, SplitsUntilTheResidentSlotsAreFull) {
+  const std::vector<int32_t> b256(256, 1024), b64(64, 1024), b32(32, 1024), b16(16, 1024),
+      b8(8, 1024), b1(1, 1024);
+  // 256 x 8 and 32 x 8 blocks fill the slots: no split.
+  EXPECT_GE(PlanDecodeSplitChunk(b256, 8, 264, 256), 1024);
+  EXPECT_GE(PlanDecodeSplitChunk(b32, 8, 264, 256), 1024);
+  EXPECT_GE(PlanDecodeSplitChunk(b64, 4, 264, 256), 1024);
+  // 32 x 4 = 128 blocks: two splits (256 blocks), never three (384).
+  EXPECT_EQ(PlanDecodeSplitChunk(b32, 4, 264, 256), 512);
+  EXPECT_EQ(PlanDecodeSplitChunk(b16, 4, 264, 256), 256);
+  EXPECT_EQ(PlanDecodeSplitChunk(b8, 4, 264, 128), 128);
   // One sequence: as many splits as the smallest chunk allows.
-  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 256), 256);
-  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 132, 64), 64);
-  // One long sequence among short ones: the long one is cut into 16 even chunks.
+  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 264, 256), 256);
+  EXPECT_EQ(PlanDecodeSplitChunk(b1, 8, 264, 64), 64);
+  // One long sequence among 16 short ones: it takes the slots they leave
+  // (17 even splits: 16 + 17 = 33 blocks x 8 heads = 264).
   std::vector<int32_t> mixed(16, 100);
   mixed.push_back(32768);
-  EXPECT_EQ(PlanDecodeSplitChunk(mixed, 8, 132, 256), 2048);
-  EXPECT_GE(PlanDecodeSplitChunk({}, 8, 132, 256), 1);
+  EXPECT_EQ(PlanDecodeSplitChunk(mixed, 8, 264, 256), 1936);
+  EXPECT_GE(PlanDecodeSplitChunk({}, 8, 264, 256), 1);
 }
 
-TEST(PlanDecodeSplitChunkTest, FillsTheResidentBlockSlotsWhenTheMergeIsPaid) {
-  const std::vector<int32_t> b64(64, 1024), b32(32, 1024), b8(8, 1024), b1(1, 1024);
-  // 2 x 132 slots: 32 x 4 = 128 blocks split in two (256 blocks), never three (384).
-  EXPECT_EQ(PlanDecodeSplitChunk(b32, 4, 132, 256, 2), 512);
-  EXPECT_GE(PlanDecodeSplitChunk(b64, 4, 132, 256, 2), 1024);
-  EXPECT_EQ(PlanDecodeSplitChunk(b8, 4, 132, 128, 2), 128);
-  EXPECT_EQ(PlanDecodeSplitChunk(b1, 4, 132, 256, 2), 256);
-  std::mt19937 rng(12);
-  for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<int32_t> ctx(1 + rng() % 300);
-    for (int32_t& c : ctx) c = 1 + static_cast<int32_t>(rng() % (rng() % 2 ? 40000 : 2000));
-    const int nkv = 1 + static_cast<int>(rng() % 16);
-    const int sms = 1 + static_cast<int>(rng() % 200);
-    const int min_chunk = 16 + static_cast<int>(rng() % 512);
-    const int fill = 1 + static_cast<int>(rng() % 3);
-    const int chunk = PlanDecodeSplitChunk(ctx, nkv, sms, min_chunk, fill);
-    const int max_ctx = *std::max_element(ctx.begin(), ctx.end());
-    ASSERT_GE(chunk, min_chunk);
-    ASSERT_LE((max_ctx + chunk - 1) / chunk, (max_ctx + min_chunk - 1) / min_chunk);
-    int64_t blocks = 0;
-    for (int32_t c : ctx) blocks += (c + chunk - 1) / chunk;
-    // A split never makes more blocks than the slots.
-    if ((max_ctx + chunk - 1) / chunk > 1) ASSERT_LE(blocks * nkv, int64_t{fill} * sms);
-  }
-}
-
-TEST(PlanDecodeSplitChunkTest, AlwaysAtLeastTheSmallestChunkAndCoversEveryContext) {
+TEST(PlanDecodeSplitChunkTest, NeverPastTheSlotsAndCoversEveryContext) {
   std::mt19937 rng(11);
+  auto blocks_of = [](const std::vector<int32_t>& ctx, int chunk) {
+    int64_t n = 0;
+    for (int32_t c : ctx) n += (c + chunk - 1) / chunk;
+    return n;
+  };
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<int32_t> ctx(1 + rng() % 300);
     for (int32_t& c : ctx) c = 1 + static_cast<int32_t>(rng() % (rng() % 2 ? 40000 : 2000));
     const int nkv = 1 + static_cast<int>(rng() % 16);
-    const int sms = 1 + static_cast<int>(rng() % 200);
+    const int slots = 1 + static_cast<int>(rng() % 600);
     const int min_chunk = 16 + static_cast<int>(rng() % 512);
-    const int chunk = PlanDecodeSplitChunk(ctx, nkv, sms, min_chunk);
+    const int chunk = PlanDecodeSplitChunk(ctx, nkv, slots, min_chunk);
     const int max_ctx = *std::max_element(ctx.begin(), ctx.end());
     ASSERT_GE(chunk, min_chunk);
     // GpuModel sizes its split grid as ceil(max_seq_len / min_chunk).
     ASSERT_LE((max_ctx + chunk - 1) / chunk, (max_ctx + min_chunk - 1) / min_chunk);
-    // Splits only when the sequences alone leave over half the SMs without
-    // work, and then chunks no longer than an even share of the work per SM.
     int64_t total = 0;
     for (int32_t c : ctx) total += c;
-    const int64_t per_block = (total * nkv + sms - 1) / sms;
-    const int64_t want = std::max<int64_t>(min_chunk, per_block);
-    const int splits = (max_ctx + chunk - 1) / chunk;
-    ASSERT_EQ(splits == 1, want >= max_ctx || 2 * per_block > max_ctx)
-        << "chunk " << chunk << " want " << want;
-    if (splits > 1) {
-      ASSERT_LE(chunk, std::max<int64_t>(min_chunk, (want + 15) / 16 * 16));
+    const int64_t want = std::max<int64_t>(min_chunk, (total * nkv + slots - 1) / slots);
+    if ((max_ctx + chunk - 1) / chunk > 1) {
+      // A split fits the slots.
+      ASSERT_LE(blocks_of(ctx, chunk) * nkv, slots) << "chunk " << chunk;
+    } else if (want < max_ctx) {
+      // No split although the work asked for one: two even splits pass the slots.
+      const int two = std::max(min_chunk, ((max_ctx + 1) / 2 + 15) / 16 * 16);
+      ASSERT_GT(blocks_of(ctx, two) * nkv, slots) << "max_ctx " << max_ctx;
     }
   }
 }
