@@ -14,7 +14,7 @@
 // interleave on one instance and the double-buffering argument holds
 // unchanged. What differs is the partition: block b owns whole rows b, b + G,
 // ... (G = the protocol's grid), so it can reduce a row's sum of squares
-// itself. Within a row, thread t owns the 16-byte units t, t + blockDim, ...
+// itself (the LL kernel still spreads its sends over the whole grid). Within a row, thread t owns the 16-byte units t, t + blockDim, ...
 // (kPer of them) with blockDim chosen as AddRmsNorm chooses it, so the
 // result is bitwise what the all-reduce followed by AddRmsNorm produce, and
 // every rank's is bitwise identical. A row's residual and weight units are
@@ -217,13 +217,16 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   const size_t parity = e & 1;
   const uint4* data = static_cast<const uint4*>(f.data);
 
-  // 1. Send every owned unit to every peer.
-  for (int64_t row = b; row < f.rows; row += gridDim.x) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int u = tid + j * blockDim.x;
-      if (u >= nunits) continue;
-      const size_t unit = static_cast<size_t>(row) * nunits + u;
+  // 1. Send: the message's units are spread evenly over all the grid's blocks
+  // (not by row owner: with fewer rows than blocks, one SM pushing a whole
+  // row to N - 1 peers is bound by that SM's NVLink store rate). Every block
+  // has the same epoch (all run every call) and a line lands in the slot of
+  // its unit whoever sends it, so the receivers below are unchanged.
+  {
+    const int64_t total = f.rows * static_cast<int64_t>(nunits);
+    const int64_t per_block = (total + gridDim.x - 1) / gridDim.x;
+    const int64_t end = min(total, (b + 1) * per_block);
+    for (int64_t unit = b * per_block + tid; unit < end; unit += blockDim.x) {
       const uint4 d = data[unit];
 #pragma unroll
       for (int p = 0; p < N; ++p) {
