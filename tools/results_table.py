@@ -17,14 +17,14 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "small_batch_decode", "attention_prefetch", "kernel_table", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
+ORDER = ["decode_step", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "allreduce_push": "Custom all-reduce STAGED by push",
-          "kernel_table": "Decode step by kernel", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
+          "kernel_table": "Decode step by kernel", "attention_fill": "Decode-attention splits that fill the SMs", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
           "small_batch_decode": "Small-batch decode step",
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace",
           "skinny_gemm": "Small-M GEMM kernel (dropped)",
@@ -34,7 +34,7 @@ TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
           "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags"}
-MACHINES = ["h200x2", "h200", "h100x2", "cpu-dev"]
+MACHINES = ["h200x2", "h200", "h100x4", "h100x2", "cpu-dev"]
 
 
 def span(xs, fmt="{:.2f}"):
