@@ -93,6 +93,10 @@ class CudaBackend : public Backend, public BatchBroadcast {
         const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
         o.crossover_bytes = opts.allreduce == AllReduce::kCustom ? cap : opts.crossover_bytes;
         o.max_custom_bytes = cap;
+        if (opts.custom_allreduce_ll_max_bytes > 0) {
+          o.custom.ll_max_bytes = static_cast<size_t>(opts.custom_allreduce_ll_max_bytes);
+          o.custom.fused_ll_max_bytes = o.custom.ll_max_bytes;
+        }
         SYMTP_ASSIGN_OR_RETURN(
             auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
                                                          &exchange, boot, o));

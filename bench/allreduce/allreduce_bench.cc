@@ -47,6 +47,9 @@ ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest message");
 ABSL_FLAG(int, step_factor, 2, "size multiplier between rows (2 or 4)");
 ABSL_FLAG(int64_t, custom_max_bytes, 4 << 20, "custom path measured up to this size");
 ABSL_FLAG(int64_t, ll_max_bytes, -1, "LL protocol up to this size (-1: library default)");
+ABSL_FLAG(int64_t, fused_ll_max_bytes, -1,
+          "fused all-reduce + RMSNorm: LL up to this size, capped at --ll_max_bytes (-1: library "
+          "default)");
 ABSL_FLAG(int, staged_blocks, -1, "staged protocol grid (-1: library default)");
 ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
 ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
@@ -451,6 +454,9 @@ int main(int argc, char** argv) {
   }
   cfg.custom_max = absl::GetFlag(FLAGS_custom_max_bytes);
   if (absl::GetFlag(FLAGS_ll_max_bytes) >= 0) cfg.custom.ll_max_bytes = absl::GetFlag(FLAGS_ll_max_bytes);
+  if (absl::GetFlag(FLAGS_fused_ll_max_bytes) >= 0) {
+    cfg.custom.fused_ll_max_bytes = absl::GetFlag(FLAGS_fused_ll_max_bytes);
+  }
   if (absl::GetFlag(FLAGS_staged_blocks) > 0) cfg.custom.staged_blocks = absl::GetFlag(FLAGS_staged_blocks);
   if (absl::GetFlag(FLAGS_ll_blocks) > 0) cfg.custom.ll_blocks = absl::GetFlag(FLAGS_ll_blocks);
   cfg.warmup = absl::GetFlag(FLAGS_warmup);

@@ -73,6 +73,7 @@ struct Hello {
   uint64_t total_bytes;
   uint64_t max_bytes;
   uint64_t ll_max_bytes;
+  uint64_t fused_ll_max_bytes;
   int64_t timeout_ms;
   int32_t staged_blocks;
   int32_t ll_blocks;
@@ -120,6 +121,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
                                ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
                                : options.ll_max_bytes;
   ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
+  fused_ll_max_bytes_ = options.fused_ll_max_bytes;
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
@@ -168,6 +170,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.total_bytes = total_bytes_;
   hello.max_bytes = max_bytes_;
   hello.ll_max_bytes = ll_max_bytes_;
+  hello.fused_ll_max_bytes = fused_ll_max_bytes();
   hello.timeout_ms = options.timeout_ms;
   hello.staged_blocks = options.staged_blocks;
   hello.ll_blocks = options.ll_blocks;
@@ -187,7 +190,8 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
                                                            sizeof(h.verdict.message)))));
     }
     if (h.total_bytes != hellos[0].total_bytes || h.max_bytes != hellos[0].max_bytes ||
-        h.ll_max_bytes != hellos[0].ll_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
+        h.ll_max_bytes != hellos[0].ll_max_bytes ||
+        h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
         h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
         h.initial_epoch != hellos[0].initial_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -75,13 +75,14 @@ class CustomAllReduce {
     // LL beat STAGED up to 256 KiB: 4.5 vs 5.2-5.8 us there, and tied at
     // 512 KiB) and 256 KiB / size above (64 KiB at TP 4, 32 KiB at TP 8).
     // The fused all-reduce + RMSNorm uses LL only up to kFusedLLMaxBytes:
-    // its LL kernel has one block per row, and at 16 rows of 4096 bf16 it
+    // its LL kernel reduces each row in one block, and at 16 rows of 4096 bf16 it
     // already only ties the all-reduce then AddRmsNorm (4.82 vs 4.77 us on
     // H200 x2), while at 32 rows the fused STAGED kernel beats them (5.07
     // vs 5.93; bench/results/h200x2/allreduce_push).
     static constexpr size_t kAutoLLMaxBytes = ~size_t{0};
     static constexpr size_t kFusedLLMaxBytes = size_t{128} << 10;
     size_t ll_max_bytes = kAutoLLMaxBytes;
+    size_t fused_ll_max_bytes = kFusedLLMaxBytes;  // capped at ll_max_bytes
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
     // all-reduce in flight (they spin waiting for peers). The fused
@@ -122,7 +123,7 @@ class CustomAllReduce {
   int ll_blocks() const { return args_.ll_blocks; }
   // Largest message the fused all-reduce + RMSNorm sends with LL.
   size_t fused_ll_max_bytes() const {
-    return ll_max_bytes_ < Options::kFusedLLMaxBytes ? ll_max_bytes_ : Options::kFusedLLMaxBytes;
+    return ll_max_bytes_ < fused_ll_max_bytes_ ? ll_max_bytes_ : fused_ll_max_bytes_;
   }
   // Device memory this rank allocated (signals + LL lines + staging).
   size_t scratch_bytes() const { return total_bytes_; }
@@ -165,6 +166,7 @@ class CustomAllReduce {
   int device_ = 0;
   size_t max_bytes_ = 0;
   size_t ll_max_bytes_ = 0;
+  size_t fused_ll_max_bytes_ = 0;
   size_t total_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   char* buffer_ = nullptr;                   // own cudaMalloc

@@ -318,96 +318,108 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
-// rank. Fused and plain calls interleave on one instance.
+// rank. Fused and plain calls interleave on one instance. Twice: with the
+// default LL limits, and with LL up to 1 MiB for both (many rows per LL call).
 TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
-    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
-                                                            Deadline::AfterMs(kSetupMs)));
-    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-    const cudaStream_t s = stream.get();
-    constexpr float kEps = 1e-5f;
-    struct Shape {
-      DType t;
-      int64_t rows;
-      int hidden;
-    };
-    const Shape shapes[] = {
-        {DType::kBF16, 1, 4096},   {DType::kBF16, 7, 4104},  {DType::kBF16, 12, 4096},
-        {DType::kBF16, 32, 4096},
-        {DType::kBF16, 200, 4096}, {DType::kBF16, 3, 12288}, {DType::kBF16, 70, 12288},
-        {DType::kF32, 3, 4096},    {DType::kF32, 100, 4096}, {DType::kF32, 5, 8192},
-    };
-    for (const Shape& sh : shapes) {
-      const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
-      const size_t bytes = n * DTypeSize(sh.t);
-      const std::string what = absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x",
-                                            sh.hidden, bytes <= ar->fused_ll_max_bytes() ? " LL" : " staged");
-      const uint64_t seed = SeedOf(sh.t, n, 99);
-      const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
-      const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
-      const kt::HostArray weight = kt::RandomInput(sh.t, sh.hidden, seed + 2, 0);
-      std::vector<cuda::DeviceBuffer> b;
-      for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes,
-                             static_cast<size_t>(sh.hidden) * DTypeSize(sh.t)}) {
-        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
-        b.push_back(std::move(d));
+    for (const bool wide_ll : {false, true}) {
+      CustomAllReduce::Options opt;
+      if (wide_ll) opt.ll_max_bytes = opt.fused_ll_max_bytes = size_t{1} << 20;
+      SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+                                                              Deadline::AfterMs(kSetupMs), opt));
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      const cudaStream_t s = stream.get();
+      constexpr float kEps = 1e-5f;
+      struct Shape {
+        DType t;
+        int64_t rows;
+        int hidden;
+      };
+      const Shape shapes[] = {
+          {DType::kBF16, 1, 4096},   {DType::kBF16, 7, 4104},   {DType::kBF16, 12, 4096},
+          {DType::kBF16, 32, 4096},  {DType::kBF16, 200, 4096}, {DType::kBF16, 3, 12288},
+          {DType::kBF16, 70, 12288}, {DType::kF32, 3, 4096},    {DType::kF32, 100, 4096},
+          {DType::kF32, 5, 8192},
+      };
+      for (const Shape& sh : shapes) {
+        const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
+        const size_t bytes = n * DTypeSize(sh.t);
+        const std::string what =
+            absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x", sh.hidden,
+                         bytes <= ar->fused_ll_max_bytes() ? " LL" : " staged",
+                         wide_ll ? " (LL limits 1 MiB)" : "");
+        const uint64_t seed = SeedOf(sh.t, n, 99);
+        const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
+        const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
+        const kt::HostArray weight = kt::RandomInput(sh.t, sh.hidden, seed + 2, 0);
+        std::vector<cuda::DeviceBuffer> b;
+        for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes,
+                               static_cast<size_t>(sh.hidden) * DTypeSize(sh.t)}) {
+          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
+          b.push_back(std::move(d));
+        }
+        // b: data1 res1 out1 (fused) | data2 res2 out2 (two kernels) | weight
+        for (int k : {0, 3}) {
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(b[k + 1].get(), residual.data(), bytes, cudaMemcpyHostToDevice, s));
+        }
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
+        const ResidualNorm fused{b[1].get(), b[6].get(), b[2].get(), sh.rows, sh.hidden, kEps};
+        CHECK_OR_RETURN(ar->FusesResidualNorm(fused, sh.t), what, ": not fusable");
+        SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[0].get(), fused, sh.t, s), what);
+        SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceSum(b[3].get(), n, sh.t, s), what);
+        SYMTP_RETURN_IF_ERROR_CTX(AddRmsNorm(b[4].get(), b[3].get(), b[6].get(), b[5].get(),
+                                             sh.rows, sh.hidden, kEps, sh.t, s),
+                                  what);
+        SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
+        SYMTP_RETURN_IF_ERROR(ar->Poll());
+        std::vector<kt::HostArray> got;
+        for (int k : {1, 2, 4, 5}) {
+          kt::HostArray h(sh.t, n);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k].get(), bytes, cudaMemcpyDeviceToHost));
+          got.push_back(std::move(h));
+        }
+        const kt::HostArray sum = kt::ReferenceSum(sh.t, n, seed, size);
+        size_t res_wrong = 0, out_diff = 0, out_far = 0;
+        for (int64_t r = 0; r < sh.rows; ++r) {
+          double ss = 0;
+          std::vector<float> x(sh.hidden);
+          for (int i = 0; i < sh.hidden; ++i) {
+            const size_t k = r * sh.hidden + i;
+            const uint32_t want = kt::FromF32(sh.t, kt::ToF32(sh.t, residual.bits(k)) + sum.at(k));
+            res_wrong += got[0].bits(k) != want || got[2].bits(k) != want;
+            x[i] = kt::ToF32(sh.t, want);
+            ss += static_cast<double>(x[i]) * x[i];
+          }
+          const double inv = 1.0 / std::sqrt(ss / sh.hidden + kEps);
+          for (int i = 0; i < sh.hidden; ++i) {
+            const size_t k = r * sh.hidden + i;
+            out_diff += got[1].bits(k) != got[3].bits(k);
+            const double ref = x[i] * inv * weight.at(i);
+            const double tol = (sh.t == DType::kF32 ? 1e-5 : 1.6e-2) * (std::fabs(ref) + 1e-3);
+            out_far += std::fabs(got[1].at(k) - ref) > tol;
+          }
+        }
+        CHECK_OR_RETURN(res_wrong == 0, what, ": ", res_wrong, " residual elements wrong");
+        CHECK_OR_RETURN(out_diff == 0, what, ": ", out_diff,
+                        " outputs differ from the two-kernel path");
+        CHECK_OR_RETURN(out_far == 0, what, ": ", out_far, " outputs off the host RMSNorm");
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, kt::HashOf(got[1]), what));
       }
-      // b: data1 res1 out1 (fused) | data2 res2 out2 (two kernels) | weight
-      for (int k : {0, 3}) {
-        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
-        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[k + 1].get(), residual.data(), bytes, cudaMemcpyHostToDevice, s));
-      }
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
-      const ResidualNorm fused{b[1].get(), b[6].get(), b[2].get(), sh.rows, sh.hidden, kEps};
-      CHECK_OR_RETURN(ar->FusesResidualNorm(fused, sh.t), what, ": not fusable");
-      SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[0].get(), fused, sh.t, s), what);
-      SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceSum(b[3].get(), n, sh.t, s), what);
-      SYMTP_RETURN_IF_ERROR_CTX(
-          AddRmsNorm(b[4].get(), b[3].get(), b[6].get(), b[5].get(), sh.rows, sh.hidden, kEps, sh.t, s),
-          what);
-      SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
+      // Shapes it does not take: f16, a row past two units per thread, a
+      // message past the capacity.
+      const ResidualNorm wide{nullptr, nullptr, nullptr, 1, 16392, kEps};
+      CHECK_OR_RETURN(!ar->FusesResidualNorm(wide, DType::kBF16), "16392 wide fused");
+      const ResidualNorm half{nullptr, nullptr, nullptr, 1, 4096, kEps};
+      CHECK_OR_RETURN(!ar->FusesResidualNorm(half, DType::kF16), "f16 fused");
+      const ResidualNorm big{nullptr, nullptr, nullptr, 1025, 4096, kEps};
+      CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16), "8 MiB + 8 KiB fused");
       SYMTP_RETURN_IF_ERROR(ar->Poll());
-      std::vector<kt::HostArray> got;
-      for (int k : {1, 2, 4, 5}) {
-        kt::HostArray h(sh.t, n);
-        CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k].get(), bytes, cudaMemcpyDeviceToHost));
-        got.push_back(std::move(h));
-      }
-      const kt::HostArray sum = kt::ReferenceSum(sh.t, n, seed, size);
-      size_t res_wrong = 0, out_diff = 0, out_far = 0;
-      for (int64_t r = 0; r < sh.rows; ++r) {
-        double ss = 0;
-        std::vector<float> x(sh.hidden);
-        for (int i = 0; i < sh.hidden; ++i) {
-          const size_t k = r * sh.hidden + i;
-          const uint32_t want = kt::FromF32(sh.t, kt::ToF32(sh.t, residual.bits(k)) + sum.at(k));
-          res_wrong += got[0].bits(k) != want || got[2].bits(k) != want;
-          x[i] = kt::ToF32(sh.t, want);
-          ss += static_cast<double>(x[i]) * x[i];
-        }
-        const double inv = 1.0 / std::sqrt(ss / sh.hidden + kEps);
-        for (int i = 0; i < sh.hidden; ++i) {
-          const size_t k = r * sh.hidden + i;
-          out_diff += got[1].bits(k) != got[3].bits(k);
-          const double ref = x[i] * inv * weight.at(i);
-          const double tol = (sh.t == DType::kF32 ? 1e-5 : 1.6e-2) * (std::fabs(ref) + 1e-3);
-          out_far += std::fabs(got[1].at(k) - ref) > tol;
-        }
-      }
-      CHECK_OR_RETURN(res_wrong == 0, what, ": ", res_wrong, " residual elements wrong");
-      CHECK_OR_RETURN(out_diff == 0, what, ": ", out_diff, " outputs differ from the two-kernel path");
-      CHECK_OR_RETURN(out_far == 0, what, ": ", out_far, " outputs off the host RMSNorm");
-      SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, kt::HashOf(got[1]), what));
     }
-    // Shapes it does not take: f16, a row past two units per thread, a
-    // message past the capacity.
-    const ResidualNorm wide{nullptr, nullptr, nullptr, 1, 16392, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(wide, DType::kBF16), "16392 wide fused");
-    const ResidualNorm half{nullptr, nullptr, nullptr, 1, 4096, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(half, DType::kF16), "f16 fused");
-    const ResidualNorm big{nullptr, nullptr, nullptr, 1025, 4096, kEps};
-    CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16), "8 MiB + 8 KiB fused");
-    return ar->Poll();
+    return absl::OkStatus();
   });
 }
 
