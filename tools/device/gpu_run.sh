@@ -8,7 +8,9 @@
 #   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
 #   DECODE_MODELS / DECODE_OVERRIDES / DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the
 #   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32; DECODE_BATCHES,
-#   DECODE_EXTRA="--buckets=4" for launcher flags); FAULT_TP the kill test.
+#   DECODE_EXTRA="--buckets=4" for launcher flags); FAULT_TP the kill test. The all-reduce
+#   bench, the end-to-end launches, the decode sweep, the report and the kill test run every
+#   TP degree (1, 2, 4, 8) the machine's GPUs allow, or the largest of them.
 # From the development machine, with the `device` tool:
 #   tools/device/stage_deps.sh           # once; stages Abseil/GTest/benchmark into .deps/
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
@@ -30,7 +32,9 @@ if (( NGPU < 2 )); then
   done
   STEPS=" $STEPS "; for s in ar ardecode overlap; do STEPS=${STEPS// $s / }; done
 fi
-TP_MAX=$(( NGPU >= 2 ? 2 : 1 ))
+# TP degrees this machine can run (1, 2, 4, 8 up to its GPU count); TP_MAX the largest.
+TPS_ALL=1; for t in 2 4 8; do (( NGPU >= t )) && TPS_ALL+=" $t"; done
+TP_MAX=${TPS_ALL##* }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
 finish() {
@@ -61,8 +65,11 @@ if has test; then
 fi
 if has ar && [[ -x $B/bench/allreduce/allreduce_bench ]]; then
   step "allreduce bench"
-  timeout 180 $B/bench/allreduce/allreduce_bench --tp 2 --json "$R/allreduce_tp2.json" >"$R/allreduce_tp2.txt" 2>&1
-  tail -40 "$R/allreduce_tp2.txt" | tee -a "$LOG"
+  for tp in $TPS_ALL; do
+    [[ $tp == 1 ]] && continue
+    timeout 180 $B/bench/allreduce/allreduce_bench --tp $tp --json "$R/allreduce_tp$tp.json" >"$R/allreduce_tp$tp.txt" 2>&1
+    tail -40 "$R/allreduce_tp$tp.txt" | tee -a "$LOG"
+  done
 fi
 if has ipc && [[ -x $B/bench/ipc/ipc_bench ]]; then
   step "ipc bench"
@@ -89,7 +96,7 @@ if has launch; then
   step "launch: cuda backend end to end (tokens vs the CPU backend)"
   W="--model=tiny --num-requests=24 --prompt-len=uniform:8:80 --output-len=uniform:4:24 --max-batch=8 --progress=false"
   timeout 60 $B/tools/symtp launch --backend=cpu --tp=1 $W --out="$R/launch/cpu_tp1" >"$R/launch/cpu_tp1.log" 2>&1 || true
-  for tp in $(seq 1 $TP_MAX); do
+  for tp in $TPS_ALL; do
     for ar in nccl custom; do
       d=$R/launch/cuda_fp32_tp${tp}_$ar
       timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --tp=$tp $W --out="$d" >"$d.log" 2>&1
@@ -159,7 +166,7 @@ PY
 fi
 if has decode; then
   step "decode step sweep (presets x TP x graphs x batch)"
-  SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$(seq -s " " 1 $TP_MAX)}" \
+  SYMTP_BIN=$B/tools/symtp timeout 500 tools/decode_sweep.sh --tps "${DECODE_TPS:-$TPS_ALL}" \
     ${DECODE_MODELS:+--models "$DECODE_MODELS"} \
     --overrides "${DECODE_OVERRIDES:-layers=4}" --attention "${DECODE_ATTENTION:-tensor-core}" \
     ${DECODE_GRAPHS:+--graphs "$DECODE_GRAPHS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} \
@@ -208,7 +215,7 @@ if has overlap; then
 fi
 if has report && [[ -x tools/report.sh ]]; then
   step "v0 vs v1 report"
-  SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "$(seq -s " " 1 $TP_MAX)" \
+  SYMTP_BIN=$B/tools/symtp timeout 400 tools/report.sh --backend cuda --tps "$TPS_ALL" \
     --model llama-70b-shape --overrides "${REPORT_OVERRIDES:-layers=4}" --out "$R/report" \
     ${REPORT_EXTRA:+-- $REPORT_EXTRA} >"$R/report.log" 2>&1
   tail -20 "$R/report.log" | tee -a "$LOG"
