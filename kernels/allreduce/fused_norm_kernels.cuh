@@ -14,7 +14,8 @@
 // interleave on one instance and the double-buffering argument holds
 // unchanged. What differs is the partition: block b owns whole rows b, b + G,
 // ... (G = the protocol's grid), so it can reduce a row's sum of squares
-// itself (the LL kernel still spreads its sends over the whole grid). Within a row, thread t owns the 16-byte units t, t + blockDim, ...
+// itself (the LL kernel's sends, though, are spread over the whole grid).
+// Within a row, thread t owns the 16-byte units t, t + blockDim, ...
 // (kPer of them) with blockDim chosen as AddRmsNorm chooses it, so the
 // result is bitwise what the all-reduce followed by AddRmsNorm produce, and
 // every rank's is bitwise identical. A row's residual and weight units are
