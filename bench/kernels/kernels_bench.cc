@@ -543,12 +543,12 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
       const kernels::DecodeKernel dk = var.kernel;
       const char* kname = kernels::DecodeKernelName(dk);
       for (int batch : {1, 8, 32, 64, 128, 256, 512}) {
-        const int chunk = var.chunk > 0
-                              ? var.chunk
-                              : kernels::PlanDecodeSplitChunk(
-                                    std::vector<int32_t>(batch, ctx), cf.nkv,
-                                    std::max(1, kernels::TensorCoreDecodeBlocksPerSm(cf.d)) * num_sms,
-                                    /*min_chunk=*/256);
+        const int chunk =
+            var.chunk > 0 ? var.chunk
+                          : kernels::PlanDecodeSplitChunk(
+                                std::vector<int32_t>(batch, ctx), cf.nkv,
+                                std::max(1, kernels::TensorCoreDecodeBlocksPerSm(cf.d)) * num_sms,
+                                /*min_chunk=*/256);
         const int blocks_per_seq = ctx / B;
         const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;
         const int64_t cache_elems = blocks * B * cf.nkv * cf.d;

@@ -191,9 +191,9 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     }
     if (h.total_bytes != hellos[0].total_bytes || h.max_bytes != hellos[0].max_bytes ||
         h.ll_max_bytes != hellos[0].ll_max_bytes ||
-        h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
-        h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
-        h.initial_epoch != hellos[0].initial_epoch) {
+        h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes ||
+        h.timeout_ms != hellos[0].timeout_ms || h.staged_blocks != hellos[0].staged_blocks ||
+        h.ll_blocks != hellos[0].ll_blocks || h.initial_epoch != hellos[0].initial_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
           "custom all-reduce set-up: rank ", r, " was created with other sizes/options than rank 0 "
           "(max_bytes ", h.max_bytes, " vs ", hellos[0].max_bytes, ", ll_max_bytes ",

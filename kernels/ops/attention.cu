@@ -65,8 +65,8 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   return group > 64 ? 0 : 64 / group;
 }
 
-int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads,
-                         int block_slots, int min_chunk) {
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int block_slots,
+                         int min_chunk) {
   min_chunk = std::max(1, min_chunk);
   int64_t total = 0;
   int max_ctx = 1;

@@ -135,8 +135,8 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // resident on each of 132 SMs) two splits of 512 made the graph step 0.976x
 // of no split on H100 x2; at llama-8b TP=1 batch 256 (H200), no split ran at
 // 59% of the copy bandwidth and 4 splits of 256 at 41%.
-int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads,
-                         int block_slots, int min_chunk);
+int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int block_slots,
+                         int min_chunk);
 
 // Blocks of the tensor-core decode kernel resident on one SM at this head
 // dim (its shared memory and launch bounds; 0 on an error or an unsupported

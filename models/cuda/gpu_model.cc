@@ -488,10 +488,10 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
     const bool balance = opt.attention_balance_splits && dt == DType::kBF16 &&
                          opt.attention_decode_kernel == kernels::DecodeKernel::kTensorCore;
-    const int chunk =
-        balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl, decode_blocks_per_sm * num_sms,
-                                                opt.attention_split_chunk)
-                : opt.attention_split_chunk;
+    const int chunk = balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl,
+                                                              decode_blocks_per_sm * num_sms,
+                                                              opt.attention_split_chunk)
+                              : opt.attention_split_chunk;
     sh.split_chunk = chunk;
     sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
   } else {
