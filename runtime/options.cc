@@ -301,7 +301,6 @@ SYMTP_TOPIC(allreduce, "All-reduce");
 SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
 SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom one-shot all-reduce (scratch ~2 x (TP-1) x this per rank); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);
 SYMTP_FLAG(custom_allreduce_ll_max_bytes, custom_allreduce_ll_max_bytes, "custom all-reduce: largest message sent with the LL protocol, plain and fused with RMSNorm (larger ones are staged; LL lines take ~4 x TP x this of scratch per rank); 0: 256 KiB at TP 2, 256 KiB / TP above, fused at most 128 KiB", I64<0, (int64_t{64} << 20)>);
-SYMTP_FLAG(custom_allreduce_staged_blocks, custom_allreduce_staged_blocks, "custom all-reduce: blocks of the staged protocol's grid, plain and fused (0: 64)", Int<0, 256>);
 SYMTP_FLAG(sharded_sampling, sharded_sampling, "TP > 1, v1: steps whose rows are greedy or top-k (k <= 2048) gather each rank's top candidates instead of its logits (false: gather the logits; v0, where rank 0 samples alone, always does)", Switch);
 SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
 SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);

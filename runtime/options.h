@@ -112,7 +112,6 @@ struct JobOptions {
   // it go to NCCL.
   int64_t custom_allreduce_max_bytes = 8 << 20;
   int64_t custom_allreduce_ll_max_bytes = 0;  // 0: CustomAllReduce's default for the TP degree
-  int custom_allreduce_staged_blocks = 0;     // 0: CustomAllReduce's default grid
   bool fuse_allreduce_norm = true;
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
