@@ -24,7 +24,7 @@ TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "allreduce_push": "Custom all-reduce STAGED by push",
-          "allreduce_ll_limits": "Custom all-reduce LL limits",
+          "allreduce_ll_limits": "Custom all-reduce LL limits and grid",
           "kernel_table": "Decode step by kernel", "attention_fill": "Decode-attention splits that fill the SMs", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
           "small_batch_decode": "Small-batch decode step",
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace",
