@@ -451,6 +451,14 @@ TEST(PlanDecodeSplitChunkTest, NeverPastTheSlotsAndCoversEveryContext) {
 
 class AttentionArgsTest : public testing::GpuTest {};
 
+// The planner's slots: the decode kernel's occupancy, at least one block
+// per SM for every supported head dim, none for an unsupported one.
+TEST_F(AttentionArgsTest, DecodeKernelResidencyIsKnownForEveryHeadDim) {
+  for (int d : {32, 64, 128}) EXPECT_GE(TensorCoreDecodeBlocksPerSm(d), 1) << d;
+  EXPECT_GE(TensorCoreDecodeBlocksPerSm(32), TensorCoreDecodeBlocksPerSm(128));
+  EXPECT_EQ(TensorCoreDecodeBlocksPerSm(96), 0);
+}
+
 TEST_F(AttentionArgsTest, RejectsUnsupportedShapes) {
   using symtp::testing::StatusIs;
   PagedAttentionArgs a;
