@@ -82,11 +82,15 @@ int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_head
     return static_cast<int>(std::max<int64_t>(min_chunk, even));
   };
   const int64_t want = std::max<int64_t>(min_chunk, (total * heads + slots - 1) / slots);
+  const int64_t max_blocks = slots / heads;  // per kv head
   for (int64_t splits = (max_ctx + want - 1) / want; splits > 1; --splits) {
     const int chunk = even_chunk(splits);
     int64_t blocks = 0;
-    for (int32_t c : context_lens) blocks += (std::max(1, static_cast<int>(c)) + chunk - 1) / chunk;
-    if (blocks * heads <= slots) return chunk;
+    for (int32_t c : context_lens) {
+      blocks += (std::max(1, static_cast<int>(c)) + chunk - 1) / chunk;
+      if (blocks > max_blocks) break;  // host time: stop counting once past the slots
+    }
+    if (blocks <= max_blocks) return chunk;
   }
   return std::max(max_ctx, min_chunk);
 }
