@@ -121,7 +121,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
                                ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
                                : options.ll_max_bytes;
   ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
-  fused_ll_max_bytes_ = options.fused_ll_max_bytes;
+  fused_ll_max_bytes_ = std::min(options.fused_ll_max_bytes, ll_max_bytes_);
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
@@ -170,7 +170,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.total_bytes = total_bytes_;
   hello.max_bytes = max_bytes_;
   hello.ll_max_bytes = ll_max_bytes_;
-  hello.fused_ll_max_bytes = fused_ll_max_bytes();
+  hello.fused_ll_max_bytes = fused_ll_max_bytes_;
   hello.timeout_ms = options.timeout_ms;
   hello.staged_blocks = options.staged_blocks;
   hello.ll_blocks = options.ll_blocks;

@@ -122,9 +122,7 @@ class CustomAllReduce {
   int staged_blocks() const { return args_.staged_blocks; }
   int ll_blocks() const { return args_.ll_blocks; }
   // Largest message the fused all-reduce + RMSNorm sends with LL.
-  size_t fused_ll_max_bytes() const {
-    return ll_max_bytes_ < fused_ll_max_bytes_ ? ll_max_bytes_ : fused_ll_max_bytes_;
-  }
+  size_t fused_ll_max_bytes() const { return fused_ll_max_bytes_; }
   // Device memory this rank allocated (signals + LL lines + staging).
   size_t scratch_bytes() const { return total_bytes_; }
 
@@ -166,7 +164,7 @@ class CustomAllReduce {
   int device_ = 0;
   size_t max_bytes_ = 0;
   size_t ll_max_bytes_ = 0;
-  size_t fused_ll_max_bytes_ = 0;
+  size_t fused_ll_max_bytes_ = 0;  // Options::fused_ll_max_bytes capped at ll_max_bytes_
   size_t total_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   char* buffer_ = nullptr;                   // own cudaMalloc

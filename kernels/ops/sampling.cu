@@ -33,6 +33,17 @@ __device__ __forceinline__ uint64_t SortKey(float l, int i) {
 __device__ __forceinline__ int KeyId(uint64_t k) {
   return static_cast<int>(~static_cast<uint32_t>(k & 0xffffffffu));
 }
+// The logit a key was made from (NaN comes back as -inf and -0.0 as +0.0,
+// which give Weight() the same values).
+__device__ __forceinline__ float KeyToLogit(uint64_t key) {
+  const uint32_t o = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+// The same key with id `id + offset` (a shard's local id made global).
+__device__ __forceinline__ uint64_t WithIdOffset(uint64_t key, int offset) {
+  const uint32_t id = static_cast<uint32_t>(KeyId(key) + offset);
+  return (key & 0xffffffff00000000ull) | static_cast<uint32_t>(~id);
+}
 __device__ __forceinline__ double KeyLogit(float l) {
   return isnan(l) ? -static_cast<double>(INFINITY) : static_cast<double>(l);
 }
@@ -362,19 +373,6 @@ __global__ void __launch_bounds__(kThreads)
     kd = BlockExtremeU64<false>(mn, sm);
   }
   if (tid == 0) tokens[row] = KeyId(kd);
-}
-
-// The logit a key was made from (NaN comes back as -inf and -0.0 as +0.0,
-// which give Weight() the same values).
-__device__ __forceinline__ float KeyToLogit(uint64_t key) {
-  const uint32_t o = static_cast<uint32_t>(key >> 32);
-  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
-}
-
-// The same key with id `id + offset` (a shard's local id made global).
-__device__ __forceinline__ uint64_t WithIdOffset(uint64_t key, int offset) {
-  const uint32_t id = static_cast<uint32_t>(KeyId(key) + offset);
-  return (key & 0xffffffff00000000ull) | static_cast<uint32_t>(~id);
 }
 
 // One row per block: the shard's `kmax` candidate slots of the row get the
