@@ -50,8 +50,11 @@ ABSL_FLAG(int64_t, ll_max_bytes, -1, "LL protocol up to this size (-1: library d
 ABSL_FLAG(int64_t, fused_ll_max_bytes, -1,
           "fused all-reduce + RMSNorm: LL up to this size, capped at --ll_max_bytes (-1: library "
           "default)");
+ABSL_FLAG(int64_t, ll128_max_bytes, -1,
+          "LL128 protocol above --ll_max_bytes up to this size (-1: library default)");
 ABSL_FLAG(int, staged_blocks, -1, "staged protocol grid (-1: library default)");
 ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
+ABSL_FLAG(int, ll128_blocks, -1, "LL128 protocol grid (-1: library default)");
 ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
 ABSL_FLAG(int, iters, 0, "calls per timed repetition (0: 100 up to 1 MiB, 20 above)");
 ABSL_FLAG(int, reps, 20, "timed repetitions (median)");
@@ -252,6 +255,15 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
 
 double BusFactor(int n) { return 2.0 * (n - 1) / n; }
 
+const char* ProtocolName(Protocol p) {
+  switch (p) {
+    case Protocol::kLL: return "LL";
+    case Protocol::kLL128: return "LL128";
+    case Protocol::kStaged: return "staged";
+  }
+  return "?";
+}
+
 std::string FormatRow(const Row& r, int tp, DType t) {
   auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };  // GB/s
   std::string ratio =
@@ -281,10 +293,11 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     ncclGetVersion(&nccl_version);
     printf("# symtp allreduce_bench: TP %d, %s, redop sum, %s x%d (%d SMs), NCCL %d\n", size,
            DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
-    printf("# custom one-shot: LL <= %zu B, staged <= %zu B, grids %d (staged) / %d (LL), scratch "
-           "%.2f MiB per rank\n",
-           custom->ll_max_bytes(), custom->max_bytes(), custom->staged_blocks(),
-           custom->ll_blocks(), custom->scratch_bytes() / 1048576.0);
+    printf("# custom one-shot: LL <= %zu B, LL128 <= %zu B, staged <= %zu B, grids %d (staged) / "
+           "%d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
+           custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->max_bytes(),
+           custom->staged_blocks(), custom->ll_blocks(), custom->ll128_blocks(),
+           custom->scratch_bytes() / 1048576.0);
     printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "
            "launches, graph = one CUDA graph of iters calls; busbw = algbw * 2(n-1)/n\n",
            cfg.reps, cfg.iters ? std::to_string(cfg.iters).c_str() : "100 <= 1 MiB, 20 above");
@@ -310,7 +323,7 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
                                              return nccl->AllReduceSum(p, n, cfg.dtype, s);
                                            }));
     if (bytes <= custom->max_bytes()) {
-      Row crow{bytes, count, "custom", bytes <= custom->ll_max_bytes() ? "LL" : "staged", {}, 0};
+      Row crow{bytes, count, "custom", ProtocolName(custom->ProtocolFor(bytes)), {}, 0};
       SYMTP_ASSIGN_OR_RETURN(crow.t, Measure(cfg, ex, stream.get(), buf.get(), count, iters, input,
                                              expect, [&](void* p, size_t n, cudaStream_t s) {
                                                return custom->AllReduceSum(p, n, cfg.dtype, s);
@@ -340,11 +353,14 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
       CustomAllReduce::Options o = cfg.custom;
       o.staged_blocks = blocks;
       o.ll_blocks = blocks;
+      o.ll128_blocks = blocks;
       o.ll_max_bytes = 1 << 20;
+      o.ll128_max_bytes = 4 << 20;
       SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 4 << 20, &ex,
                                                               setup, o));
-      for (size_t bytes : {size_t{4} << 10, size_t{16} << 10, size_t{64} << 10, size_t{256} << 10,
-                           size_t{1} << 20, size_t{2} << 20, size_t{4} << 20}) {
+      for (size_t bytes : {size_t{4} << 10, size_t{16} << 10, size_t{64} << 10, size_t{128} << 10,
+                           size_t{256} << 10, size_t{512} << 10, size_t{1} << 20, size_t{2} << 20,
+                           size_t{4} << 20}) {
         if (bytes > max_bytes) continue;  // the measurement buffer
         const size_t count = bytes / es;
         kt::HostArray input(cfg.dtype, count), expect(cfg.dtype, count);
@@ -354,7 +370,7 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
           input.set_bits(i, kt::FromF32(cfg.dtype, InputValue(rank, i)));
           expect.set_bits(i, kt::FromF32(cfg.dtype, sum));
         }
-        for (Protocol p : {Protocol::kLL, Protocol::kStaged}) {
+        for (Protocol p : {Protocol::kLL, Protocol::kLL128, Protocol::kStaged}) {
           if (p == Protocol::kLL && bytes > o.ll_max_bytes) continue;
           SYMTP_ASSIGN_OR_RETURN(Timing t, Measure(cfg, ex, stream.get(), buf.get(), count, 100,
                                                    input, expect,
@@ -363,7 +379,7 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
                                                    }));
           tune_lines.push_back(absl::StrFormat(
               "tune %-6s blocks %3d %8zu B: eager %7.2f us, graph %7.2f us, wrong %llu",
-              p == Protocol::kLL ? "LL" : "staged", blocks, bytes, t.eager_us, t.graph_us,
+              ProtocolName(p), blocks, bytes, t.eager_us, t.graph_us,
               static_cast<unsigned long long>(t.wrong)));
           if (rank == 0) {
             printf("# %s\n", tune_lines.back().c_str());
@@ -389,7 +405,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   if (rank == 0 && !cfg.json.empty()) {
     JsonWriter j(2);  // one row a line
     j.Open('{').Field("tp", size).Field("dtype", DTypeName(cfg.dtype)).Field("redop", "sum");
-    j.Field("ll_max_bytes", custom->ll_max_bytes()).Field("custom_max_bytes", custom->max_bytes());
+    j.Field("ll_max_bytes", custom->ll_max_bytes()).Field("ll128_max_bytes", custom->ll128_max_bytes());
+    j.Field("custom_max_bytes", custom->max_bytes());
     j.Field("scratch_bytes_per_rank", custom->scratch_bytes()).Field("dispatcher", describe);
     j.Key("rows").Open('[');
     for (const Row& r : rows) {
@@ -459,6 +476,12 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_staged_blocks) > 0) cfg.custom.staged_blocks = absl::GetFlag(FLAGS_staged_blocks);
   if (absl::GetFlag(FLAGS_ll_blocks) > 0) cfg.custom.ll_blocks = absl::GetFlag(FLAGS_ll_blocks);
+  if (absl::GetFlag(FLAGS_ll128_blocks) > 0) {
+    cfg.custom.ll128_blocks = absl::GetFlag(FLAGS_ll128_blocks);
+  }
+  if (absl::GetFlag(FLAGS_ll128_max_bytes) >= 0) {
+    cfg.custom.ll128_max_bytes = absl::GetFlag(FLAGS_ll128_max_bytes);
+  }
   cfg.warmup = absl::GetFlag(FLAGS_warmup);
   cfg.iters = absl::GetFlag(FLAGS_iters);
   cfg.reps = std::max(1, absl::GetFlag(FLAGS_reps));

@@ -74,15 +74,22 @@ struct Hello {
   uint64_t max_bytes;
   uint64_t ll_max_bytes;
   uint64_t fused_ll_max_bytes;
+  uint64_t ll128_max_bytes;
   int64_t timeout_ms;
   int32_t staged_blocks;
   int32_t ll_blocks;
+  int32_t ll128_blocks;
   uint32_t initial_epoch;
   uint32_t nonce;
 };
 
 const char* ProtocolName(uint32_t tag) {
-  return tag == allreduce_internal::kTagLL ? "LL" : tag == allreduce_internal::kTagStaged ? "staged" : "?";
+  switch (tag) {
+    case allreduce_internal::kTagLL: return "LL";
+    case allreduce_internal::kTagLL128: return "LL128";
+    case allreduce_internal::kTagStaged: return "staged";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -125,18 +132,25 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
-  const size_t stage_offset = RoundUp(ll_offset + ll_bytes, 4096);
+  ll128_max_bytes_ = RoundUp(std::min(options.ll128_max_bytes, max_bytes_), 8);
+  const size_t ll128_lines =
+      (ll128_max_bytes_ + allreduce_internal::kLL128DataBytes - 1) / allreduce_internal::kLL128DataBytes;
+  const size_t ll128_offset = RoundUp(ll_offset + ll_bytes, 4096);
+  const size_t ll128_bytes =
+      2 * static_cast<size_t>(size) * ll128_lines * allreduce_internal::kLL128LineBytes;
+  const size_t stage_offset = RoundUp(ll128_offset + ll128_bytes, 4096);
   total_bytes_ = stage_offset + 2 * static_cast<size_t>(size - 1) * max_bytes_;
 
   // Phase 1 (local): allocate, initialise, export.
   Hello hello{};
   auto local = [&]() -> absl::Status {
-    if (options.staged_blocks < 1 || options.staged_blocks > kMaxBlocks || options.ll_blocks < 1 ||
-        options.ll_blocks > kMaxBlocks || options.timeout_ms <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ",
-                       options.ll_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
-                       options.timeout_ms));
+    auto bad_grid = [](int blocks) { return blocks < 1 || blocks > kMaxBlocks; };
+    if (bad_grid(options.staged_blocks) || bad_grid(options.ll_blocks) ||
+        bad_grid(options.ll128_blocks) || options.timeout_ms <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ", options.ll_blocks,
+          ", ll128_blocks ", options.ll128_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
+          options.timeout_ms));
     }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer_, total_bytes_));
@@ -150,10 +164,16 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     for (size_t i = 0; i < kMaxBlocks; ++i) {
       image[allreduce_internal::kEpochStagedOffset / 4 + i] = e0;
       image[allreduce_internal::kEpochLLOffset / 4 + i] = e0;
+      image[allreduce_internal::kEpochLL128Offset / 4 + i] = e0;
     }
     for (size_t w = ll_offset / 4; w < (ll_offset + ll_bytes) / 4; w += 4) {
       image[w + 1] = e0;
       image[w + 3] = e0;
+    }
+    constexpr size_t kLineWords = allreduce_internal::kLL128LineBytes / 4;
+    for (size_t w = ll128_offset / 4; w < (ll128_offset + ll128_bytes) / 4; w += kLineWords) {
+      image[w + kLineWords - 2] = e0;  // the flag: the last 8 bytes of each line
+      image[w + kLineWords - 1] = e0;
     }
     CUDA_RETURN_IF_ERROR(
         cudaMemcpy(buffer_, image.data(), image.size() * 4, cudaMemcpyHostToDevice));
@@ -171,9 +191,11 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.max_bytes = max_bytes_;
   hello.ll_max_bytes = ll_max_bytes_;
   hello.fused_ll_max_bytes = fused_ll_max_bytes_;
+  hello.ll128_max_bytes = ll128_max_bytes_;
   hello.timeout_ms = options.timeout_ms;
   hello.staged_blocks = options.staged_blocks;
   hello.ll_blocks = options.ll_blocks;
+  hello.ll128_blocks = options.ll128_blocks;
   hello.initial_epoch = options.initial_epoch;
   hello.nonce = static_cast<uint32_t>(MonotonicNs() ^ (static_cast<int64_t>(getpid()) << 20));
 
@@ -192,8 +214,9 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     if (h.total_bytes != hellos[0].total_bytes || h.max_bytes != hellos[0].max_bytes ||
         h.ll_max_bytes != hellos[0].ll_max_bytes ||
         h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes ||
-        h.timeout_ms != hellos[0].timeout_ms || h.staged_blocks != hellos[0].staged_blocks ||
-        h.ll_blocks != hellos[0].ll_blocks || h.initial_epoch != hellos[0].initial_epoch) {
+        h.ll128_max_bytes != hellos[0].ll128_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
+        h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
+        h.ll128_blocks != hellos[0].ll128_blocks || h.initial_epoch != hellos[0].initial_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
           "custom all-reduce set-up: rank ", r, " was created with other sizes/options than rank 0 "
           "(max_bytes ", h.max_bytes, " vs ", hellos[0].max_bytes, ", ll_max_bytes ",
@@ -240,6 +263,9 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   args_.ll_lines = ll_lines;
   args_.stage_offset = stage_offset;
   args_.stage_bytes = max_bytes_;
+  args_.ll128_offset = ll128_offset;
+  args_.ll128_lines = ll128_lines;
+  args_.ll128_blocks = options.ll128_blocks;
   args_.rank = rank;
   args_.size = size;
   args_.staged_blocks = options.staged_blocks;
@@ -249,7 +275,8 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   SYMTP_RETURN_IF_ERROR(Probe(exchange, deadline, hellos[0].nonce));
   SYMTP_LOG(DEBUG, "allreduce") << "custom all-reduce ready: rank " << rank << "/" << size
                                 << " device " << device << ", max " << max_bytes_ << " B, LL up to "
-                                << ll_max_bytes_ << " B, scratch " << total_bytes_ << " B";
+                                << ll_max_bytes_ << " B, LL128 up to " << ll128_max_bytes_
+                                << " B, scratch " << total_bytes_ << " B";
   return absl::OkStatus();
 }
 
@@ -339,9 +366,12 @@ absl::Status CustomAllReduce::Sticky() { return Poll(); }
 
 absl::Status CustomAllReduce::AllReduceSum(void* data, size_t count, DType dtype,
                                            cudaStream_t stream) {
-  const size_t bytes = count * DTypeSize(dtype);
-  return AllReduceSumWith(bytes <= ll_max_bytes_ ? Protocol::kLL : Protocol::kStaged, data, count,
-                          dtype, stream);
+  return AllReduceSumWith(ProtocolFor(count * DTypeSize(dtype)), data, count, dtype, stream);
+}
+
+CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {
+  if (bytes <= ll_max_bytes_) return Protocol::kLL;
+  return bytes <= ll128_max_bytes_ ? Protocol::kLL128 : Protocol::kStaged;
 }
 
 absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, size_t count,
@@ -355,11 +385,16 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
         absl::StrCat("custom all-reduce: data pointer ", reinterpret_cast<uintptr_t>(data),
                      " is null or not aligned to its ", esize, "-byte elements"));
   }
-  if (bytes > max_bytes_ || (protocol == Protocol::kLL && bytes > ll_max_bytes_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "custom all-reduce: ", bytes, " bytes exceed the ",
-        protocol == Protocol::kLL ? "LL limit of " : "limit of ",
-        protocol == Protocol::kLL ? ll_max_bytes_ : max_bytes_, " bytes"));
+  const size_t limit = protocol == Protocol::kLL      ? ll_max_bytes_
+                      : protocol == Protocol::kLL128 ? ll128_max_bytes_
+                                                     : max_bytes_;
+  if (bytes > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("custom all-reduce: ", bytes, " bytes exceed the ",
+                     protocol == Protocol::kLL      ? "LL limit of "
+                     : protocol == Protocol::kLL128 ? "LL128 limit of "
+                                                    : "limit of ",
+                     limit, " bytes"));
   }
   CUDA_RETURN_IF_ERROR(
       allreduce_internal::LaunchOneShot(protocol, args_, data, count, dtype, stream));

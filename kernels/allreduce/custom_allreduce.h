@@ -18,9 +18,10 @@
 //
 // Protocols (custom_allreduce_kernels.cuh has the details and the buffer-reuse
 // argument): LL for messages up to Options::ll_max_bytes (data and epoch in the
-// same 16-byte store; one one-way latency), STAGED above, up to max_bytes
-// (local staging copy, release/acquire flags, reads of every peer's staging).
-// Both accumulate in fp32 in rank order 0..N-1: every rank's result is bitwise
+// same 16-byte store; one one-way latency), LL128 above it up to
+// Options::ll128_max_bytes (120 data bytes and the epoch in one 128-byte line),
+// STAGED above, up to max_bytes (stores into every peer's staging,
+// release/acquire flags, reduction from local memory). All accumulate in fp32 in rank order 0..N-1: every rank's result is bitwise
 // identical. Any element count and any element-aligned pointer work.
 //
 // Ordering contract: one instance = one ordered sequence of calls. Every rank
@@ -83,6 +84,10 @@ class CustomAllReduce {
     static constexpr size_t kFusedLLMaxBytes = size_t{128} << 10;
     size_t ll_max_bytes = kAutoLLMaxBytes;
     size_t fused_ll_max_bytes = kFusedLLMaxBytes;  // capped at ll_max_bytes
+    // Messages above ll_max_bytes and up to this size use the LL128 protocol
+    // (0: never; capped at max_bytes). Its receive region costs 2 (parity) x
+    // size x 128/120 x this. The fused all-reduce + RMSNorm does not use it.
+    size_t ll128_max_bytes = 0;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
     // all-reduce in flight (they spin waiting for peers). The fused
@@ -91,6 +96,7 @@ class CustomAllReduce {
     // and the fused one, which a decode step runs, slower at 1-16 rows.
     int staged_blocks = 64;
     int ll_blocks = 64;
+    int ll128_blocks = 64;
     // Initial value of every epoch counter (tests start near 2^32 to wrap).
     uint32_t initial_epoch = 0;
   };
@@ -121,6 +127,10 @@ class CustomAllReduce {
   size_t ll_max_bytes() const { return ll_max_bytes_; }
   int staged_blocks() const { return args_.staged_blocks; }
   int ll_blocks() const { return args_.ll_blocks; }
+  int ll128_blocks() const { return args_.ll128_blocks; }
+  // Largest message LL128 carries (0: none); AllReduceSum picks it above
+  // ll_max_bytes().
+  size_t ll128_max_bytes() const { return ll128_max_bytes_; }
   // Largest message the fused all-reduce + RMSNorm sends with LL.
   size_t fused_ll_max_bytes() const { return fused_ll_max_bytes_; }
   // Device memory this rank allocated (signals + LL lines + staging).
@@ -128,10 +138,13 @@ class CustomAllReduce {
 
   // In-place sum of `count` elements at `data` (device memory of `device`),
   // enqueued on `stream`; count * DTypeSize(dtype) <= max_bytes. The protocol
-  // is chosen by size (LL up to ll_max_bytes).
+  // is chosen by size (LL up to ll_max_bytes, then LL128 up to
+  // ll128_max_bytes, then STAGED).
   absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream);
+  // The protocol AllReduceSum uses for a message of `bytes`.
+  Protocol ProtocolFor(size_t bytes) const;
   // Same with the protocol forced (benchmarks, tests). kLL needs
-  // bytes <= ll_max_bytes.
+  // bytes <= ll_max_bytes, kLL128 bytes <= ll128_max_bytes.
   absl::Status AllReduceSumWith(Protocol protocol, void* data, size_t count, DType dtype,
                                 cudaStream_t stream);
 
@@ -165,6 +178,7 @@ class CustomAllReduce {
   size_t max_bytes_ = 0;
   size_t ll_max_bytes_ = 0;
   size_t fused_ll_max_bytes_ = 0;  // Options::fused_ll_max_bytes capped at ll_max_bytes_
+  size_t ll128_max_bytes_ = 0;
   size_t total_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   char* buffer_ = nullptr;                   // own cudaMalloc

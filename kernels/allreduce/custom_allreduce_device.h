@@ -11,10 +11,15 @@
 //                                        polled by the owner (local load)
 //     epoch_staged[kMaxBlocks]      u32  owner-only per-block call counters
 //     epoch_ll[kMaxBlocks]          u32
+//     epoch_ll128[kMaxBlocks]       u32
 //     error                         u64  first error of a kernel (atomicCAS)
 //   [ll_offset, +ll_bytes)        LL receive lines, [parity 2][src N][lines]
 //                                  x 16 B, written by the peers, polled by the
 //                                  owner ({data lo, epoch, data hi, epoch})
+//   [ll128_offset, +ll128_bytes)  LL128 receive lines, [parity 2][src N]
+//                                  [lines] x 128 B (120 data bytes, then the
+//                                  epoch twice), written by the peers, polled
+//                                  by the owner
 //   [stage_offset, +2*(N-1)*stage_bytes) staged protocol receive slots,
 //                                  [parity 2][src slot N-1][bytes] (src's slot
 //                                  is src - (src > owner)), written by the
@@ -37,12 +42,16 @@ inline constexpr int kMaxBlocks = 256;
 inline constexpr size_t kFlagsOffset = 0;
 inline constexpr size_t kEpochStagedOffset = kFlagsOffset + kMaxBlocks * kMaxRanks * 4;
 inline constexpr size_t kEpochLLOffset = kEpochStagedOffset + kMaxBlocks * 4;
-inline constexpr size_t kErrorOffset = kEpochLLOffset + kMaxBlocks * 4;  // u64, device copy
+inline constexpr size_t kEpochLL128Offset = kEpochLLOffset + kMaxBlocks * 4;
+inline constexpr size_t kErrorOffset = kEpochLL128Offset + kMaxBlocks * 4;  // u64, device copy
 inline constexpr size_t kSignalBytes = 16 * 1024;
 static_assert(kErrorOffset + 8 <= kSignalBytes);
 inline constexpr size_t kLLLineBytes = 16;  // carries 8 data bytes
+inline constexpr size_t kLL128LineBytes = 128;
+inline constexpr size_t kLL128DataBytes = 120;  // then the 8-byte flag {epoch, epoch}
 inline constexpr int kStagedThreads = 512;
 inline constexpr int kLLThreads = 256;
+inline constexpr int kLL128Threads = 512;
 
 // Error word (64 bit, first error wins): claimed with atomicCAS on the device
 // copy in the owner's signal region (kErrorOffset), then mirrored by the
@@ -50,7 +59,7 @@ inline constexpr int kLLThreads = 256;
 //   [63:56] code  [55:48] peer rank  [47:40] protocol  [39:32] block
 //   [31:0]  epoch of the call
 enum ErrorCode : uint32_t { kErrNone = 0, kErrTimeout = 1, kErrAborted = 2 };
-enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2 };
+enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2, kTagLL128 = 3 };
 
 SYMTP_AR_HD inline uint64_t PackError(uint32_t code, uint32_t peer, uint32_t protocol,
                                       uint32_t block, uint32_t epoch) {
@@ -68,10 +77,13 @@ struct DeviceArgs {
   size_t ll_lines;                   // capacity in lines per (parity, src)
   size_t stage_offset;
   size_t stage_bytes;                // capacity per (parity, src slot)
+  size_t ll128_offset;
+  size_t ll128_lines;                // capacity in 128-byte lines per (parity, src)
   int rank;
   int size;
   int staged_blocks;
   int ll_blocks;
+  int ll128_blocks;
 };
 
 }  // namespace symtp::kernels::allreduce_internal

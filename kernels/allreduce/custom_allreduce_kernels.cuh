@@ -529,17 +529,158 @@ __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_
 }
 
 // ---------------------------------------------------------------------------
+// LL128 protocol
+// ---------------------------------------------------------------------------
+
+// Address of receive line `line` from rank `src` in the LL128 region of the
+// buffer at `base`, for calls of parity `parity`.
+template <int N>
+__device__ __forceinline__ char* LL128Slot(const DeviceArgs& a, char* base, size_t parity, int src,
+                                           size_t line) {
+  return base + a.ll128_offset +
+         ((parity * N + static_cast<size_t>(src)) * a.ll128_lines + line) * kLL128LineBytes;
+}
+
+// Data of unit u (0..7) of LL128 line `line` of `data`: the line carries data
+// bytes [120 line, 120 line + 120), i.e. 8-byte words 15 line .. 15 line + 14;
+// unit u < 7 holds words 15 line + 2u and + 2u + 1, unit 7 word 15 line + 14
+// (then the flag). Zero padded past the end.
+template <typename T>
+__device__ __forceinline__ uint4 LoadLL128Unit(const char* data, size_t line, int u, size_t count,
+                                               bool aligned8) {
+  const size_t w = 15 * line + 2 * static_cast<size_t>(u);
+  const uint2 lo = LoadLine<T>(data, w, count, aligned8);
+  const uint2 hi = u < 7 ? LoadLine<T>(data, w + 1, count, aligned8) : make_uint2(0, 0);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// Waits until every peer's copy of this warp's lines (lane group g = lane / 8
+// holds line `line`, lane u = lane % 8 its unit u) carries epoch e in its
+// flag, and gathers the units into in[src]. The flag sits in unit 7, the
+// data in the same 128-byte line, written by one warp store instruction and
+// read by one warp load instruction; NVLink and the L2 move such a line as a
+// whole (the property NCCL's LL128 protocol rests on), so a line whose flag
+// reads e has all of its data. Inactive lanes (no line) vote yes. Warp-uniform
+// result: false after a timeout or abort (recorded once per warp).
+template <int N>
+__device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity, size_t line,
+                                             bool active, uint32_t e, int b,
+                                             uint32_t (&in)[N][4]) {
+  char* const my_base = BaseOf<N>(a, a.rank);
+  const int lane = threadIdx.x & 31, u = lane & 7;
+  SpinBound bound;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    if (r == a.rank) continue;
+    const char* slot = LL128Slot<N>(a, my_base, parity, r, active ? line : 0) + u * 16;
+    for (;;) {
+      const uint4 v = active ? LdVolatileV4(slot) : make_uint4(0, 0, e, e);
+      const bool ok = u != 7 || (v.z == e && v.w == e);
+      if (__all_sync(0xffffffffu, ok)) {
+        in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
+        break;
+      }
+      const uint32_t err = bound.Check(a);
+      const unsigned failed = __ballot_sync(0xffffffffu, err != kErrNone);
+      if (failed != 0) {
+        if (lane == __ffs(failed) - 1) RecordError<N>(a, err, r, kTagLL128, b, e);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// LL128: like LL (flags travel with the data, no fences, one one-way latency
+// per call) with 120 data bytes in every 128-byte line instead of 8 in 16, so
+// the mid sizes move 1.07x their bytes over NVLink instead of 2x. Each group
+// of 8 lanes sends one line (unit u from lane u, the flag {e, e} in unit 7)
+// with one 16-byte store per lane; the lanes of a warp store 4 whole lines
+// together. Lines are split evenly over the blocks; the loops are uniform
+// over the block, so the 8 lanes of a line always store and load together.
+template <typename T, int N>
+__global__ void __launch_bounds__(kLL128Threads) LL128Kernel(DeviceArgs a, void* data_v,
+                                                             size_t count) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  char* const data = static_cast<char*>(data_v);
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int u = tid & 7;
+  const int me = a.rank;
+  char* const my_base = BaseOf<N>(a, me);
+  const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLL128Offset)[b] + 1;
+  const size_t parity = e & 1;
+
+  const size_t lines = (count * sizeof(T) + kLL128DataBytes - 1) / kLL128DataBytes;
+  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
+  const size_t l0 = min(lines, static_cast<size_t>(b) * per_block);
+  const size_t l1 = min(lines, l0 + per_block);
+  const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
+  constexpr size_t kLinesPerPass = kLL128Threads / 8;
+
+  // 1. Send this thread's units of its lines to every peer (posted remote
+  // stores), two passes' loads in flight before their stores.
+  for (size_t pass = l0; pass < l1; pass += 2 * kLinesPerPass) {
+    const size_t la = pass + (tid >> 3), lb = la + kLinesPerPass;
+    const uint4 va = la < l1 ? LoadLL128Unit<T>(data, la, u, count, aligned8) : uint4{};
+    const uint4 vb = lb < l1 ? LoadLL128Unit<T>(data, lb, u, count, aligned8) : uint4{};
+    __syncwarp();
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+      if (p == me) continue;
+      if (la < l1) {
+        StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, la) + u * 16, va.x, va.y,
+                     u == 7 ? e : va.z, u == 7 ? e : va.w);
+      }
+      if (lb < l1) {
+        StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, lb) + u * 16, vb.x, vb.y,
+                     u == 7 ? e : vb.z, u == 7 ? e : vb.w);
+      }
+    }
+  }
+
+  // 2. Receive (poll own memory) and reduce in rank order.
+  for (size_t pass = l0; pass < l1; pass += kLinesPerPass) {
+    const size_t l = pass + (tid >> 3);
+    const bool active = l < l1;
+    uint32_t in[N][4];
+    const uint4 mine = active ? LoadLL128Unit<T>(data, l, u, count, aligned8) : uint4{};
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
+    }
+    if (!LL128Receive<N>(a, parity, l, active, e, b, in)) break;
+    if (active) {
+      uint32_t out[4];
+      ReducePacked<T, N, 4>(in, out);
+      const size_t w = 15 * l + 2 * static_cast<size_t>(u);
+      StoreLine<T>(data, w, count, aligned8, make_uint2(out[0], out[1]));
+      if (u < 7) StoreLine<T>(data, w + 1, count, aligned8, make_uint2(out[2], out[3]));
+    }
+  }
+  __syncthreads();
+  if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLL128Offset)[b] = e;
+}
+
+// ---------------------------------------------------------------------------
 // Launcher
 // ---------------------------------------------------------------------------
 
 template <typename T, int N>
 cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                         cudaStream_t stream) {
-  return protocol == Protocol::kStaged
-             ? internal::LaunchDependent(StagedKernel<T, N>, dim3(a.staged_blocks),
-                                         dim3(kStagedThreads), 0, stream, a, data, count)
-             : internal::LaunchDependent(LLKernel<T, N>, dim3(a.ll_blocks), dim3(kLLThreads), 0,
-                                         stream, a, data, count);
+  switch (protocol) {
+    case Protocol::kStaged:
+      return internal::LaunchDependent(StagedKernel<T, N>, dim3(a.staged_blocks),
+                                       dim3(kStagedThreads), 0, stream, a, data, count);
+    case Protocol::kLL:
+      return internal::LaunchDependent(LLKernel<T, N>, dim3(a.ll_blocks), dim3(kLLThreads), 0,
+                                       stream, a, data, count);
+    case Protocol::kLL128:
+      return internal::LaunchDependent(LL128Kernel<T, N>, dim3(a.ll128_blocks),
+                                       dim3(kLL128Threads), 0, stream, a, data, count);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // f(std::integral_constant<int, N>{}) for the group size N = a.size (2, 4

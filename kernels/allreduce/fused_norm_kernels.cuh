@@ -271,11 +271,16 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
 template <typename T, int N, int kPer>
 cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
                              int threads, cudaStream_t stream) {
-  return protocol == Protocol::kStaged
-             ? internal::LaunchDependent(StagedNormKernel<T, N, kPer>, dim3(a.staged_blocks),
-                                         dim3(threads), 0, stream, a, f)
-             : internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks),
-                                         dim3(threads), 0, stream, a, f);
+  switch (protocol) {
+    case Protocol::kStaged:
+      return internal::LaunchDependent(StagedNormKernel<T, N, kPer>, dim3(a.staged_blocks),
+                                       dim3(threads), 0, stream, a, f);
+    case Protocol::kLL:
+      return internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks),
+                                       dim3(threads), 0, stream, a, f);
+    case Protocol::kLL128: break;  // no fused form
+  }
+  return cudaErrorInvalidValue;
 }
 
 // Threads per block and units per thread as AddRmsNorm picks them (one or

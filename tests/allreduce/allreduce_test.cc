@@ -247,8 +247,10 @@ TEST_F(AllReduceGpuTest, NcclCollectivesAreCorrectAndIdenticalAcrossRanks) {
 
 TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtocol) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.ll128_max_bytes = 1 << 20;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
-                                                            Deadline::AfterMs(kSetupMs)));
+                                                            Deadline::AfterMs(kSetupMs), opt));
     CHECK_OR_RETURN(ar->scratch_bytes() >= 2u * (1u << 20), "scratch ", ar->scratch_bytes());
     if (rank == 0) {
       fprintf(stderr, "[TP %d] custom all-reduce scratch per rank: %zu bytes (LL <= %zu B)\n",
@@ -258,11 +260,14 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
     for (DType t : kAllTypes) {
       for (size_t count : SpecCounts(t)) {
         const size_t bytes = count * DTypeSize(t);
-        for (Protocol p : {Protocol::kLL, Protocol::kStaged}) {
+        for (Protocol p : {Protocol::kLL, Protocol::kLL128, Protocol::kStaged}) {
           if (p == Protocol::kLL && bytes > ar->ll_max_bytes()) continue;
+          if (p == Protocol::kLL128 && bytes > ar->ll128_max_bytes()) continue;
           for (size_t front : {size_t{0}, size_t{1}}) {
             if (front && count > 70'000) continue;  // misalignment: small and mid sizes
-            const char* path = p == Protocol::kLL ? "custom-LL" : "custom-staged";
+            const char* path = p == Protocol::kLL      ? "custom-LL"
+                               : p == Protocol::kLL128 ? "custom-LL128"
+                                                       : "custom-staged";
             SYMTP_RETURN_IF_ERROR(CheckOne(
                 rank, size, ex, stream.get(), t, count, front, /*exact=*/true,
                 Name(t, count, path, front), [&](void* d, size_t n, DType dt, cudaStream_t s) {
@@ -284,6 +289,9 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
     CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
     st = ar->AllReduceSumWith(Protocol::kLL, big.get(), (ar->ll_max_bytes() + 4) / 4, DType::kF32,
                               stream.get());
+    CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    st = ar->AllReduceSumWith(Protocol::kLL128, big.get(), (ar->ll128_max_bytes() + 4) / 4,
+                              DType::kF32, stream.get());
     CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
     return ar->Poll();
   });
@@ -504,10 +512,21 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
       size_t count;
       uint64_t seed_base;
     };
-    // The first goes through LL, the second through the staged protocol.
-    const Item items[] = {{DType::kBF16, 4097, 1'000'000}, {DType::kF32, 40'000, 2'000'000}};
+    // Through LL (8 KiB), the staged protocol (160 KB) and LL128 (100 KB).
+    constexpr size_t kItems = 3;
+    const Item items[kItems] = {{DType::kBF16, 4097, 1'000'000},
+                                {DType::kF32, 40'000, 2'000'000},
+                                {DType::kBF16, 50'000, 3'000'000}};
+    CustomAllReduce::Options opt;
+    opt.ll_max_bytes = 64 << 10;
+    opt.ll128_max_bytes = 128 << 10;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
-                                                            Deadline::AfterMs(kSetupMs)));
+                                                            Deadline::AfterMs(kSetupMs), opt));
+    const Protocol want[kItems] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128};
+    for (size_t k = 0; k < kItems; ++k) {
+      CHECK_OR_RETURN(ar->ProtocolFor(items[k].count * DTypeSize(items[k].t)) == want[k],
+                      "item ", k, " does not take the protocol it is meant to test");
+    }
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::DeviceBuffer::Create(8));
     CUDA_RETURN_IF_ERROR(cudaMemset(counter.get(), 0, 8));
@@ -523,7 +542,7 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
     auto* ctr = counter.as<unsigned long long>();
     absl::StatusOr<cuda::GraphExec> exec =
         cuda::GraphExec::Capture(stream.get(), [&]() -> absl::Status {
-          for (size_t k = 0; k < 2; ++k) {
+          for (size_t k = 0; k < kItems; ++k) {
             const Item& it = items[k];
             CUDA_RETURN_IF_ERROR(kt::LaunchGenerate(data[k].get(), it.count, it.t, it.seed_base,
                                                     rank, ctr, stream.get()));
@@ -544,7 +563,7 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
     }
     SYMTP_RETURN_IF_ERROR(SyncStream(stream.get(), Deadline::AfterMs(60'000)));
     SYMTP_RETURN_IF_ERROR(ar->Poll());
-    for (size_t k = 0; k < 2; ++k) {
+    for (size_t k = 0; k < kItems; ++k) {
       std::vector<uint64_t> got(kReplays);
       CUDA_RETURN_IF_ERROR(cudaMemcpy(got.data(), hashes[k].get(), kReplays * 8, cudaMemcpyDeviceToHost));
       size_t bad = 0, first_bad = 0;
@@ -566,12 +585,15 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
 TEST_F(AllReduceGpuTest, EpochCountersWrapAround) {
   RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     CustomAllReduce::Options opt;
-    opt.initial_epoch = 0xffffffffu - 40;  // both protocols cross 2^32 below
+    opt.initial_epoch = 0xffffffffu - 40;  // every protocol crosses 2^32 below
+    opt.ll128_max_bytes = 1 << 20;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                             Deadline::AfterMs(kSetupMs), opt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-    for (int call = 0; call < 100; ++call) {
-      const Protocol p = call % 2 ? Protocol::kStaged : Protocol::kLL;
+    for (int call = 0; call < 150; ++call) {
+      const Protocol p = call % 3 == 0   ? Protocol::kLL
+                         : call % 3 == 1 ? Protocol::kStaged
+                                         : Protocol::kLL128;
       const DType t = kAllTypes[call % 3];
       const size_t count = 1 + static_cast<size_t>(call) * 97;
       SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, true,
@@ -599,9 +621,13 @@ TEST_F(AllReduceGpuTest, BackToBackCallsAndInstancesOnConcurrentStreams) {
     constexpr int kCallsPerInstance = 150;
     std::unique_ptr<CustomAllReduce> ars[kInstances];
     cuda::Stream streams[kInstances];
+    // LL up to 64 KiB, LL128 up to 256 KiB, staged above: every protocol.
+    CustomAllReduce::Options opt;
+    opt.ll_max_bytes = 64 << 10;
+    opt.ll128_max_bytes = 256 << 10;
     for (int i = 0; i < kInstances; ++i) {
       SYMTP_ASSIGN_OR_RETURN(ars[i], CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
-                                                             Deadline::AfterMs(kSetupMs)));
+                                                             Deadline::AfterMs(kSetupMs), opt));
       SYMTP_ASSIGN_OR_RETURN(streams[i], cuda::Stream::Create());
     }
     struct Call {
@@ -710,7 +736,8 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
   RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     CustomAllReduce::Options opt;
     opt.timeout_ms = 200;
-    std::unique_ptr<CustomAllReduce> ars[2];
+    opt.ll128_max_bytes = 1 << 20;
+    std::unique_ptr<CustomAllReduce> ars[3];
     for (auto& ar : ars) {
       SYMTP_ASSIGN_OR_RETURN(ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                          Deadline::AfterMs(kSetupMs), opt));
@@ -718,8 +745,9 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
     const int absent = size - 1;  // never calls
     if (rank != absent) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-      const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged};
-      for (int k = 0; k < 2; ++k) {
+      const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128};
+      const char* names[] = {"LL", "staged", "LL128"};
+      for (int k = 0; k < 3; ++k) {
         const size_t count = k == 0 ? 4097 : 100'000;
         SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(count * 2));
         const kt::HostArray in = kt::RandomInput(DType::kBF16, count, 9, rank);
@@ -734,13 +762,16 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
         absl::Status st = ars[k]->Poll();
         if (rank == 0) {
           fprintf(stderr, "[TP %d] %s protocol gave up after %.0f ms: %s\n", size,
-                  k == 0 ? "LL" : "staged", ms, st.ToString().c_str());
+                  names[k], ms, st.ToString().c_str());
         }
         CHECK_OR_RETURN(st.code() == absl::StatusCode::kDeadlineExceeded, st.ToString());
         CHECK_OR_RETURN(std::string(st.message()).find(absl::StrCat("rank ", absent,
                                                                     " never arrived")) !=
                             std::string::npos,
                         st.ToString());
+        CHECK_OR_RETURN(std::string(st.message()).find(absl::StrCat("the ", names[k], " protocol")) !=
+                            std::string::npos,
+                        "the error does not name the ", names[k], " protocol: ", st.ToString());
         // Sticky: the instance refuses further work.
         absl::Status again = ars[k]->AllReduceSum(buf.get(), count, DType::kBF16, stream.get());
         CHECK_OR_RETURN(again.code() == absl::StatusCode::kDeadlineExceeded, again.ToString());
