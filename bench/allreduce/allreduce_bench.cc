@@ -198,8 +198,9 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
                         cudaStream_t stream, std::vector<std::string>* lines) {
   const int H = cfg.fused_hidden;
   const size_t es = DTypeSize(cfg.dtype);
+  if (H <= 0) return absl::OkStatus();
   const int max_rows = static_cast<int>(std::min<size_t>(512, custom.max_bytes() / (H * es)));
-  if (H <= 0 || max_rows < 1) return absl::OkStatus();
+  if (max_rows < 1) return absl::OkStatus();
   const size_t max_n = static_cast<size_t>(max_rows) * H;
   std::vector<cuda::DeviceBuffer> b;  // data, residual, out (fused) | data, residual, out | weight
   for (int i = 0; i < 7; ++i) {
