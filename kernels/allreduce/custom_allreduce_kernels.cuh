@@ -554,30 +554,49 @@ __device__ __forceinline__ uint4 LoadLL128Unit(const char* data, size_t line, in
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// Waits until every peer's copy of this warp's lines (lane group g = lane / 8
-// holds line `line`, lane u = lane % 8 its unit u) carries epoch e in its
-// flag, and gathers the units into in[src]. The flag sits in unit 7, the
-// data in the same 128-byte line, written by one warp store instruction and
-// read by one warp load instruction; NVLink and the L2 move such a line as a
-// whole (the property NCCL's LL128 protocol rests on), so a line whose flag
-// reads e has all of its data. Inactive lanes (no line) vote yes. Warp-uniform
-// result: false after a timeout or abort (recorded once per warp).
+// Lines each thread keeps in flight per pass of the LL128 kernel (its units
+// of K lines, kLL128Threads / 8 lines apart): loads, stores and polls of the K
+// lines are issued together, so a block's K x 64 lines cost one round trip.
 template <int N>
-__device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity, size_t line,
-                                             bool active, uint32_t e, int b,
-                                             uint32_t (&in)[N][4]) {
+inline constexpr int kLL128Unroll = N == 2 ? 2 : N == 4 ? 2 : 1;
+
+// Waits until every peer's copy of this warp's lines carries epoch e in its
+// flag, and gathers the units into in[k][src]. Lane group g = lane / 8 of the
+// warp holds line[k] (one per k, active[k] when it exists), lane u = lane % 8
+// its unit u. The flag sits in unit 7, the data in the same 128-byte line,
+// written by one warp store instruction and read by one warp load
+// instruction; NVLink and the L2 move such a line as a whole (the property
+// NCCL's LL128 protocol rests on), so a line whose flag reads e has all of
+// its data. Missing lines vote yes. Warp-uniform result: false after a
+// timeout or abort (recorded once per warp).
+template <int N, int K>
+__device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity,
+                                             const size_t (&line)[K], const bool (&active)[K],
+                                             uint32_t e, int b, uint32_t (&in)[K][N][4]) {
   char* const my_base = BaseOf<N>(a, a.rank);
   const int lane = threadIdx.x & 31, u = lane & 7;
   SpinBound bound;
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     if (r == a.rank) continue;
-    const char* slot = LL128Slot<N>(a, my_base, parity, r, active ? line : 0) + u * 16;
+    const char* slot[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      slot[k] = LL128Slot<N>(a, my_base, parity, r, active[k] ? line[k] : 0) + u * 16;
+    }
     for (;;) {
-      const uint4 v = active ? LdVolatileV4(slot) : make_uint4(0, 0, e, e);
-      const bool ok = u != 7 || (v.z == e && v.w == e);
+      uint4 v[K];
+      bool ok = true;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        v[k] = active[k] ? LdVolatileV4(slot[k]) : make_uint4(0, 0, e, e);
+        ok = ok && (u != 7 || (v[k].z == e && v[k].w == e));
+      }
       if (__all_sync(0xffffffffu, ok)) {
-        in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          in[k][r][0] = v[k].x, in[k][r][1] = v[k].y, in[k][r][2] = v[k].z, in[k][r][3] = v[k].w;
+        }
         break;
       }
       const uint32_t err = bound.Check(a);
@@ -599,9 +618,11 @@ __device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity,
 // together. Lines are split evenly over the blocks; the loops are uniform
 // over the block, so the 8 lanes of a line always store and load together.
 template <typename T, int N>
-__global__ void __launch_bounds__(kLL128Threads) LL128Kernel(DeviceArgs a, void* data_v,
-                                                             size_t count) {
+__global__ void __launch_bounds__(kLL128Threads, 2) LL128Kernel(DeviceArgs a, void* data_v,
+                                                                size_t count) {
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  constexpr int K = kLL128Unroll<N>;
+  constexpr size_t kLinesPerPass = kLL128Threads / 8;
   char* const data = static_cast<char*>(data_v);
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
@@ -616,44 +637,54 @@ __global__ void __launch_bounds__(kLL128Threads) LL128Kernel(DeviceArgs a, void*
   const size_t l0 = min(lines, static_cast<size_t>(b) * per_block);
   const size_t l1 = min(lines, l0 + per_block);
   const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
-  constexpr size_t kLinesPerPass = kLL128Threads / 8;
 
   // 1. Send this thread's units of its lines to every peer (posted remote
-  // stores), two passes' loads in flight before their stores.
-  for (size_t pass = l0; pass < l1; pass += 2 * kLinesPerPass) {
-    const size_t la = pass + (tid >> 3), lb = la + kLinesPerPass;
-    const uint4 va = la < l1 ? LoadLL128Unit<T>(data, la, u, count, aligned8) : uint4{};
-    const uint4 vb = lb < l1 ? LoadLL128Unit<T>(data, lb, u, count, aligned8) : uint4{};
+  // stores), K lines' loads in flight before their stores.
+  for (size_t pass = l0; pass < l1; pass += K * kLinesPerPass) {
+    size_t l[K];
+    uint4 v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      l[k] = pass + k * kLinesPerPass + (tid >> 3);
+      v[k] = l[k] < l1 ? LoadLL128Unit<T>(data, l[k], u, count, aligned8) : uint4{};
+      if (u == 7) v[k].z = e, v[k].w = e;
+    }
     __syncwarp();
 #pragma unroll
     for (int p = 0; p < N; ++p) {
       if (p == me) continue;
-      if (la < l1) {
-        StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, la) + u * 16, va.x, va.y,
-                     u == 7 ? e : va.z, u == 7 ? e : va.w);
-      }
-      if (lb < l1) {
-        StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, lb) + u * 16, vb.x, vb.y,
-                     u == 7 ? e : vb.z, u == 7 ? e : vb.w);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (l[k] < l1) {
+          StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, l[k]) + u * 16, v[k].x, v[k].y,
+                       v[k].z, v[k].w);
+        }
       }
     }
   }
 
   // 2. Receive (poll own memory) and reduce in rank order.
-  for (size_t pass = l0; pass < l1; pass += kLinesPerPass) {
-    const size_t l = pass + (tid >> 3);
-    const bool active = l < l1;
-    uint32_t in[N][4];
-    const uint4 mine = active ? LoadLL128Unit<T>(data, l, u, count, aligned8) : uint4{};
+  for (size_t pass = l0; pass < l1; pass += K * kLinesPerPass) {
+    size_t l[K];
+    bool active[K];
+    uint32_t in[K][N][4];
 #pragma unroll
-    for (int r = 0; r < N; ++r) {
-      if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
+    for (int k = 0; k < K; ++k) {
+      l[k] = pass + k * kLinesPerPass + (tid >> 3);
+      active[k] = l[k] < l1;
+      const uint4 mine = active[k] ? LoadLL128Unit<T>(data, l[k], u, count, aligned8) : uint4{};
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        if (r == me) in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
+      }
     }
-    if (!LL128Receive<N>(a, parity, l, active, e, b, in)) break;
-    if (active) {
+    if (!LL128Receive<N, K>(a, parity, l, active, e, b, in)) break;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!active[k]) continue;
       uint32_t out[4];
-      ReducePacked<T, N, 4>(in, out);
-      const size_t w = 15 * l + 2 * static_cast<size_t>(u);
+      ReducePacked<T, N, 4>(in[k], out);
+      const size_t w = 15 * l[k] + 2 * static_cast<size_t>(u);
       StoreLine<T>(data, w, count, aligned8, make_uint2(out[0], out[1]));
       if (u < 7) StoreLine<T>(data, w + 1, count, aligned8, make_uint2(out[2], out[3]));
     }
