@@ -97,6 +97,9 @@ class CudaBackend : public Backend, public BatchBroadcast {
           o.custom.ll_max_bytes = static_cast<size_t>(opts.custom_allreduce_ll_max_bytes);
           o.custom.fused_ll_max_bytes = o.custom.ll_max_bytes;
         }
+        if (opts.custom_allreduce_ll128_max_bytes >= 0) {
+          o.custom.ll128_max_bytes = static_cast<size_t>(opts.custom_allreduce_ll128_max_bytes);
+        }
         SYMTP_ASSIGN_OR_RETURN(
             auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
                                                          &exchange, boot, o));

@@ -112,6 +112,7 @@ struct JobOptions {
   // it go to NCCL.
   int64_t custom_allreduce_max_bytes = 8 << 20;
   int64_t custom_allreduce_ll_max_bytes = 0;  // 0: CustomAllReduce's default for the TP degree
+  int64_t custom_allreduce_ll128_max_bytes = -1;  // -1: CustomAllReduce's default; 0: off
   bool fuse_allreduce_norm = true;
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1

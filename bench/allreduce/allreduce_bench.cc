@@ -191,6 +191,15 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
   return out;
 }
 
+const char* ProtocolName(Protocol p) {
+  switch (p) {
+    case Protocol::kLL: return "LL";
+    case Protocol::kLL128: return "LL128";
+    case Protocol::kStaged: return "staged";
+  }
+  return "?";
+}
+
 // The fused all-reduce + residual + RMSNorm against the all-reduce followed
 // by AddRmsNorm, at decode's message sizes (rows x cfg.fused_hidden): checked
 // bitwise against each other once (#wrong), then graph-timed.
@@ -243,7 +252,7 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
     SYMTP_ASSIGN_OR_RETURN(double two_us, SlowestRank(cfg, ex, two_local));
     lines->push_back(absl::StrFormat(
         "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
-        "wrong %zu", rows, bytes, bytes <= custom.fused_ll_max_bytes() ? "LL" : "staged", fused_us,
+        "wrong %zu", rows, bytes, ProtocolName(custom.FusedProtocolFor(bytes)), fused_us,
         two_us, fused_us / two_us, wrong));
     if (rank == 0) {
       printf("# %s\n", lines->back().c_str());
@@ -255,15 +264,6 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
 }
 
 double BusFactor(int n) { return 2.0 * (n - 1) / n; }
-
-const char* ProtocolName(Protocol p) {
-  switch (p) {
-    case Protocol::kLL: return "LL";
-    case Protocol::kLL128: return "LL128";
-    case Protocol::kStaged: return "staged";
-  }
-  return "?";
-}
 
 std::string FormatRow(const Row& r, int tp, DType t) {
   auto bw = [&](double us) { return us > 0 ? r.bytes / us / 1e3 : 0.0; };  // GB/s

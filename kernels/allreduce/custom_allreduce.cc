@@ -374,6 +374,11 @@ CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {
   return bytes <= ll128_max_bytes_ ? Protocol::kLL128 : Protocol::kStaged;
 }
 
+CustomAllReduce::Protocol CustomAllReduce::FusedProtocolFor(size_t bytes) const {
+  if (bytes <= fused_ll_max_bytes_) return Protocol::kLL;
+  return bytes <= ll128_max_bytes_ ? Protocol::kLL128 : Protocol::kStaged;
+}
+
 absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, size_t count,
                                                DType dtype, cudaStream_t stream) {
   SYMTP_RETURN_IF_ERROR(Sticky());
@@ -430,8 +435,8 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
   const allreduce_internal::FusedNormArgs f{data,      norm.residual, norm.weight, norm.out,
                                             norm.rows, norm.hidden,   norm.eps};
-  CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchFusedNorm(
-      bytes <= fused_ll_max_bytes() ? Protocol::kLL : Protocol::kStaged, args_, f, dtype, stream));
+  CUDA_RETURN_IF_ERROR(
+      allreduce_internal::LaunchFusedNorm(FusedProtocolFor(bytes), args_, f, dtype, stream));
   return absl::OkStatus();
 }
 

@@ -86,7 +86,8 @@ class CustomAllReduce {
     size_t fused_ll_max_bytes = kFusedLLMaxBytes;  // capped at ll_max_bytes
     // Messages above ll_max_bytes and up to this size use the LL128 protocol
     // (0: never; capped at max_bytes). Its receive region costs 2 (parity) x
-    // size x 128/120 x this. The fused all-reduce + RMSNorm does not use it.
+    // size x 128/120 x this. The fused all-reduce + RMSNorm uses it above its
+    // own LL limit.
     size_t ll128_max_bytes = 0;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
@@ -96,7 +97,10 @@ class CustomAllReduce {
     // and the fused one, which a decode step runs, slower at 1-16 rows.
     int staged_blocks = 64;
     int ll_blocks = 64;
-    int ll128_blocks = 64;
+    // LL128 at TP 2 (H100 x2, graph-timed): 128 blocks of 512 threads keep
+    // one line per thread up to 1 MiB (5.57 us there, 64 blocks: 6.38; 256:
+    // 5.53 but two instances in flight would not fit: 2 blocks per SM).
+    int ll128_blocks = 128;
     // Initial value of every epoch counter (tests start near 2^32 to wrap).
     uint32_t initial_epoch = 0;
   };
@@ -156,6 +160,9 @@ class CustomAllReduce {
   // 16-byte aligned pointers and the message within max_bytes (`data`'s
   // alignment is checked by the call, InvalidArgument when it is not).
   bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const;
+  // The protocol AllReduceResidualNorm uses for a message of `bytes`: LL up
+  // to fused_ll_max_bytes, then LL128 up to ll128_max_bytes, then STAGED.
+  Protocol FusedProtocolFor(size_t bytes) const;
   absl::Status AllReduceResidualNorm(const void* data, const ResidualNorm& norm, DType dtype,
                                      cudaStream_t stream);
 

@@ -610,6 +610,44 @@ __device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity,
   return true;
 }
 
+// LL128 sends of block blockIdx.x: the message's lines are split evenly over
+// the grid's blocks, and each thread sends its units of K lines per pass
+// (blockDim.x / 8 lines apart; loads in flight before the stores) to every
+// peer as posted remote stores, the flag {e, e} in unit 7. The pass loop is
+// uniform over the block, so the 8 lanes of a line store together.
+template <typename T, int N, int K>
+__device__ __forceinline__ void LL128Send(const DeviceArgs& a, const char* data, size_t count,
+                                          bool aligned8, size_t parity, uint32_t e) {
+  const size_t lines = (count * sizeof(T) + kLL128DataBytes - 1) / kLL128DataBytes;
+  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
+  const size_t l0 = min(lines, static_cast<size_t>(blockIdx.x) * per_block);
+  const size_t l1 = min(lines, l0 + per_block);
+  const size_t lines_per_pass = blockDim.x / 8;
+  const int u = threadIdx.x & 7;
+  for (size_t pass = l0; pass < l1; pass += K * lines_per_pass) {
+    size_t l[K];
+    uint4 v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      l[k] = pass + k * lines_per_pass + (threadIdx.x >> 3);
+      v[k] = l[k] < l1 ? LoadLL128Unit<T>(data, l[k], u, count, aligned8) : uint4{};
+      if (u == 7) v[k].z = e, v[k].w = e;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+      if (p == a.rank) continue;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (l[k] < l1) {
+          StVolatileV4(LL128Slot<N>(a, a.base[p], parity, a.rank, l[k]) + u * 16, v[k].x, v[k].y,
+                       v[k].z, v[k].w);
+        }
+      }
+    }
+  }
+}
+
 // LL128: like LL (flags travel with the data, no fences, one one-way latency
 // per call) with 120 data bytes in every 128-byte line instead of 8 in 16, so
 // the mid sizes move 1.07x their bytes over NVLink instead of 2x. Each group
@@ -638,30 +676,8 @@ __global__ void __launch_bounds__(kLL128Threads, 2) LL128Kernel(DeviceArgs a, vo
   const size_t l1 = min(lines, l0 + per_block);
   const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
 
-  // 1. Send this thread's units of its lines to every peer (posted remote
-  // stores), K lines' loads in flight before their stores.
-  for (size_t pass = l0; pass < l1; pass += K * kLinesPerPass) {
-    size_t l[K];
-    uint4 v[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      l[k] = pass + k * kLinesPerPass + (tid >> 3);
-      v[k] = l[k] < l1 ? LoadLL128Unit<T>(data, l[k], u, count, aligned8) : uint4{};
-      if (u == 7) v[k].z = e, v[k].w = e;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int p = 0; p < N; ++p) {
-      if (p == me) continue;
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (l[k] < l1) {
-          StVolatileV4(LL128Slot<N>(a, a.base[p], parity, me, l[k]) + u * 16, v[k].x, v[k].y,
-                       v[k].z, v[k].w);
-        }
-      }
-    }
-  }
+  // 1. Send this block's lines to every peer.
+  LL128Send<T, N, K>(a, data, count, aligned8, parity, e);
 
   // 2. Receive (poll own memory) and reduce in rank order.
   for (size_t pass = l0; pass < l1; pass += K * kLinesPerPass) {

@@ -9,12 +9,13 @@
 // launches, and the sum written and read back). `data` is only read.
 //
 // Transport and buffer reuse are the all-reduce's own (custom_allreduce_
-// kernels.cuh): the same LL receive lines and STAGED staging/flags, the same
+// kernels.cuh): the same LL / LL128 receive lines and STAGED staging/flags, the same
 // per-block epoch counters and the same fixed grids, so fused and plain calls
 // interleave on one instance and the double-buffering argument holds
 // unchanged. What differs is the partition: block b owns whole rows b, b + G,
 // ... (G = the protocol's grid), so it can reduce a row's sum of squares
-// itself (the LL kernel's sends, though, are spread over the whole grid).
+// itself (the LL and LL128 kernels' sends, though, are spread over the whole
+// grid).
 // Within a row, thread t owns the 16-byte units t, t + blockDim, ...
 // (kPer of them) with blockDim chosen as AddRmsNorm chooses it, so the
 // result is bitwise what the all-reduce followed by AddRmsNorm produce, and
@@ -268,6 +269,91 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLLOffset)[b] = e;
 }
 
+// ---------------------------------------------------------------------------
+// LL128 transport: the message goes out as the plain LL128 kernel sends it
+// (120-byte lines over the whole grid). A row's bytes span lines that do not
+// start at row boundaries, and a line is only known complete to the load
+// instruction that read its flag, so the row's owner block reads the row's
+// lines whole (8 lanes a line), reduces them in rank order and puts the
+// row's sums (rounded to T) into shared memory; the norm then takes unit u
+// from there, in AddRmsNorm's thread mapping as the other transports do.
+// ---------------------------------------------------------------------------
+template <typename T, int N, int kPer>
+__global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  constexpr int K = kLL128Unroll<N>;
+  __shared__ float scratch[32];
+  __shared__ uint4 row_sum[kFusedMaxUnits];
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int u = tid & 7;
+  const int me = a.rank;
+  const int nunits = f.hidden / (16 / static_cast<int>(sizeof(T)));
+  char* const my_base = BaseOf<N>(a, me);
+  const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLL128Offset)[b] + 1;
+  const size_t parity = e & 1;
+  const char* const data = static_cast<const char*>(f.data);
+  const size_t count = static_cast<size_t>(f.rows) * f.hidden;
+
+  // 1. Send (data is 16-byte aligned: FusesResidualNorm checks it).
+  LL128Send<T, N, K>(a, data, count, /*aligned8=*/true, parity, e);
+
+  // 2. Per owned row: receive its lines, reduce into row_sum, residual + RMSNorm.
+  const size_t row_bytes = static_cast<size_t>(f.hidden) * sizeof(T);
+  const size_t lines_per_pass = blockDim.x / 8;
+  bool failed = false;  // warp-uniform
+  for (int64_t row = b; row < f.rows; row += gridDim.x) {
+    RowInputs<kPer> rin;
+    LoadRowInputs<T, kPer>(f, row, rin);
+    const size_t r0 = static_cast<size_t>(row) * row_bytes, r1 = r0 + row_bytes;
+    const size_t first = r0 / kLL128DataBytes;
+    const size_t last = (r1 + kLL128DataBytes - 1) / kLL128DataBytes;
+    for (size_t pass = first; pass < last; pass += K * lines_per_pass) {
+      size_t l[K];
+      bool active[K];
+      uint32_t in[K][N][4];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        l[k] = pass + k * lines_per_pass + (tid >> 3);
+        active[k] = l[k] < last;
+        const uint4 mine = active[k] ? LoadLL128Unit<T>(data, l[k], u, count, true) : uint4{};
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          in[k][r][0] = in[k][r][1] = in[k][r][2] = in[k][r][3] = 0;
+          if (r == me) in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
+        }
+      }
+      if (!failed) failed = !LL128Receive<N, K>(a, parity, l, active, e, b, in);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (!active[k]) continue;
+        uint32_t out[4];
+        ReducePacked<T, N, 4>(in[k], out);
+        // The unit's 8-byte words that fall in this row go to row_sum.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (u == 7 && h == 1) break;
+          const size_t byte = (15 * l[k] + 2 * static_cast<size_t>(u) + h) * 8;
+          if (byte >= r0 && byte < r1) {
+            reinterpret_cast<uint2*>(row_sum)[(byte - r0) / 8] = make_uint2(out[2 * h], out[2 * h + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    uint4 sum[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int unit = tid + j * blockDim.x;
+      if (unit < nunits) sum[j] = row_sum[unit];
+    }
+    NormRow<T, kPer>(f, row, sum, rin, scratch);
+    __syncthreads();  // row_sum is rewritten by the next row
+  }
+  __syncthreads();
+  if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLL128Offset)[b] = e;
+}
+
 template <typename T, int N, int kPer>
 cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
                              int threads, cudaStream_t stream) {
@@ -278,7 +364,9 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
     case Protocol::kLL:
       return internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks),
                                        dim3(threads), 0, stream, a, f);
-    case Protocol::kLL128: break;  // no fused form
+    case Protocol::kLL128:
+      return internal::LaunchDependent(LL128NormKernel<T, N, kPer>, dim3(a.ll128_blocks),
+                                       dim3(threads), 0, stream, a, f);
   }
   return cudaErrorInvalidValue;
 }

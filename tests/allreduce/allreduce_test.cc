@@ -170,6 +170,10 @@ absl::Status CheckOne(int rank, int size, PeerExchange& ex, cudaStream_t stream,
   return SameOnAllRanks(ex, size, kt::HashOf(got), what);
 }
 
+const char* ProtocolLabel(Protocol p) {
+  return p == Protocol::kLL ? " LL" : p == Protocol::kLL128 ? " LL128" : " staged";
+}
+
 std::string Name(DType t, size_t count, const char* path, size_t front = 0) {
   return absl::StrCat(path, " ", DTypeName(t), " x ", count, front ? " (misaligned)" : "");
 }
@@ -326,13 +330,17 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
-// rank. Fused and plain calls interleave on one instance. Twice: with the
-// default LL limits, and with LL up to 1 MiB for both (many rows per LL call).
+// rank. Fused and plain calls interleave on one instance. Three times: with
+// the default limits, with LL up to 1 MiB for both (many rows per LL call),
+// and with LL128 above the LL limits up to 8 MiB (rows that start and end
+// inside 120-byte lines).
 TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
-    for (const bool wide_ll : {false, true}) {
+    for (const int mode : {0, 1, 2}) {
+      const bool wide_ll = mode == 1;
       CustomAllReduce::Options opt;
       if (wide_ll) opt.ll_max_bytes = opt.fused_ll_max_bytes = size_t{1} << 20;
+      if (mode == 2) opt.ll128_max_bytes = size_t{8} << 20;
       SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
                                                               Deadline::AfterMs(kSetupMs), opt));
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
@@ -354,7 +362,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
         const size_t bytes = n * DTypeSize(sh.t);
         const std::string what =
             absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x", sh.hidden,
-                         bytes <= ar->fused_ll_max_bytes() ? " LL" : " staged",
+                         ProtocolLabel(ar->FusedProtocolFor(bytes)),
                          wide_ll ? " (LL limits 1 MiB)" : "");
         const uint64_t seed = SeedOf(sh.t, n, 99);
         const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
