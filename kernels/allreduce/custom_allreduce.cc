@@ -83,6 +83,31 @@ struct Hello {
   uint32_t nonce;
 };
 
+// The protocols' size limits, Options::kAuto resolved. Graph-timed on H100
+// x2 (bench/results/h100x2/allreduce_ll128): at TP 2 LL128 beats LL from
+// 64 KiB on (2.93 vs 3.14 us at 128 KiB, 3.30 vs 4.18 at 256 KiB) and
+// STAGED up to 4 MiB (5.64 vs 7.27 us at 1 MiB; 31.7 vs 31.6 at 8 MiB), and
+// the fused LL128 kernel beats the fused LL one from 4 rows of 4096 bf16
+// (32 KiB: 3.37 vs 3.84 us). Without LL128 (TP 8, unmeasured there): LL up
+// to 256 KiB / size, the fused LL up to 128 KiB, STAGED above.
+struct Limits {
+  size_t ll, fused_ll, ll128;
+};
+Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
+  constexpr size_t kAuto = CustomAllReduce::Options::kAuto;
+  const bool ll128_measured = size <= 4;
+  Limits l;
+  l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : ll128_measured ? kAuto - 1 : 0;
+  const bool with_ll128 = l.ll128 > 0;
+  l.ll = o.ll_max_bytes != kAuto ? o.ll_max_bytes
+         : with_ll128           ? size_t{64} << 10
+                                : (size_t{256} << 10) / static_cast<size_t>(size);
+  l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
+               : with_ll128                 ? size_t{16} << 10
+                                            : size_t{128} << 10;
+  return l;
+}
+
 const char* ProtocolName(uint32_t tag) {
   switch (tag) {
     case allreduce_internal::kTagLL: return "LL";
@@ -124,15 +149,13 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   device_ = device;
   timeout_ms_ = options.timeout_ms;
   max_bytes_ = RoundUp(std::max(max_bytes, kMinMaxBytes), 256);
-  const size_t ll_wanted = options.ll_max_bytes == Options::kAutoLLMaxBytes
-                               ? (256 * 1024) / static_cast<size_t>(size == 2 ? 1 : size)
-                               : options.ll_max_bytes;
-  ll_max_bytes_ = std::min(RoundUp(ll_wanted, 8), max_bytes_);
-  fused_ll_max_bytes_ = std::min(options.fused_ll_max_bytes, ll_max_bytes_);
+  const Limits limits = AutoLimits(size, options);
+  ll_max_bytes_ = RoundUp(std::min(limits.ll, max_bytes_), 8);
+  fused_ll_max_bytes_ = std::min(limits.fused_ll, ll_max_bytes_);
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
-  ll128_max_bytes_ = RoundUp(std::min(options.ll128_max_bytes, max_bytes_), 8);
+  ll128_max_bytes_ = RoundUp(std::min(limits.ll128, max_bytes_), 8);
   const size_t ll128_lines =
       (ll128_max_bytes_ + allreduce_internal::kLL128DataBytes - 1) / allreduce_internal::kLL128DataBytes;
   const size_t ll128_offset = RoundUp(ll_offset + ll_bytes, 4096);

@@ -70,25 +70,17 @@ class CustomAllReduce {
   struct Options {
     // Bound of every spin inside the kernels.
     int64_t timeout_ms = 5'000;
-    // Messages up to this size use the LL protocol (0: never). Its receive
-    // region costs 2 (parity) x size x 2 (LL lines carry half data) x this;
-    // kAutoLLMaxBytes picks 256 KiB at TP 2 (graph-timed on H100 / H200 x2,
-    // LL beat STAGED up to 256 KiB: 4.5 vs 5.2-5.8 us there, and tied at
-    // 512 KiB) and 256 KiB / size above (64 KiB at TP 4, 32 KiB at TP 8).
-    // The fused all-reduce + RMSNorm uses LL only up to kFusedLLMaxBytes:
-    // its LL kernel reduces each row in one block, and at 16 rows of 4096 bf16 it
-    // already only ties the all-reduce then AddRmsNorm (4.82 vs 4.77 us on
-    // H200 x2), while at 32 rows the fused STAGED kernel beats them (5.07
-    // vs 5.93; bench/results/h200x2/allreduce_push).
-    static constexpr size_t kAutoLLMaxBytes = ~size_t{0};
-    static constexpr size_t kFusedLLMaxBytes = size_t{128} << 10;
-    size_t ll_max_bytes = kAutoLLMaxBytes;
-    size_t fused_ll_max_bytes = kFusedLLMaxBytes;  // capped at ll_max_bytes
-    // Messages above ll_max_bytes and up to this size use the LL128 protocol
-    // (0: never; capped at max_bytes). Its receive region costs 2 (parity) x
-    // size x 128/120 x this. The fused all-reduce + RMSNorm uses it above its
-    // own LL limit.
-    size_t ll128_max_bytes = 0;
+    // Protocol limits by message size: LL up to ll_max_bytes, then LL128 up
+    // to ll128_max_bytes, then STAGED; the fused all-reduce + RMSNorm uses
+    // LL up to fused_ll_max_bytes (capped at ll_max_bytes), then the same.
+    // 0 turns a protocol off; kAuto picks the measured defaults of the group
+    // size (AutoLimits in custom_allreduce.cc). Receive regions: LL costs
+    // 2 (parity) x size x 2 (lines carry half data) x ll_max_bytes, LL128
+    // 2 x size x 128/120 x ll128_max_bytes (capped at max_bytes).
+    static constexpr size_t kAuto = ~size_t{0};
+    size_t ll_max_bytes = kAuto;
+    size_t fused_ll_max_bytes = kAuto;
+    size_t ll128_max_bytes = kAuto;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
     // all-reduce in flight (they spin waiting for peers). The fused

@@ -302,22 +302,27 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
 }
 
 // The runtime's capacity (8 MiB: decode's row-parallel messages up to batch
-// 512 of a 4096-wide model in bf16, 1024 of a 2048-wide one): staged
-// protocol, bitwise against the fixed-order reference.
+// 512 of a 4096-wide model in bf16, 1024 of a 2048-wide one): the LL128 and
+// staged protocols, bitwise against the fixed-order reference.
 TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.ll128_max_bytes = 8 << 20;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
-                                                            Deadline::AfterMs(kSetupMs)));
+                                                            Deadline::AfterMs(kSetupMs), opt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     for (DType t : kAllTypes) {
       const size_t es = DTypeSize(t);
       for (size_t count : {(size_t{2} << 20) / es + 3, (size_t{4} << 20) / es,
                            (size_t{8} << 20) / es - 1}) {
-        SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
-                                       Name(t, count, "custom-auto"),
-                                       [&](void* d, size_t n, DType dt, cudaStream_t s) {
-                                         return ar->AllReduceSum(d, n, dt, s);
-                                       }));
+        for (Protocol p : {Protocol::kLL128, Protocol::kStaged}) {
+          SYMTP_RETURN_IF_ERROR(CheckOne(
+              rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
+              Name(t, count, p == Protocol::kLL128 ? "custom-LL128" : "custom-staged"),
+              [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                return ar->AllReduceSumWith(p, d, n, dt, s);
+              }));
+        }
       }
     }
     return ar->Poll();
@@ -331,16 +336,16 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
 // rank. Fused and plain calls interleave on one instance. Three times: with
-// the default limits, with LL up to 1 MiB for both (many rows per LL call),
-// and with LL128 above the LL limits up to 8 MiB (rows that start and end
-// inside 120-byte lines).
+// the default limits (at TP 2 and 4 LL128 above 16 KiB: rows that start and
+// end inside 120-byte lines), with LL up to 1 MiB for both (many rows per LL
+// call), and without LL128 (staged above the LL limits).
 TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     for (const int mode : {0, 1, 2}) {
       const bool wide_ll = mode == 1;
       CustomAllReduce::Options opt;
       if (wide_ll) opt.ll_max_bytes = opt.fused_ll_max_bytes = size_t{1} << 20;
-      if (mode == 2) opt.ll128_max_bytes = size_t{8} << 20;
+      if (mode == 2) opt.ll128_max_bytes = 0;
       SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
                                                               Deadline::AfterMs(kSetupMs), opt));
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
