@@ -84,26 +84,28 @@ struct Hello {
 };
 
 // The protocols' size limits, Options::kAuto resolved. Graph-timed on H100
-// x2 (bench/results/h100x2/allreduce_ll128): at TP 2 LL128 beats LL from
-// 64 KiB on (2.93 vs 3.14 us at 128 KiB, 3.30 vs 4.18 at 256 KiB) and
-// STAGED up to 4 MiB (5.64 vs 7.27 us at 1 MiB; 31.7 vs 31.6 at 8 MiB), and
-// the fused LL128 kernel beats the fused LL one from 4 rows of 4096 bf16
-// (32 KiB: 3.37 vs 3.84 us). Without LL128 (TP 8, unmeasured there): LL up
-// to 256 KiB / size, the fused LL up to 128 KiB, STAGED above.
+// x2 and x4 (bench/results/h100x2/allreduce_ll128, h100x4/allreduce_ll128):
+// at TP 2 LL128 beats LL from 64 KiB on (2.93 vs 3.13 us at 128 KiB) and
+// STAGED at every larger size up to 4 MiB (5.63 vs 7.29 us at 1 MiB; 31.6
+// vs 31.5 at 8 MiB), and the fused LL128 kernel beats the fused LL one from
+// one row of 4096 bf16 (3.28 vs 3.45 us). At TP 4 LL128 wins at 128-512 KiB
+// but loses to STAGED from 1 MiB (16.9 vs 15.4 us: every rank pushes three
+// copies and LL128 7% more bytes), and decode steps with it were no faster
+// (0.995-1.05x), so TP 4 and TP 8 (unmeasured) keep LL up to 256 KiB / size,
+// the fused LL up to 128 KiB (capped at that) and STAGED above.
 struct Limits {
   size_t ll, fused_ll, ll128;
 };
 Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   constexpr size_t kAuto = CustomAllReduce::Options::kAuto;
-  const bool ll128_measured = size <= 4;
   Limits l;
-  l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : ll128_measured ? kAuto - 1 : 0;
+  l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : size == 2 ? kAuto - 1 : 0;
   const bool with_ll128 = l.ll128 > 0;
   l.ll = o.ll_max_bytes != kAuto ? o.ll_max_bytes
          : with_ll128           ? size_t{64} << 10
-                                : (size_t{256} << 10) / static_cast<size_t>(size);
+                                : (size_t{256} << 10) / static_cast<size_t>(size == 2 ? 1 : size);
   l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
-               : with_ll128                 ? size_t{16} << 10
+               : with_ll128                 ? 0
                                             : size_t{128} << 10;
   return l;
 }

@@ -330,22 +330,23 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
 }
 
 // The all-reduce fused with the residual add and RMSNorm after it
-// (AllReduceResidualNorm), through both protocols, one and several rows per
+// (AllReduceResidualNorm), through every protocol, one and several rows per
 // block, one and two 16-byte units per thread: the new residual equals the
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
 // rank. Fused and plain calls interleave on one instance. Three times: with
-// the default limits (at TP 2 and 4 LL128 above 16 KiB: rows that start and
-// end inside 120-byte lines), with LL up to 1 MiB for both (many rows per LL
-// call), and without LL128 (staged above the LL limits).
+// LL128 for every fused size (rows that start and end inside 120-byte
+// lines), with LL up to 1 MiB for both (many rows per LL call) and LL128
+// above, and without LL128 (staged above the LL limits).
 TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     for (const int mode : {0, 1, 2}) {
       const bool wide_ll = mode == 1;
       CustomAllReduce::Options opt;
+      if (mode == 0) opt.ll_max_bytes = opt.fused_ll_max_bytes = 0;
       if (wide_ll) opt.ll_max_bytes = opt.fused_ll_max_bytes = size_t{1} << 20;
-      if (mode == 2) opt.ll128_max_bytes = 0;
+      opt.ll128_max_bytes = mode == 2 ? 0 : size_t{8} << 20;
       SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
                                                               Deadline::AfterMs(kSetupMs), opt));
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
