@@ -87,8 +87,11 @@ struct Hello {
 // x2 and x4 (bench/results/h100x2/allreduce_ll128, h100x4/allreduce_ll128):
 // at TP 2 LL128 beats LL from 64 KiB on (2.93 vs 3.13 us at 128 KiB) and
 // STAGED at every larger size up to 4 MiB (5.63 vs 7.29 us at 1 MiB; 31.6
-// vs 31.5 at 8 MiB), and the fused LL128 kernel beats the fused LL one from
-// one row of 4096 bf16 (3.28 vs 3.45 us). At TP 4 LL128 wins at 128-512 KiB
+// vs 31.5 at 8 MiB). The fused LL128 kernel beats the fused LL one from one
+// row of 4096 bf16 in isolation (3.29 vs 3.55 us), but the batch-1 step
+// with it was 1.005x (its 128 blocks of 512 threads become resident in the
+// previous GEMM's tail), so the fused LL keeps 1-2 rows (16 KiB) and LL128
+// takes over from 4 rows (3.43 vs 3.87 us). At TP 4 LL128 wins at 128-512 KiB
 // but loses to STAGED from 1 MiB (16.9 vs 15.4 us: every rank pushes three
 // copies and LL128 7% more bytes), and decode steps with it were no faster
 // (0.995-1.05x), so TP 4 and TP 8 (unmeasured) keep LL up to 256 KiB / size,
@@ -105,7 +108,7 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
          : with_ll128           ? size_t{64} << 10
                                 : (size_t{256} << 10) / static_cast<size_t>(size == 2 ? 1 : size);
   l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
-               : with_ll128                 ? 0
+               : with_ll128                 ? size_t{16} << 10
                                             : size_t{128} << 10;
   return l;
 }
