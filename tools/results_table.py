@@ -18,13 +18,14 @@ import os
 import sys
 
 ORDER = ["decode_step", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
-         "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
+         "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "allreduce_push": "Custom all-reduce STAGED by push",
           "allreduce_ll_limits": "Custom all-reduce LL limits and grid",
+          "allreduce_ll128": "Custom all-reduce LL128 protocol",
           "kernel_table": "Decode step by kernel", "attention_fill": "Decode-attention splits that fill the SMs", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
           "small_batch_decode": "Small-batch decode step",
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace",

@@ -1,10 +1,10 @@
 // Kernels of the custom one-shot all-reduce. Included by one .cu per dtype.
 //
-// Two protocols, both one-shot (every rank ends with the full sum), both with
+// Three protocols, all one-shot (every rank ends with the full sum), all with
 // fp32 accumulation in rank order 0..N-1 starting from rank 0's value, so that
-// every rank (and both protocols) produce bitwise identical results:
+// every rank (and every protocol) produce bitwise identical results:
 //
-// STAGED (mid sizes): block b writes its slice of `data` into its slot of
+// STAGED (large sizes): block b writes its slice of `data` into its slot of
 //   every peer's staging [parity][src slot] (posted NVLink stores: nothing
 //   waits on a round trip), then (one thread per peer) st.release.sys's the
 //   call's epoch into flags[b][rank] of every peer, ld.acquire.sys-polls its
@@ -23,8 +23,14 @@
 //   peer's receive slots [parity][src][line]; one one-way NVLink latency per
 //   call.
 //
+// LL128 (mid sizes): LL with 120 data bytes and the epoch (twice) in each
+//   128-byte line, written by 8 lanes of one warp store instruction and
+//   polled by one warp load instruction (details at LL128Receive); 1.07x the
+//   message's bytes cross NVLink instead of LL's 2x. Own receive region and
+//   per-block counters (epoch_ll128), same reuse argument as LL.
+//
 // Epochs and reuse. Each block b keeps its call counter in the owner's device
-// memory (epoch_staged[b], epoch_ll[b]), read at kernel start and written back
+// memory (epoch_staged[b], epoch_ll[b], epoch_ll128[b]), read at kernel start and written back
 // at the end, so CUDA-graph replays advance it with no host state. Every call
 // launches the same number of blocks for its protocol (fixed grid), so all
 // blocks of all ranks agree on e = counter + 1 for the k-th call. Buffers are

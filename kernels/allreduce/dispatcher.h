@@ -46,7 +46,7 @@ class AllReduceDispatcher : public DeviceComm {
     // Build the custom path at all.
     bool enable_custom = true;
     // Largest message the custom path accepts (its staging capacity; scratch
-    // per rank is about 2 x (size - 1) x this plus the LL region).
+    // per rank is about 2 x (size - 1) x this plus the LL and LL128 regions).
     size_t max_custom_bytes = 1 << 20;
     // Time both paths at start-up to choose the crossover; when false the
     // crossover is pinned to `crossover_bytes`.
