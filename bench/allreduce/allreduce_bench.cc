@@ -193,9 +193,12 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
 
 const char* ProtocolName(Protocol p) {
   switch (p) {
-    case Protocol::kLL: return "LL";
-    case Protocol::kLL128: return "LL128";
-    case Protocol::kStaged: return "staged";
+    case Protocol::kLL:
+      return "LL";
+    case Protocol::kLL128:
+      return "LL128";
+    case Protocol::kStaged:
+      return "staged";
   }
   return "?";
 }
@@ -252,8 +255,9 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
     SYMTP_ASSIGN_OR_RETURN(double two_us, SlowestRank(cfg, ex, two_local));
     lines->push_back(absl::StrFormat(
         "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
-        "wrong %zu", rows, bytes, ProtocolName(custom.FusedProtocolFor(bytes)), fused_us,
-        two_us, fused_us / two_us, wrong));
+        "wrong %zu",
+        rows, bytes, ProtocolName(custom.FusedProtocolFor(bytes)), fused_us, two_us,
+        fused_us / two_us, wrong));
     if (rank == 0) {
       printf("# %s\n", lines->back().c_str());
       fflush(stdout);
@@ -294,11 +298,12 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     ncclGetVersion(&nccl_version);
     printf("# symtp allreduce_bench: TP %d, %s, redop sum, %s x%d (%d SMs), NCCL %d\n", size,
            DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
-    printf("# custom one-shot: LL <= %zu B, LL128 <= %zu B, staged <= %zu B, grids %d (staged) / "
-           "%d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
-           custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->max_bytes(),
-           custom->staged_blocks(), custom->ll_blocks(), custom->ll128_blocks(),
-           custom->scratch_bytes() / 1048576.0);
+    printf(
+        "# custom one-shot: LL <= %zu B, LL128 <= %zu B, staged <= %zu B, grids %d (staged) / "
+        "%d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
+        custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->max_bytes(),
+        custom->staged_blocks(), custom->ll_blocks(), custom->ll128_blocks(),
+        custom->scratch_bytes() / 1048576.0);
     printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "
            "launches, graph = one CUDA graph of iters calls; busbw = algbw * 2(n-1)/n\n",
            cfg.reps, cfg.iters ? std::to_string(cfg.iters).c_str() : "100 <= 1 MiB, 20 above");
@@ -406,7 +411,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   if (rank == 0 && !cfg.json.empty()) {
     JsonWriter j(2);  // one row a line
     j.Open('{').Field("tp", size).Field("dtype", DTypeName(cfg.dtype)).Field("redop", "sum");
-    j.Field("ll_max_bytes", custom->ll_max_bytes()).Field("ll128_max_bytes", custom->ll128_max_bytes());
+    j.Field("ll_max_bytes", custom->ll_max_bytes())
+        .Field("ll128_max_bytes", custom->ll128_max_bytes());
     j.Field("custom_max_bytes", custom->max_bytes());
     j.Field("scratch_bytes_per_rank", custom->scratch_bytes()).Field("dispatcher", describe);
     j.Key("rows").Open('[');

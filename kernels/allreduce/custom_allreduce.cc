@@ -105,19 +105,22 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : size == 2 ? kAuto - 1 : 0;
   const bool with_ll128 = l.ll128 > 0;
   l.ll = o.ll_max_bytes != kAuto ? o.ll_max_bytes
-         : with_ll128           ? size_t{64} << 10
-                                : (size_t{256} << 10) / static_cast<size_t>(size == 2 ? 1 : size);
+         : with_ll128            ? size_t{64} << 10
+                                 : (size_t{256} << 10) / static_cast<size_t>(size == 2 ? 1 : size);
   l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
-               : with_ll128                 ? size_t{16} << 10
-                                            : size_t{128} << 10;
+               : with_ll128                  ? size_t{16} << 10
+                                             : size_t{128} << 10;
   return l;
 }
 
 const char* ProtocolName(uint32_t tag) {
   switch (tag) {
-    case allreduce_internal::kTagLL: return "LL";
-    case allreduce_internal::kTagLL128: return "LL128";
-    case allreduce_internal::kTagStaged: return "staged";
+    case allreduce_internal::kTagLL:
+      return "LL";
+    case allreduce_internal::kTagLL128:
+      return "LL128";
+    case allreduce_internal::kTagStaged:
+      return "staged";
   }
   return "?";
 }
@@ -161,8 +164,8 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
   ll128_max_bytes_ = RoundUp(std::min(limits.ll128, max_bytes_), 8);
-  const size_t ll128_lines =
-      (ll128_max_bytes_ + allreduce_internal::kLL128DataBytes - 1) / allreduce_internal::kLL128DataBytes;
+  const size_t ll128_lines = (ll128_max_bytes_ + allreduce_internal::kLL128DataBytes - 1) /
+                             allreduce_internal::kLL128DataBytes;
   const size_t ll128_offset = RoundUp(ll_offset + ll_bytes, 4096);
   const size_t ll128_bytes =
       2 * static_cast<size_t>(size) * ll128_lines * allreduce_internal::kLL128LineBytes;
@@ -175,10 +178,10 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     auto bad_grid = [](int blocks) { return blocks < 1 || blocks > kMaxBlocks; };
     if (bad_grid(options.staged_blocks) || bad_grid(options.ll_blocks) ||
         bad_grid(options.ll128_blocks) || options.timeout_ms <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ", options.ll_blocks,
-          ", ll128_blocks ", options.ll128_blocks, " (1..", kMaxBlocks, "), timeout_ms ",
-          options.timeout_ms));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ",
+                       options.ll_blocks, ", ll128_blocks ", options.ll128_blocks, " (1..",
+                       kMaxBlocks, "), timeout_ms ", options.timeout_ms));
     }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer_, total_bytes_));
@@ -419,8 +422,8 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
                      " is null or not aligned to its ", esize, "-byte elements"));
   }
   const size_t limit = protocol == Protocol::kLL      ? ll_max_bytes_
-                      : protocol == Protocol::kLL128 ? ll128_max_bytes_
-                                                     : max_bytes_;
+                       : protocol == Protocol::kLL128 ? ll128_max_bytes_
+                                                      : max_bytes_;
   if (bytes > limit) {
     return absl::InvalidArgumentError(
         absl::StrCat("custom all-reduce: ", bytes, " bytes exceed the ",

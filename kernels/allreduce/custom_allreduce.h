@@ -21,8 +21,8 @@
 // same 16-byte store; one one-way latency), LL128 above it up to
 // Options::ll128_max_bytes (120 data bytes and the epoch in one 128-byte line),
 // STAGED above, up to max_bytes (stores into every peer's staging,
-// release/acquire flags, reduction from local memory). All accumulate in fp32 in rank order 0..N-1: every rank's result is bitwise
-// identical. Any element count and any element-aligned pointer work.
+// release/acquire flags, reduction from local memory). All accumulate in fp32 in rank order 0..N-1:
+// every rank's result is bitwise identical. Any element count and any element-aligned pointer work.
 //
 // Ordering contract: one instance = one ordered sequence of calls. Every rank
 // makes the same calls (count, dtype) in the same order, and a rank's calls on

@@ -78,7 +78,7 @@ struct DeviceArgs {
   size_t stage_offset;
   size_t stage_bytes;                // capacity per (parity, src slot)
   size_t ll128_offset;
-  size_t ll128_lines;                // capacity in 128-byte lines per (parity, src)
+  size_t ll128_lines;  // capacity in 128-byte lines per (parity, src)
   int rank;
   int size;
   int staged_blocks;

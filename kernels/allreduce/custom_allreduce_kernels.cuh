@@ -564,7 +564,9 @@ __device__ __forceinline__ uint4 LoadLL128Unit(const char* data, size_t line, in
 // of K lines, kLL128Threads / 8 lines apart): loads, stores and polls of the K
 // lines are issued together, so a block's K x 64 lines cost one round trip.
 template <int N>
-inline constexpr int kLL128Unroll = N == 2 ? 2 : N == 4 ? 2 : 1;
+inline constexpr int kLL128Unroll = N == 2   ? 2
+                                    : N == 4 ? 2
+                                             : 1;
 
 // Waits until every peer's copy of this warp's lines carries epoch e in its
 // flag, and gathers the units into in[k][src]. Lane group g = lane / 8 of the
@@ -662,8 +664,8 @@ __device__ __forceinline__ void LL128Send(const DeviceArgs& a, const char* data,
 // together. Lines are split evenly over the blocks; the loops are uniform
 // over the block, so the 8 lanes of a line always store and load together.
 template <typename T, int N>
-__global__ void __launch_bounds__(kLL128Threads, 2) LL128Kernel(DeviceArgs a, void* data_v,
-                                                                size_t count) {
+__global__ void __launch_bounds__(kLL128Threads, 2)
+    LL128Kernel(DeviceArgs a, void* data_v, size_t count) {
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr int K = kLL128Unroll<N>;
   constexpr size_t kLinesPerPass = kLL128Threads / 8;
@@ -697,7 +699,8 @@ __global__ void __launch_bounds__(kLL128Threads, 2) LL128Kernel(DeviceArgs a, vo
       const uint4 mine = active[k] ? LoadLL128Unit<T>(data, l[k], u, count, aligned8) : uint4{};
 #pragma unroll
       for (int r = 0; r < N; ++r) {
-        if (r == me) in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
+        if (r == me)
+          in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
       }
     }
     if (!LL128Receive<N, K>(a, parity, l, active, e, b, in)) break;
@@ -730,8 +733,8 @@ cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size
       return internal::LaunchDependent(LLKernel<T, N>, dim3(a.ll_blocks), dim3(kLLThreads), 0,
                                        stream, a, data, count);
     case Protocol::kLL128:
-      return internal::LaunchDependent(LL128Kernel<T, N>, dim3(a.ll128_blocks),
-                                       dim3(kLL128Threads), 0, stream, a, data, count);
+      return internal::LaunchDependent(LL128Kernel<T, N>, dim3(a.ll128_blocks), dim3(kLL128Threads),
+                                       0, stream, a, data, count);
   }
   return cudaErrorInvalidValue;
 }

@@ -320,7 +320,8 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
 #pragma unroll
         for (int r = 0; r < N; ++r) {
           in[k][r][0] = in[k][r][1] = in[k][r][2] = in[k][r][3] = 0;
-          if (r == me) in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
+          if (r == me)
+            in[k][r][0] = mine.x, in[k][r][1] = mine.y, in[k][r][2] = mine.z, in[k][r][3] = mine.w;
         }
       }
       if (!failed) failed = !LL128Receive<N, K>(a, parity, l, active, e, b, in);
@@ -335,7 +336,8 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
           if (u == 7 && h == 1) break;
           const size_t byte = (15 * l[k] + 2 * static_cast<size_t>(u) + h) * 8;
           if (byte >= r0 && byte < r1) {
-            reinterpret_cast<uint2*>(row_sum)[(byte - r0) / 8] = make_uint2(out[2 * h], out[2 * h + 1]);
+            reinterpret_cast<uint2*>(row_sum)[(byte - r0) / 8] =
+                make_uint2(out[2 * h], out[2 * h + 1]);
           }
         }
       }
@@ -362,8 +364,8 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
       return internal::LaunchDependent(StagedNormKernel<T, N, kPer>, dim3(a.staged_blocks),
                                        dim3(threads), 0, stream, a, f);
     case Protocol::kLL:
-      return internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks),
-                                       dim3(threads), 0, stream, a, f);
+      return internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks), dim3(threads),
+                                       0, stream, a, f);
     case Protocol::kLL128:
       return internal::LaunchDependent(LL128NormKernel<T, N, kPer>, dim3(a.ll128_blocks),
                                        dim3(threads), 0, stream, a, f);

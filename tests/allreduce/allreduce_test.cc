@@ -316,12 +316,12 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
       for (size_t count : {(size_t{2} << 20) / es + 3, (size_t{4} << 20) / es,
                            (size_t{8} << 20) / es - 1}) {
         for (Protocol p : {Protocol::kLL128, Protocol::kStaged}) {
-          SYMTP_RETURN_IF_ERROR(CheckOne(
-              rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
-              Name(t, count, p == Protocol::kLL128 ? "custom-LL128" : "custom-staged"),
-              [&](void* d, size_t n, DType dt, cudaStream_t s) {
-                return ar->AllReduceSumWith(p, d, n, dt, s);
-              }));
+          SYMTP_RETURN_IF_ERROR(
+              CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
+                       Name(t, count, p == Protocol::kLL128 ? "custom-LL128" : "custom-staged"),
+                       [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                         return ar->AllReduceSumWith(p, d, n, dt, s);
+                       }));
         }
       }
     }
@@ -366,10 +366,9 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       for (const Shape& sh : shapes) {
         const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
         const size_t bytes = n * DTypeSize(sh.t);
-        const std::string what =
-            absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x", sh.hidden,
-                         ProtocolLabel(ar->FusedProtocolFor(bytes)),
-                         wide_ll ? " (LL limits 1 MiB)" : "");
+        const std::string what = absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x",
+                                              sh.hidden, ProtocolLabel(ar->FusedProtocolFor(bytes)),
+                                              wide_ll ? " (LL limits 1 MiB)" : "");
         const uint64_t seed = SeedOf(sh.t, n, 99);
         const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
         const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
@@ -538,8 +537,8 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
                                                             Deadline::AfterMs(kSetupMs), opt));
     const Protocol want[kItems] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128};
     for (size_t k = 0; k < kItems; ++k) {
-      CHECK_OR_RETURN(ar->ProtocolFor(items[k].count * DTypeSize(items[k].t)) == want[k],
-                      "item ", k, " does not take the protocol it is meant to test");
+      CHECK_OR_RETURN(ar->ProtocolFor(items[k].count * DTypeSize(items[k].t)) == want[k], "item ",
+                      k, " does not take the protocol it is meant to test");
     }
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::DeviceBuffer::Create(8));
@@ -775,17 +774,18 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
         const double ms = (MonotonicNs() - t0) / 1e6;
         absl::Status st = ars[k]->Poll();
         if (rank == 0) {
-          fprintf(stderr, "[TP %d] %s protocol gave up after %.0f ms: %s\n", size,
-                  names[k], ms, st.ToString().c_str());
+          fprintf(stderr, "[TP %d] %s protocol gave up after %.0f ms: %s\n", size, names[k], ms,
+                  st.ToString().c_str());
         }
         CHECK_OR_RETURN(st.code() == absl::StatusCode::kDeadlineExceeded, st.ToString());
         CHECK_OR_RETURN(std::string(st.message()).find(absl::StrCat("rank ", absent,
                                                                     " never arrived")) !=
                             std::string::npos,
                         st.ToString());
-        CHECK_OR_RETURN(std::string(st.message()).find(absl::StrCat("the ", names[k], " protocol")) !=
-                            std::string::npos,
-                        "the error does not name the ", names[k], " protocol: ", st.ToString());
+        CHECK_OR_RETURN(
+            std::string(st.message()).find(absl::StrCat("the ", names[k], " protocol")) !=
+                std::string::npos,
+            "the error does not name the ", names[k], " protocol: ", st.ToString());
         // Sticky: the instance refuses further work.
         absl::Status again = ars[k]->AllReduceSum(buf.get(), count, DType::kBF16, stream.get());
         CHECK_OR_RETURN(again.code() == absl::StatusCode::kDeadlineExceeded, again.ToString());
