@@ -191,18 +191,6 @@ absl::StatusOr<Timing> Measure(const Config& cfg, PeerExchange& ex, cudaStream_t
   return out;
 }
 
-const char* ProtocolName(Protocol p) {
-  switch (p) {
-    case Protocol::kLL:
-      return "LL";
-    case Protocol::kLL128:
-      return "LL128";
-    case Protocol::kStaged:
-      return "staged";
-  }
-  return "?";
-}
-
 // The fused all-reduce + residual + RMSNorm against the all-reduce followed
 // by AddRmsNorm, at decode's message sizes (rows x cfg.fused_hidden): checked
 // bitwise against each other once (#wrong), then graph-timed.
@@ -256,8 +244,8 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
     lines->push_back(absl::StrFormat(
         "fused rows %4d %8zu B (%s): fused %7.2f us, all-reduce + AddRmsNorm %7.2f us (%.2fx), "
         "wrong %zu",
-        rows, bytes, ProtocolName(custom.FusedProtocolFor(bytes)), fused_us, two_us,
-        fused_us / two_us, wrong));
+        rows, bytes, CustomAllReduce::ProtocolName(custom.FusedProtocolFor(bytes)), fused_us,
+        two_us, fused_us / two_us, wrong));
     if (rank == 0) {
       printf("# %s\n", lines->back().c_str());
       fflush(stdout);
@@ -329,7 +317,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
                                              return nccl->AllReduceSum(p, n, cfg.dtype, s);
                                            }));
     if (bytes <= custom->max_bytes()) {
-      Row crow{bytes, count, "custom", ProtocolName(custom->ProtocolFor(bytes)), {}, 0};
+      Row crow{bytes, count, "custom", CustomAllReduce::ProtocolName(custom->ProtocolFor(bytes)),
+               {},    0};
       SYMTP_ASSIGN_OR_RETURN(crow.t, Measure(cfg, ex, stream.get(), buf.get(), count, iters, input,
                                              expect, [&](void* p, size_t n, cudaStream_t s) {
                                                return custom->AllReduceSum(p, n, cfg.dtype, s);
@@ -385,7 +374,7 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
                                                    }));
           tune_lines.push_back(absl::StrFormat(
               "tune %-6s blocks %3d %8zu B: eager %7.2f us, graph %7.2f us, wrong %llu",
-              ProtocolName(p), blocks, bytes, t.eager_us, t.graph_us,
+              CustomAllReduce::ProtocolName(p), blocks, bytes, t.eager_us, t.graph_us,
               static_cast<unsigned long long>(t.wrong)));
           if (rank == 0) {
             printf("# %s\n", tune_lines.back().c_str());

@@ -113,14 +113,15 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   return l;
 }
 
-const char* ProtocolName(uint32_t tag) {
+// The protocol an error word's tag names ("?" for none).
+const char* TagName(uint32_t tag) {
   switch (tag) {
     case allreduce_internal::kTagLL:
-      return "LL";
+      return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kLL);
     case allreduce_internal::kTagLL128:
-      return "LL128";
+      return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kLL128);
     case allreduce_internal::kTagStaged:
-      return "staged";
+      return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kStaged);
   }
   return "?";
 }
@@ -373,12 +374,12 @@ absl::Status CustomAllReduce::Poll() {
           "custom all-reduce on rank %d/%d (device %d): rank %u never arrived: waited %d ms in "
           "the %s protocol (block %u, call epoch %u); the peer is dead, hung, or not issuing the "
           "same sequence of all-reduces",
-          rank_, size_, device_, peer, timeout_ms_, ProtocolName(proto), block, epoch));
+          rank_, size_, device_, peer, timeout_ms_, TagName(proto), block, epoch));
     }
     return absl::AbortedError(absl::StrFormat(
         "custom all-reduce on rank %d/%d: aborted while waiting for rank %u (%s protocol, block "
         "%u, call epoch %u)",
-        rank_, size_, peer, ProtocolName(proto), block, epoch));
+        rank_, size_, peer, TagName(proto), block, epoch));
   }
   if (aborted_.load(std::memory_order_acquire)) {
     return absl::AbortedError(absl::StrCat("custom all-reduce on rank ", rank_, "/", size_,
@@ -398,6 +399,18 @@ absl::Status CustomAllReduce::Sticky() { return Poll(); }
 absl::Status CustomAllReduce::AllReduceSum(void* data, size_t count, DType dtype,
                                            cudaStream_t stream) {
   return AllReduceSumWith(ProtocolFor(count * DTypeSize(dtype)), data, count, dtype, stream);
+}
+
+const char* CustomAllReduce::ProtocolName(Protocol protocol) {
+  switch (protocol) {
+    case Protocol::kLL:
+      return "LL";
+    case Protocol::kLL128:
+      return "LL128";
+    case Protocol::kStaged:
+      return "staged";
+  }
+  return "?";
 }
 
 CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {

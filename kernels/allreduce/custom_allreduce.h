@@ -139,6 +139,8 @@ class CustomAllReduce {
   absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream);
   // The protocol AllReduceSum uses for a message of `bytes`.
   Protocol ProtocolFor(size_t bytes) const;
+  // "LL", "LL128" or "staged" (as errors and benchmarks name them).
+  static const char* ProtocolName(Protocol protocol);
   // Same with the protocol forced (benchmarks, tests). kLL needs
   // bytes <= ll_max_bytes, kLL128 bytes <= ll128_max_bytes.
   absl::Status AllReduceSumWith(Protocol protocol, void* data, size_t count, DType dtype,

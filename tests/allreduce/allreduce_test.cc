@@ -170,10 +170,6 @@ absl::Status CheckOne(int rank, int size, PeerExchange& ex, cudaStream_t stream,
   return SameOnAllRanks(ex, size, kt::HashOf(got), what);
 }
 
-const char* ProtocolLabel(Protocol p) {
-  return p == Protocol::kLL ? " LL" : p == Protocol::kLL128 ? " LL128" : " staged";
-}
-
 std::string Name(DType t, size_t count, const char* path, size_t front = 0) {
   return absl::StrCat(path, " ", DTypeName(t), " x ", count, front ? " (misaligned)" : "");
 }
@@ -366,9 +362,10 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       for (const Shape& sh : shapes) {
         const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
         const size_t bytes = n * DTypeSize(sh.t);
-        const std::string what = absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x",
-                                              sh.hidden, ProtocolLabel(ar->FusedProtocolFor(bytes)),
-                                              wide_ll ? " (LL limits 1 MiB)" : "");
+        const std::string what =
+            absl::StrCat("fused ", DTypeName(sh.t), " ", sh.rows, "x", sh.hidden, " ",
+                         CustomAllReduce::ProtocolName(ar->FusedProtocolFor(bytes)),
+                         wide_ll ? " (LL limits 1 MiB)" : "");
         const uint64_t seed = SeedOf(sh.t, n, 99);
         const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
         const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
