@@ -89,9 +89,9 @@ struct Hello {
 // STAGED at every larger size up to 4 MiB (5.63 vs 7.29 us at 1 MiB; 31.6
 // vs 31.5 at 8 MiB). The fused LL128 kernel beats the fused LL one from one
 // row of 4096 bf16 in isolation (3.29 vs 3.55 us), but the batch-1 step
-// with it was 1.005x (its 128 blocks of 512 threads become resident in the
-// previous GEMM's tail), so the fused LL keeps 1-2 rows (16 KiB) and LL128
-// takes over from 4 rows (3.43 vs 3.87 us). At TP 4 LL128 wins at 128-512 KiB
+// with it was 1.005x (a run's spread is about that: the same kernels
+// measured 1.003x apart), so the fused LL keeps 1-2 rows (16 KiB), where no
+// gain was shown, and LL128 takes over from 4 rows (3.43 vs 3.87 us). At TP 4 LL128 wins at 128-512 KiB
 // but loses to STAGED from 1 MiB (16.9 vs 15.4 us: every rank pushes three
 // copies and LL128 7% more bytes), and decode steps with it were no faster
 // (0.995-1.05x), so TP 4 and TP 8 (unmeasured) keep LL up to 256 KiB / size,
