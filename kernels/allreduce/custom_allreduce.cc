@@ -101,8 +101,9 @@ struct Limits {
 };
 Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   constexpr size_t kAuto = CustomAllReduce::Options::kAuto;
+  constexpr size_t kCapacity = kAuto - 1;  // every size; Init caps it at max_bytes
   Limits l;
-  l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : size == 2 ? kAuto - 1 : 0;
+  l.ll128 = o.ll128_max_bytes != kAuto ? o.ll128_max_bytes : size == 2 ? kCapacity : 0;
   const bool with_ll128 = l.ll128 > 0;
   l.ll = o.ll_max_bytes != kAuto ? o.ll_max_bytes
          : with_ll128            ? size_t{64} << 10

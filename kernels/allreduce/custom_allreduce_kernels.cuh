@@ -564,9 +564,20 @@ __device__ __forceinline__ uint4 LoadLL128Unit(const char* data, size_t line, in
 // of K lines, kLL128Threads / 8 lines apart): loads, stores and polls of the K
 // lines are issued together, so a block's K x 64 lines cost one round trip.
 template <int N>
-inline constexpr int kLL128Unroll = N == 2   ? 2
-                                    : N == 4 ? 2
-                                             : 1;
+inline constexpr int kLL128Unroll = N <= 4 ? 2 : 1;
+
+// This block's LL128 lines [begin, end) of a message of `count` elements:
+// the lines are split evenly over the grid's blocks.
+struct LineRange {
+  size_t begin, end;
+};
+template <typename T>
+__device__ __forceinline__ LineRange LL128BlockLines(size_t count) {
+  const size_t lines = (count * sizeof(T) + kLL128DataBytes - 1) / kLL128DataBytes;
+  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
+  const size_t l0 = min(lines, static_cast<size_t>(blockIdx.x) * per_block);
+  return {l0, min(lines, l0 + per_block)};
+}
 
 // Waits until every peer's copy of this warp's lines carries epoch e in its
 // flag, and gathers the units into in[k][src]. Lane group g = lane / 8 of the
@@ -626,10 +637,7 @@ __device__ __forceinline__ bool LL128Receive(const DeviceArgs& a, size_t parity,
 template <typename T, int N, int K>
 __device__ __forceinline__ void LL128Send(const DeviceArgs& a, const char* data, size_t count,
                                           bool aligned8, size_t parity, uint32_t e) {
-  const size_t lines = (count * sizeof(T) + kLL128DataBytes - 1) / kLL128DataBytes;
-  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
-  const size_t l0 = min(lines, static_cast<size_t>(blockIdx.x) * per_block);
-  const size_t l1 = min(lines, l0 + per_block);
+  const auto [l0, l1] = LL128BlockLines<T>(count);
   const size_t lines_per_pass = blockDim.x / 8;
   const int u = threadIdx.x & 7;
   for (size_t pass = l0; pass < l1; pass += K * lines_per_pass) {
@@ -678,10 +686,7 @@ __global__ void __launch_bounds__(kLL128Threads, 2)
   const uint32_t e = reinterpret_cast<const uint32_t*>(my_base + kEpochLL128Offset)[b] + 1;
   const size_t parity = e & 1;
 
-  const size_t lines = (count * sizeof(T) + kLL128DataBytes - 1) / kLL128DataBytes;
-  const size_t per_block = (lines + gridDim.x - 1) / gridDim.x;
-  const size_t l0 = min(lines, static_cast<size_t>(b) * per_block);
-  const size_t l1 = min(lines, l0 + per_block);
+  const auto [l0, l1] = LL128BlockLines<T>(count);
   const bool aligned8 = (reinterpret_cast<uintptr_t>(data) & 7) == 0;
 
   // 1. Send this block's lines to every peer.
