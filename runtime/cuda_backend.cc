@@ -132,6 +132,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.cuda_graphs = opts.cuda_graphs;
     mo.host_logits = false;
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
+    mo.gemv_max_rows = opts.gemv_max_rows;
     // The candidates' all-gather needs every rank to sample the step with the
     // same parameters: v1's workers do; v0 samples on rank 0 alone.
     mo.sharded_sampling = opts.sharded_sampling && opts.mode == Mode::kV1;

@@ -21,6 +21,7 @@ __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* 
                                   int num_q_heads, int head_dim, int num_splits, int chunk_arg,
                                   const int32_t* __restrict__ chunk_dev) {
   internal::GridDependencyWait();
+  internal::AllowDependentLaunch();  // the O projection may start loading its weights
   const int chunk = SplitChunk(chunk_arg, chunk_dev);
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;

@@ -91,6 +91,22 @@ inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, v
               stream);
 }
 
+// The project's GEMM for decode's fewest rows (gemv.cu): a stream over the
+// weights on every SM, launched with programmatic dependent launch so its
+// first weights load while the kernel before it finishes; no workspace,
+// deterministic. bf16 A and W, bf16 or fp32 C.
+inline constexpr int kGemvMaxRows = 4;
+inline constexpr int64_t kGemvMaxK = 16384;
+
+// Whether Gemv takes `args`: bf16 in, bf16 or fp32 out, 1 <= m <=
+// kGemvMaxRows, 8 <= k <= kGemvMaxK (8192 when m > 2), k and the A / W
+// strides multiples of 8, A and W 16-byte aligned.
+bool GemvSupports(const GemmArgs& args);
+
+// Enqueues C = A · Wᵀ on `stream` (workspace and sm_count_target are
+// ignored). InvalidArgument when !GemvSupports(args).
+absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
+
 // A workspace size that lets cuBLASLt pick its fast (split-K) kernels.
 inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 

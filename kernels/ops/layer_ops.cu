@@ -98,6 +98,7 @@ __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restric
                                     const T* __restrict__ weight, T* __restrict__ out, int hidden,
                                     float eps) {
   internal::GridDependencyWait();
+  internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   __shared__ float scratch[32];
   constexpr int kN = Vec<T>::kN;
   const int64_t r = blockIdx.x;
@@ -153,6 +154,7 @@ template <typename T>
 __global__ void SiluMulVecKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                                  int ffn) {
   internal::GridDependencyWait();
+  internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int kN = Vec<T>::kN;
   const int per_row = ffn / kN;
   const int64_t total = rows * per_row;

@@ -211,6 +211,9 @@ absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m,
                                                     ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
   g.sm_count_target = sm_count_target;
+  if (m <= opt.gemv_max_rows && sm_count_target == 0 && kernels::GemvSupports(g)) {
+    return kernels::Gemv(g, s);
+  }
   return kernels::Gemm(gemm, g, s);
 }
 
@@ -718,6 +721,10 @@ absl::Status GpuModel::State::Init() {
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
   }
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
+  if (opt.gemv_max_rows < 0 || opt.gemv_max_rows > kernels::kGemvMaxRows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GpuModel: gemv_max_rows %d outside [0, %d]", opt.gemv_max_rows, kernels::kGemvMaxRows));
+  }
   if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
       opt.bucket_gemm_sm_margin < 0 || opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
     return absl::InvalidArgumentError(

@@ -121,6 +121,10 @@ struct GpuModelOptions {
   // 53.2 us at M = 128), and a step saves two reduction launches per layer;
   // at M = 256 the split-K kernels win again (gate_up). 0: always use it.
   int gemm_workspace_min_rows = 129;
+  // bf16 GEMMs of at most this many rows (<= kernels::kGemvMaxRows) run
+  // kernels::Gemv, which streams the weights on every SM and starts reading
+  // them while the kernel before it finishes; 0: cuBLASLt always.
+  int gemv_max_rows = 4;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on

@@ -1,8 +1,10 @@
-// cuBLASLt GEMM wrapper: C = A · Wᵀ against a double reference, fp32 (true
-// fp32, no TF32), bf16 -> bf16 and bf16 -> fp32, contiguous and strided.
+// The GEMMs against a double reference: cuBLASLt's wrapper (fp32 is true
+// fp32, no TF32; bf16 -> bf16 and bf16 -> fp32, contiguous and strided) and
+// Gemv, the project's weight-streaming kernel for decode's fewest rows.
 #include "kernels/ops/gemm.h"
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -144,6 +146,98 @@ TEST_F(GemmTest, RejectsBadArguments) {
   CublasLtHandle empty;
   EXPECT_THAT(Gemm(empty, g, stream()),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
+}
+
+// Gemv against the double reference: every M it takes, each of its thread
+// shapes (K up to 2048, 4096, 8192, 16384, with units left over), N below and
+// above the grid, strided operands, both output dtypes; run twice, bitwise
+// the same.
+class GemvTest : public testing::GpuTest {
+ protected:
+  void Check(int64_t M, int64_t N, int64_t K, DType out, int64_t pad) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " -> "
+                                      << DTypeName(out) << " pad=" << pad);
+    const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
+    std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * lda), M * 7 + K);
+    std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * ldw), N * 13 + K);
+    testing::RoundTo(&a, DType::kBF16);
+    testing::RoundTo(&w, DType::kBF16);
+    DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16),
+        dc(static_cast<size_t>(M * ldc), out);
+    da.Upload(a);
+    dw.Upload(w);
+    GemmArgs g;
+    g.a = da.get();
+    g.w = dw.get();
+    g.c = dc.get();
+    g.m = M;
+    g.n = N;
+    g.k = K;
+    g.lda = lda;
+    g.ldw = ldw;
+    g.ldc = ldc;
+    g.in_dtype = DType::kBF16;
+    g.out_dtype = out;
+    ASSERT_TRUE(GemvSupports(g));
+    ASSERT_OK(Gemv(g, stream()));
+    Sync();
+    auto columns = [&](const std::vector<float>& cc) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < N; ++j) v.push_back(cc[i * ldc + j]);
+        for (int64_t j = N; j < ldc; ++j) {
+          EXPECT_TRUE(std::isnan(cc[i * ldc + j])) << "padding column written";
+        }
+      }
+      return v;
+    };
+    const std::vector<float> got = columns(dc.Download());
+    testing::CheckClose(got, ReferenceGemm(a, lda, w, ldw, M, N, K),
+                        out == DType::kBF16 ? 1e-2 : 1e-4, "gemv");
+    ASSERT_OK(Gemv(g, stream()));
+    Sync();
+    EXPECT_EQ(columns(dc.Download()), got) << "not deterministic";
+  }
+};
+
+TEST_F(GemvTest, MatchesReference) {
+  for (int64_t M : {1, 2, 3, 4}) Check(M, 300, 4096, DType::kBF16, 0);
+  Check(1, 1, 64, DType::kBF16, 0);        // one row, one block
+  Check(2, 37, 2048, DType::kBF16, 8);     // fewer rows than the grid, strided
+  Check(3, 1000, 3000, DType::kBF16, 16);  // units left over in the last pass
+  Check(4, 96, 7168, DType::kBF16, 0);     // 512 threads, two units each
+  Check(1, 64, 14336, DType::kBF16, 8);    // four units each
+  Check(2, 20000, 256, DType::kBF16, 0);   // many rows per block: several flushes
+}
+
+TEST_F(GemvTest, Fp32Logits) {
+  for (int64_t M : {1, 4}) Check(M, 1008, 512, DType::kF32, 0);
+}
+
+TEST_F(GemvTest, RejectsWhatItDoesNotTake) {
+  GemmArgs g;
+  DevArray buf(1 << 16, DType::kBF16);
+  g.a = g.w = g.c = buf.get();
+  g.m = 4;
+  g.n = 64;
+  g.k = 64;
+  EXPECT_TRUE(GemvSupports(g));
+  for (auto bad : std::vector<std::function<void(GemmArgs&)>>{
+           [](GemmArgs& x) { x.m = kGemvMaxRows + 1; },
+           [](GemmArgs& x) { x.m = 0; },
+           [](GemmArgs& x) { x.k = 60; },
+           [](GemmArgs& x) { x.k = kGemvMaxK + 8; },
+           [](GemmArgs& x) { x.k = 8200; },  // m = 4: at most 8192
+           [](GemmArgs& x) { x.in_dtype = x.out_dtype = DType::kF32; },
+           [](GemmArgs& x) { x.lda = 68; },
+           [](GemmArgs& x) { x.ldc = 32; },
+           [](GemmArgs& x) { x.w = static_cast<const char*>(x.w) + 2; }}) {
+    GemmArgs x = g;
+    bad(x);
+    EXPECT_FALSE(GemvSupports(x));
+    EXPECT_THAT(Gemv(x, stream()),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("Gemv")));
+  }
 }
 
 }  // namespace

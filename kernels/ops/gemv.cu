@@ -1,0 +1,220 @@
+// Gemv: C[M, N] = A[M, K] · W[N, K]ᵀ for decode's few rows (M <= kGemvMaxRows), bf16.
+//
+// At M <= 4 a linear layer is a read of its weights and nothing else: the
+// multiply-adds are a few per byte, far below what the CUDA cores issue. So
+// the kernel is a stream over W, shaped for three things cuBLASLt's tiled
+// kernels do not give a decode step:
+//
+//  * Every SM streams. Block b owns the weight rows [N b / G, N (b+1) / G)
+//    of a grid G that fills the GPU once (blocks per SM from the occupancy
+//    API), so rows split evenly whatever N is; a tiled kernel runs N / tile
+//    tiles, 24 on an H100's 132 SMs for a 3072-wide TP=2 QKV shard.
+//  * Its first weights are in flight before it waits for the kernel before it.
+//    Launched with programmatic dependent launch (PDL), its blocks start as
+//    soon as that kernel allows (the project's small kernels allow it right
+//    after their own wait: AllowDependentLaunch), load kR weight rows each,
+//    and only then wait for the activations: the latency-bound norm,
+//    all-reduce, merge or SiLU before a GEMM overlaps the head of its read.
+//  * No workspace, no second kernel, a fixed reduction order (bitwise the
+//    same from run to run).
+//
+// Inside a block, thread t owns the 16-byte units t, t + kT, ... (kU of
+// them) of every row: it holds A's values at those columns in registers for
+// the whole kernel and streams kR rows of W at a time (kR x kU 16-byte loads
+// in flight per thread). Each row's kT partial sums meet through a warp
+// shuffle and, in warp order, in shared memory, flushed every kChunk rows.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_format.h"
+#include "common/cuda_check.h"
+#include "kernels/ops/gemm.h"
+#include "kernels/ops/internal/device_utils.cuh"
+
+namespace symtp::kernels {
+namespace {
+
+using internal::bf16;
+
+constexpr int kChunk = 32;  // rows per flush of the block's partial sums
+
+// A streamed weight load: read once, kept out of L1.
+__device__ __forceinline__ uint4 LoadWeights(const bf16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// acc += dot of 8 bf16 weights with 8 bf16 activations, in element order.
+__device__ __forceinline__ float Dot8(uint4 wv, uint4 xv, float acc) {
+  const uint32_t* wp = &wv.x;
+  const uint32_t* xp = &xv.x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(wp[i] << 16), __uint_as_float(xp[i] << 16), acc);
+    acc = fmaf(__uint_as_float(wp[i] & 0xffff0000u), __uint_as_float(xp[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+template <int kT, int kU, int kR, int kM, typename TOut>
+__global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
+    GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
+               TOut* __restrict__ c, int64_t ldc, int m, int n, int k) {
+  constexpr int kWarps = kT / 32;
+  __shared__ float part[kChunk][kM][kWarps];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int units = k >> 3;
+  const int r0 = static_cast<int>(static_cast<int64_t>(n) * blockIdx.x / gridDim.x);
+  const int r1 = static_cast<int>(static_cast<int64_t>(n) * (blockIdx.x + 1) / gridDim.x);
+
+  uint4 wv[kR][kU];
+  auto load = [&](int r) {
+#pragma unroll
+    for (int j = 0; j < kR; ++j) {
+#pragma unroll
+      for (int i = 0; i < kU; ++i) {
+        const int u = tid + i * kT;
+        wv[j][i] = r + j < r1 && u < units
+                       ? LoadWeights(w + static_cast<int64_t>(r + j) * ldw + 8 * u)
+                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load(r0);  // weights never depend on the kernel before: read them before the wait
+  internal::GridDependencyWait();
+  internal::AllowDependentLaunch();
+
+  uint4 xv[kM][kU];
+#pragma unroll
+  for (int mm = 0; mm < kM; ++mm) {
+#pragma unroll
+    for (int i = 0; i < kU; ++i) {
+      const int u = tid + i * kT;
+      xv[mm][i] = mm < m && u < units
+                      ? __ldg(reinterpret_cast<const uint4*>(a + mm * lda + 8 * u))
+                      : make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  for (int base = r0; base < r1; base += kChunk) {
+    const int end = min(base + kChunk, r1);
+    for (int r = base; r < end; r += kR) {
+      float acc[kR][kM];
+#pragma unroll
+      for (int j = 0; j < kR; ++j) {
+#pragma unroll
+        for (int mm = 0; mm < kM; ++mm) {
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < kU; ++i) s = Dot8(wv[j][i], xv[mm][i], s);
+          acc[j][mm] = s;
+        }
+      }
+      if (r + kR < r1) load(r + kR);  // the next rows' loads fly during the reduction
+#pragma unroll
+      for (int j = 0; j < kR; ++j) {
+#pragma unroll
+        for (int mm = 0; mm < kM; ++mm) {
+          const float s = internal::WarpSum(acc[j][mm]);
+          if (lane == 0 && r + j < end) part[r + j - base][mm][warp] = s;
+        }
+      }
+    }
+    __syncthreads();
+    for (int e = tid; e < (end - base) * kM; e += kT) {
+      const int row = e / kM, mm = e - row * kM;
+      if (mm >= m) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) s += part[row][mm][v];
+      c[mm * ldc + base + row] = internal::FromFloat<TOut>(s);
+    }
+    __syncthreads();
+  }
+}
+
+// Blocks of `kernel` that fill every SM once (occupancy API, cached per
+// device: a process drives at most a few GPUs).
+int FullGrid(const void* kernel, int threads, std::atomic<int>* cache) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) dev = 0;
+  int g = cache[dev].load(std::memory_order_relaxed);
+  if (g > 0) return g;
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;  // a valid grid either way; only the speed depends on it
+  }
+  g = std::max(1, sms * std::max(1, per_sm));
+  cache[dev].store(g, std::memory_order_relaxed);
+  return g;
+}
+
+template <int kT, int kU, int kR, int kM, typename TOut>
+cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
+  static std::atomic<int> cache[16];
+  auto* kernel = GemvKernel<kT, kU, kR, kM, TOut>;
+  const int grid =
+      std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache), g.n);
+  return internal::LaunchDependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s,
+                                   static_cast<const bf16*>(g.a), lda,
+                                   static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c),
+                                   ldc, static_cast<int>(g.m), static_cast<int>(g.n),
+                                   static_cast<int>(g.k));
+}
+
+// The thread shape for K: kT x kU 16-byte units cover a row, kR x kU loads
+// (128 bytes) in flight per thread. Rows longer than 8192 take M <= 2 (A's
+// registers would spill at 4: GemvSupports).
+template <int kM, typename TOut>
+cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
+  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
+  if (g.k <= 4096) return Launch<256, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+  if constexpr (kM <= 2) {
+    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut>(g, lda, ldw, ldc, s);
+  }
+  return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+}
+
+template <typename TOut>
+cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
+  if (g.m == 1) return LaunchK<1, TOut>(g, lda, ldw, ldc, s);
+  if (g.m == 2) return LaunchK<2, TOut>(g, lda, ldw, ldc, s);
+  return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
+}
+
+}  // namespace
+
+bool GemvSupports(const GemmArgs& g) {
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
+  return g.in_dtype == DType::kBF16 &&
+         (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
+         g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
+         g.k <= kGemvMaxK && (g.k <= 8192 || g.m <= 2) && g.k % 8 == 0 && lda >= g.k && lda % 8 == 0 && ldw >= g.k &&
+         ldw % 8 == 0 && ldc >= g.n && internal::Aligned16(g.a) && internal::Aligned16(g.w) &&
+         g.c != nullptr;
+}
+
+absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
+  if (!GemvSupports(g)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Gemv: unsupported m=%d n=%d k=%d lda=%d ldw=%d ldc=%d %s -> %s (bf16 in, 1 <= m <= %d, "
+        "8 <= k <= %d (8192 for m > 2), k and strides multiples of 8, A and W 16-byte aligned)",
+        g.m, g.n, g.k, g.lda, g.ldw, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype),
+        kGemvMaxRows, kGemvMaxK));
+  }
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
+  const cudaError_t e = g.out_dtype == DType::kF32
+                            ? LaunchM<float>(g, lda, ldw, ldc, stream)
+                            : LaunchM<bf16>(g, lda, ldw, ldc, stream);
+  CUDA_RETURN_IF_ERROR(e);
+  return absl::OkStatus();
+}
+
+}  // namespace symtp::kernels
