@@ -1,6 +1,6 @@
 // Gemv: C[M, N] = A[M, K] · W[N, K]ᵀ for decode's few rows (M <= kGemvMaxRows), bf16.
 //
-// At M <= 4 a linear layer is a read of its weights and nothing else: the
+// At M <= 8 a linear layer is a read of its weights and nothing else: the
 // multiply-adds are a few per byte, far below what the CUDA cores issue. So
 // the kernel is a stream over W, shaped for three things cuBLASLt's tiled
 // kernels do not give a decode step:
@@ -61,6 +61,29 @@ __device__ __forceinline__ float Dot8(uint4 wv, uint4 xv, float acc) {
   return acc;
 }
 
+// Sums each of a lane's kN values over the warp (kN a power of two <= 32),
+// halving the values at each exchange: lane L ends with the total of value
+// L >> (5 - log2 kN) (kN - 1 + 5 - log2 kN shuffles, not 5 kN). The order of
+// the additions is fixed, so the result is the same from run to run.
+template <int kN>
+__device__ __forceinline__ float WarpReduceScatter(float (&v)[kN], int lane) {
+  static_assert(kN >= 1 && kN <= 32 && (kN & (kN - 1)) == 0, "kN: a power of two <= 32");
+  int o = 16;
+#pragma unroll
+  for (int n = kN; n > 1; n >>= 1, o >>= 1) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const float send = upper ? v[i] : v[i + n / 2];
+      const float keep = upper ? v[i + n / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+  float s = v[0];
+  for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 template <int kT, int kU, int kR, int kM, typename TOut>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
@@ -116,14 +139,21 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
         }
       }
       if (r + kR < r1) load(r + kR);  // the next rows' loads fly during the reduction
+      constexpr int kN = kR * kM, kShift = 5 - (kN >= 32   ? 5
+                                                 : kN >= 16 ? 4
+                                                 : kN >= 8  ? 3
+                                                 : kN >= 4  ? 2
+                                                 : kN >= 2  ? 1
+                                                            : 0);
+      float flat[kN];
 #pragma unroll
       for (int j = 0; j < kR; ++j) {
 #pragma unroll
-        for (int mm = 0; mm < kM; ++mm) {
-          const float s = internal::WarpSum(acc[j][mm]);
-          if (lane == 0 && r + j < end) part[r + j - base][mm][warp] = s;
-        }
+        for (int mm = 0; mm < kM; ++mm) flat[j * kM + mm] = acc[j][mm];
       }
+      const float sum = WarpReduceScatter<kN>(flat, lane);
+      const int idx = lane >> kShift, j = idx / kM, mm = idx - j * kM;
+      if ((lane & ((1 << kShift) - 1)) == 0 && r + j < end) part[r + j - base][mm][warp] = sum;
     }
     __syncthreads();
     for (int e = tid; e < (end - base) * kM; e += kT) {
@@ -169,24 +199,31 @@ cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cud
                                    static_cast<int>(g.k));
 }
 
-// The thread shape for K: kT x kU 16-byte units cover a row, kR x kU loads
-// (128 bytes) in flight per thread. Rows longer than 8192 take M <= 2 (A's
-// registers would spill at 4: GemvSupports).
+// The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
+// at a time keep kR x kU loads in flight per thread (128 bytes, 64 where A's
+// rows take the registers); kR x kM <= 32 values per reduction. Longer rows
+// take fewer rows of A (their registers would spill): k <= 16384 for M <= 2,
+// 8192 for M <= 4, 4096 for M <= 8 (GemvSupports).
 template <int kM, typename TOut>
 cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
-  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
-  if (g.k <= 4096) return Launch<256, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+  if (g.k <= 2048) return Launch<256, 1, kM <= 4 ? 8 : 4, kM, TOut>(g, lda, ldw, ldc, s);
+  if (g.k <= 4096) {
+    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+    return Launch<512, 1, kM <= 4 ? 8 : 4, kM, TOut>(g, lda, ldw, ldc, s);
+  }
   if constexpr (kM <= 2) {
     if (g.k > 8192) return Launch<512, 4, 2, kM, TOut>(g, lda, ldw, ldc, s);
   }
-  return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+  if constexpr (kM <= 4) return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+  return cudaErrorInvalidValue;  // GemvSupports: k <= 4096 when m > 4
 }
 
 template <typename TOut>
 cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
   if (g.m == 1) return LaunchK<1, TOut>(g, lda, ldw, ldc, s);
   if (g.m == 2) return LaunchK<2, TOut>(g, lda, ldw, ldc, s);
-  return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
+  if (g.m <= 4) return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
+  return LaunchK<8, TOut>(g, lda, ldw, ldc, s);
 }
 
 }  // namespace
@@ -196,7 +233,7 @@ bool GemvSupports(const GemmArgs& g) {
   return g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
-         g.k <= kGemvMaxK && (g.k <= 8192 || g.m <= 2) && g.k % 8 == 0 && lda >= g.k && lda % 8 == 0 && ldw >= g.k &&
+         g.k <= kGemvMaxK && g.k <= (g.m <= 2 ? kGemvMaxK : g.m <= 4 ? 8192 : 4096) && g.k % 8 == 0 && lda >= g.k && lda % 8 == 0 && ldw >= g.k &&
          ldw % 8 == 0 && ldc >= g.n && internal::Aligned16(g.a) && internal::Aligned16(g.w) &&
          g.c != nullptr;
 }
@@ -205,7 +242,7 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
   if (!GemvSupports(g)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Gemv: unsupported m=%d n=%d k=%d lda=%d ldw=%d ldc=%d %s -> %s (bf16 in, 1 <= m <= %d, "
-        "8 <= k <= %d (8192 for m > 2), k and strides multiples of 8, A and W 16-byte aligned)",
+        "8 <= k <= %d (8192 for m > 2, 4096 for m > 4), k and strides multiples of 8, A and W 16-byte aligned)",
         g.m, g.n, g.k, g.lda, g.ldw, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype),
         kGemvMaxRows, kGemvMaxK));
   }
