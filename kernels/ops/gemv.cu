@@ -61,6 +61,24 @@ __device__ __forceinline__ float Dot8(uint4 wv, uint4 xv, float acc) {
   return acc;
 }
 
+// One exchange of a warp reduce-scatter: lanes that differ in bit kO swap
+// halves of their kN values; each keeps the sum of the half it holds.
+template <int kN, int kO>
+__device__ __forceinline__ void HalveOver(float* v, int lane) {
+  if constexpr (kN > 1) {
+    const bool upper = (lane & kO) != 0;
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const float send = upper ? v[i] : v[i + kN / 2];
+      const float keep = upper ? v[i + kN / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+    }
+    HalveOver<kN / 2, kO / 2>(v, lane);
+  }
+}
+
+constexpr int Log2(int n) { return n > 1 ? 1 + Log2(n / 2) : 0; }
+
 // Sums each of a lane's kN values over the warp (kN a power of two <= 32),
 // halving the values at each exchange: lane L ends with the total of value
 // L >> (5 - log2 kN) (kN - 1 + 5 - log2 kN shuffles, not 5 kN). The order of
@@ -68,19 +86,10 @@ __device__ __forceinline__ float Dot8(uint4 wv, uint4 xv, float acc) {
 template <int kN>
 __device__ __forceinline__ float WarpReduceScatter(float (&v)[kN], int lane) {
   static_assert(kN >= 1 && kN <= 32 && (kN & (kN - 1)) == 0, "kN: a power of two <= 32");
-  int o = 16;
-#pragma unroll
-  for (int n = kN; n > 1; n >>= 1, o >>= 1) {
-    const bool upper = (lane & o) != 0;
-#pragma unroll
-    for (int i = 0; i < n / 2; ++i) {
-      const float send = upper ? v[i] : v[i + n / 2];
-      const float keep = upper ? v[i + n / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-  }
+  HalveOver<kN, 16>(v, lane);
   float s = v[0];
-  for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+#pragma unroll
+  for (int o = 16 >> Log2(kN); o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
 }
 
@@ -139,12 +148,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
         }
       }
       if (r + kR < r1) load(r + kR);  // the next rows' loads fly during the reduction
-      constexpr int kN = kR * kM, kShift = 5 - (kN >= 32   ? 5
-                                                 : kN >= 16 ? 4
-                                                 : kN >= 8  ? 3
-                                                 : kN >= 4  ? 2
-                                                 : kN >= 2  ? 1
-                                                            : 0);
+      constexpr int kN = kR * kM, kShift = 5 - Log2(kN);
       float flat[kN];
 #pragma unroll
       for (int j = 0; j < kR; ++j) {
