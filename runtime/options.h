@@ -114,7 +114,7 @@ struct JobOptions {
   int64_t custom_allreduce_ll_max_bytes = 0;  // 0: CustomAllReduce's default for the TP degree
   int64_t custom_allreduce_ll128_max_bytes = -1;  // -1: CustomAllReduce's default; 0: off
   bool fuse_allreduce_norm = true;
-  int gemv_max_rows = 8;  // model::GpuModelOptions::gemv_max_rows
+  int gemv_max_rows = 4;         // model::GpuModelOptions::gemv_max_rows
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

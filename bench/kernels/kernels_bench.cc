@@ -3,10 +3,11 @@
 //
 //   ceilings        bf16 GEMM rate of a large cuBLASLt product (random data),
 //                   device-to-device copy bandwidth (bytes read + written)
-//   decode_gemm     cuBLASLt at M = 1/8/32/128/256/512 tokens for the linear
+//   decode_gemm     cuBLASLt at M = 1/2/4/8/32/128/256/512 tokens for the linear
 //                   layers of llama-8b / llama-70b shards at TP = 1 and 2
 //                   (weights rotated through a buffer larger than L2), graph
 //                   time also with no workspace (no split-K reduction kernel)
+//                   and with the project's Gemv where it takes M
 //   decode_attn     paged decode attention, context 1024, batch 1..512,
 //                   GB/s of K+V read, per decode kernel
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
@@ -334,9 +335,9 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       "\ndecode GEMMs (bf16, fp32 accumulate): C[M,N] = A[M,K] W[N,K]^T, cuBLASLt's heuristic; "
       "us = one launch between two events, graph = per call of 20 captured in a CUDA graph (as "
       "decode runs)\n");
-  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %7s %8s %7s %8s %7s\n",
-              "model", "tp", "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph",
-              "%peak", "W%copy", "ws0", "W%copy", "gemv", "W%copy");
+  std::printf("%-16s %2s %-8s %6s %6s %4s %9s %8s %7s %8s %8s %7s %7s %8s %7s %8s %7s\n", "model",
+              "tp", "layer", "N", "K", "M", "us", "TFLOP/s", "%peak", "W GB/s", "graph", "%peak",
+              "W%copy", "ws0", "W%copy", "gemv", "W%copy");
   for (const auto& g : shapes) {
     const size_t wbytes = static_cast<size_t>(g.n * g.k * 2);
     for (int64_t m : {1, 2, 4, 8, 32, 128, 256, 512}) {
@@ -358,12 +359,10 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           const int64_t row = probe / g.n, col = probe % g.n;
           std::vector<uint16_t> ar(g.k), wr(g.k);
           uint16_t cv = 0;
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(ar.data(),
-                                          static_cast<char*>(abuf.get()) + row * g.k * 2, g.k * 2,
-                                          cudaMemcpyDeviceToHost));
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(),
-                                          static_cast<char*>(wbuf.get()) + col * g.k * 2, g.k * 2,
-                                          cudaMemcpyDeviceToHost));
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(ar.data(), static_cast<char*>(abuf.get()) + row * g.k * 2,
+                                          g.k * 2, cudaMemcpyDeviceToHost));
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(wr.data(), static_cast<char*>(wbuf.get()) + col * g.k * 2,
+                                          g.k * 2, cudaMemcpyDeviceToHost));
           CUDA_RETURN_IF_ERROR(cudaMemcpy(&cv, static_cast<char*>(cbuf.get()) + probe * 2, 2,
                                           cudaMemcpyDeviceToHost));
           double ref = 0, mag = 0;
@@ -373,8 +372,8 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
           }
           if (std::fabs(Bf16ToFloat(cv) - ref) > 1e-2 * mag + 1e-6) {
             return absl::InternalError(absl::StrFormat("%s check failed for %s %s M=%d: %g vs %g",
-                                                       what, g.model, g.layer, m,
-                                                       Bf16ToFloat(cv), ref));
+                                                       what, g.model, g.layer, m, Bf16ToFloat(cv),
+                                                       ref));
           }
         }
         return absl::OkStatus();
@@ -385,10 +384,10 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       SYMTP_RETURN_IF_ERROR(check("GEMM"));
       // The project's GEMV where it takes the shape (decode's fewest rows).
       auto gemv = [&](int i) {
-        return kernels::Gemv(kernels::ContiguousGemmArgs(abuf.get(), ops.Weights(g.n, g.k, i),
-                                                         cbuf.get(), m, g.n, g.k, DType::kBF16,
-                                                         nullptr, 0),
-                             s);
+        return kernels::Gemv(
+            kernels::ContiguousGemmArgs(abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n,
+                                        g.k, DType::kBF16, nullptr, 0),
+            s);
       };
       const bool has_gemv = kernels::GemvSupports(kernels::ContiguousGemmArgs(
           abuf.get(), wbuf.get(), cbuf.get(), m, g.n, g.k, DType::kBF16, nullptr, 0));
@@ -419,11 +418,12 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       const double wgbps = static_cast<double>(wbytes) / (us * 1e-6) / 1e9;
       std::printf(
           "%-16s %2d %-8s %6lld %6lld %4lld %9.1f %8.1f %6.1f%% %8.0f %8.1f %6.1f%% %6.1f%% %8.1f "
-          "%6.1f%% %8.1f %6.1f%%\n",
+          "%6.1f%% %8s %7s\n",
           g.model, g.tp, g.layer, static_cast<long long>(g.n), static_cast<long long>(g.k),
           static_cast<long long>(m), us, tflops, 100.0 * tflops / c.gemm_tflops, wgbps, us_graph,
-          100.0 * frac_graph, 100.0 * wcopy(us_graph), us_ws0, 100.0 * wcopy(us_ws0), us_gemv,
-          has_gemv ? 100.0 * wcopy(us_gemv) : 0.0);
+          100.0 * frac_graph, 100.0 * wcopy(us_graph), us_ws0, 100.0 * wcopy(us_ws0),
+          has_gemv ? absl::StrFormat("%.1f", us_gemv).c_str() : "-",
+          has_gemv ? absl::StrFormat("%.1f%%", 100.0 * wcopy(us_gemv)).c_str() : "-");
       js->gemm.push_back(JsonWriter()
                              .Open('{')
                              .Field("model", g.model)
@@ -440,7 +440,7 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
                              .Field("graph_frac_of_measured_peak", frac_graph, 4)
                              .Field("graph_weight_frac_of_copy", wcopy(us_graph), 4)
                              .Field("graph_us_no_workspace", us_ws0, 2)
-                             .Field("graph_us_gemv", us_gemv, 2)
+                             .Field("graph_us_gemv", us_gemv, 2)  // 0: Gemv does not take M
                              .Close()
                              .Take());
     }

@@ -95,11 +95,11 @@ inline absl::Status Gemm(CublasLtHandle& handle, const void* a, const void* w, v
 // weights on every SM, launched with programmatic dependent launch so its
 // first weights load while the kernel before it finishes; no workspace,
 // deterministic. bf16 A and W, bf16 or fp32 C.
-inline constexpr int kGemvMaxRows = 8;
+inline constexpr int kGemvMaxRows = 4;
 inline constexpr int64_t kGemvMaxK = 16384;
 
 // Whether Gemv takes `args`: bf16 in, bf16 or fp32 out, 1 <= m <=
-// kGemvMaxRows, 8 <= k <= kGemvMaxK (8192 when m > 2, 4096 when m > 4), k and the A / W
+// kGemvMaxRows, 8 <= k <= kGemvMaxK (8192 when m > 2), k and the A / W
 // strides multiples of 8, A and W 16-byte aligned.
 bool GemvSupports(const GemmArgs& args);
 

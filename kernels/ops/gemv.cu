@@ -1,6 +1,6 @@
 // Gemv: C[M, N] = A[M, K] · W[N, K]ᵀ for decode's few rows (M <= kGemvMaxRows), bf16.
 //
-// At M <= 8 a linear layer is a read of its weights and nothing else: the
+// At M <= 4 a linear layer is a read of its weights and nothing else: the
 // multiply-adds are a few per byte, far below what the CUDA cores issue. So
 // the kernel is a stream over W, shaped for three things cuBLASLt's tiled
 // kernels do not give a decode step:
@@ -127,9 +127,8 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < kU; ++i) {
       const int u = tid + i * kT;
-      xv[mm][i] = mm < m && u < units
-                      ? __ldg(reinterpret_cast<const uint4*>(a + mm * lda + 8 * u))
-                      : make_uint4(0, 0, 0, 0);
+      xv[mm][i] = mm < m && u < units ? __ldg(reinterpret_cast<const uint4*>(a + mm * lda + 8 * u))
+                                      : make_uint4(0, 0, 0, 0);
     }
   }
 
@@ -196,38 +195,34 @@ cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cud
   auto* kernel = GemvKernel<kT, kU, kR, kM, TOut>;
   const int grid =
       std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache), g.n);
-  return internal::LaunchDependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s,
-                                   static_cast<const bf16*>(g.a), lda,
-                                   static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c),
-                                   ldc, static_cast<int>(g.m), static_cast<int>(g.n),
-                                   static_cast<int>(g.k));
+  return internal::LaunchDependent(
+      kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a), lda,
+      static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c), ldc, static_cast<int>(g.m),
+      static_cast<int>(g.n), static_cast<int>(g.k));
 }
 
 // The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
-// at a time keep kR x kU loads in flight per thread (128 bytes, 64 where A's
-// rows take the registers); kR x kM <= 32 values per reduction. Longer rows
-// take fewer rows of A (their registers would spill): k <= 16384 for M <= 2,
-// 8192 for M <= 4, 4096 for M <= 8 (GemvSupports).
+// at a time keep kR x kU loads (128 bytes) in flight per thread; kR x kM <=
+// 32 values per reduction. Rows longer than 8192 take M <= 2 (A's registers
+// would spill at 4: GemvSupports).
 template <int kM, typename TOut>
 cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
-  if (g.k <= 2048) return Launch<256, 1, kM <= 4 ? 8 : 4, kM, TOut>(g, lda, ldw, ldc, s);
+  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
   if (g.k <= 4096) {
     if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
-    return Launch<512, 1, kM <= 4 ? 8 : 4, kM, TOut>(g, lda, ldw, ldc, s);
+    return Launch<512, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
   }
   if constexpr (kM <= 2) {
     if (g.k > 8192) return Launch<512, 4, 2, kM, TOut>(g, lda, ldw, ldc, s);
   }
-  if constexpr (kM <= 4) return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
-  return cudaErrorInvalidValue;  // GemvSupports: k <= 4096 when m > 4
+  return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
 }
 
 template <typename TOut>
 cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
   if (g.m == 1) return LaunchK<1, TOut>(g, lda, ldw, ldc, s);
   if (g.m == 2) return LaunchK<2, TOut>(g, lda, ldw, ldc, s);
-  if (g.m <= 4) return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
-  return LaunchK<8, TOut>(g, lda, ldw, ldc, s);
+  return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
 }
 
 }  // namespace
@@ -237,23 +232,22 @@ bool GemvSupports(const GemmArgs& g) {
   return g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
-         g.k <= kGemvMaxK && g.k <= (g.m <= 2 ? kGemvMaxK : g.m <= 4 ? 8192 : 4096) && g.k % 8 == 0 && lda >= g.k && lda % 8 == 0 && ldw >= g.k &&
-         ldw % 8 == 0 && ldc >= g.n && internal::Aligned16(g.a) && internal::Aligned16(g.w) &&
-         g.c != nullptr;
+         g.k <= kGemvMaxK && (g.m <= 2 || g.k <= 8192) && g.k % 8 == 0 && lda >= g.k &&
+         lda % 8 == 0 && ldw >= g.k && ldw % 8 == 0 && ldc >= g.n && internal::Aligned16(g.a) &&
+         internal::Aligned16(g.w) && g.c != nullptr;
 }
 
 absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
   if (!GemvSupports(g)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Gemv: unsupported m=%d n=%d k=%d lda=%d ldw=%d ldc=%d %s -> %s (bf16 in, 1 <= m <= %d, "
-        "8 <= k <= %d (8192 for m > 2, 4096 for m > 4), k and strides multiples of 8, A and W 16-byte aligned)",
+        "8 <= k <= %d (8192 for m > 2), k and strides multiples of 8, A and W 16-byte aligned)",
         g.m, g.n, g.k, g.lda, g.ldw, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype),
         kGemvMaxRows, kGemvMaxK));
   }
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
-  const cudaError_t e = g.out_dtype == DType::kF32
-                            ? LaunchM<float>(g, lda, ldw, ldc, stream)
-                            : LaunchM<bf16>(g, lda, ldw, ldc, stream);
+  const cudaError_t e = g.out_dtype == DType::kF32 ? LaunchM<float>(g, lda, ldw, ldc, stream)
+                                                   : LaunchM<bf16>(g, lda, ldw, ldc, stream);
   CUDA_RETURN_IF_ERROR(e);
   return absl::OkStatus();
 }

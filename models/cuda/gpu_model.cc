@@ -722,8 +722,8 @@ absl::Status GpuModel::State::Init() {
   }
   if (H > 12288) return absl::InvalidArgumentError("GpuModel: hidden > 12288");
   if (opt.gemv_max_rows < 0 || opt.gemv_max_rows > kernels::kGemvMaxRows) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "GpuModel: gemv_max_rows %d outside [0, %d]", opt.gemv_max_rows, kernels::kGemvMaxRows));
+    return absl::InvalidArgumentError(absl::StrFormat("GpuModel: gemv_max_rows %d outside [0, %d]",
+                                                      opt.gemv_max_rows, kernels::kGemvMaxRows));
   }
   if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
       opt.bucket_gemm_sm_margin < 0 || opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {

@@ -124,7 +124,7 @@ struct GpuModelOptions {
   // bf16 GEMMs of at most this many rows (<= kernels::kGemvMaxRows) run
   // kernels::Gemv, which streams the weights on every SM and starts reading
   // them while the kernel before it finishes; 0: cuBLASLt always.
-  int gemv_max_rows = 8;
+  int gemv_max_rows = 4;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on

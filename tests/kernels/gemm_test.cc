@@ -201,19 +201,18 @@ class GemvTest : public testing::GpuTest {
 };
 
 TEST_F(GemvTest, MatchesReference) {
-  for (int64_t M : {1, 2, 3, 4, 5, 8}) Check(M, 300, 4096, DType::kBF16, 0);
+  for (int64_t M : {1, 2, 3, 4}) Check(M, 300, 4096, DType::kBF16, 0);
   Check(1, 1, 64, DType::kBF16, 0);        // one row, one block
   Check(2, 37, 2048, DType::kBF16, 8);     // fewer rows than the grid, strided
   Check(3, 1000, 3000, DType::kBF16, 16);  // units left over in the last pass
   Check(4, 96, 7168, DType::kBF16, 0);     // 512 threads, two units each
-  Check(7, 96, 4096, DType::kBF16, 8);
-  Check(8, 130, 1024, DType::kBF16, 0);
+  Check(3, 130, 1024, DType::kBF16, 8);    // 256 threads, one unit each
   Check(1, 64, 14336, DType::kBF16, 8);    // four units each
   Check(2, 20000, 256, DType::kBF16, 0);   // many rows per block: several flushes
 }
 
 TEST_F(GemvTest, Fp32Logits) {
-  for (int64_t M : {1, 4, 8}) Check(M, 1008, 512, DType::kF32, 0);
+  for (int64_t M : {1, 4}) Check(M, 1008, 512, DType::kF32, 0);
 }
 
 TEST_F(GemvTest, RejectsWhatItDoesNotTake) {
@@ -225,18 +224,11 @@ TEST_F(GemvTest, RejectsWhatItDoesNotTake) {
   g.k = 64;
   EXPECT_TRUE(GemvSupports(g));
   for (auto bad : std::vector<std::function<void(GemmArgs&)>>{
-           [](GemmArgs& x) { x.m = kGemvMaxRows + 1; },
-           [](GemmArgs& x) { x.m = 0; },
-           [](GemmArgs& x) { x.k = 60; },
-           [](GemmArgs& x) { x.k = kGemvMaxK + 8; },
+           [](GemmArgs& x) { x.m = kGemvMaxRows + 1; }, [](GemmArgs& x) { x.m = 0; },
+           [](GemmArgs& x) { x.k = 60; }, [](GemmArgs& x) { x.k = kGemvMaxK + 8; },
            [](GemmArgs& x) { x.k = 8200; },  // m = 4: at most 8192
-           [](GemmArgs& x) {
-             x.m = 5;
-             x.k = 4104;  // m > 4: at most 4096
-           },
            [](GemmArgs& x) { x.in_dtype = x.out_dtype = DType::kF32; },
-           [](GemmArgs& x) { x.lda = 68; },
-           [](GemmArgs& x) { x.ldc = 32; },
+           [](GemmArgs& x) { x.lda = 68; }, [](GemmArgs& x) { x.ldc = 32; },
            [](GemmArgs& x) { x.w = static_cast<const char*>(x.w) + 2; }}) {
     GemmArgs x = g;
     bad(x);

@@ -269,8 +269,11 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // device samples): logits and tokens must be bitwise equal at every step.
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
+// `seqs` decode rows (5 are padded to 8 in the graph and run cuBLASLt; at most
+// kernels::kGemvMaxRows run kernels::Gemv in bf16).
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
-                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false) {
+                  DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
+                  int seqs = 5) {
   auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
   auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
   ASSERT_OK(a);
@@ -279,7 +282,8 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     a->FailNextCaptureForTesting(absl::InternalError("injected capture failure"));
   }
   SimBatch sim(cfg, kBlocks, 3);
-  for (int p : {60, 20, 62, 1, 45}) sim.AddSequence(p, cfg.vocab);  // 5 seqs: padded to 8
+  const std::vector<int> prompts = {60, 20, 62, 1, 45};
+  for (int i = 0; i < seqs; ++i) sim.AddSequence(prompts[i], cfg.vocab);
   std::vector<int> prev_rows;
   for (int step = 0; step < 12; ++step) {
     std::vector<int> rows;
@@ -328,6 +332,10 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
 
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream());
+}
+TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseGemvBf16) {
+  // 3 rows, padded to 4 in the graph: Gemv launched with PDL inside the graph.
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 3);
 }
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
   GraphVsEager(Cfg("tiny"), DType::kF32, stream());
