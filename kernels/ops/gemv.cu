@@ -21,8 +21,9 @@
 // Inside a block, thread t owns the 16-byte units t, t + kT, ... (kU of
 // them) of every row: it holds A's values at those columns in registers for
 // the whole kernel and streams kR rows of W at a time (kR x kU 16-byte loads
-// in flight per thread). Each row's kT partial sums meet through a warp
-// shuffle and, in warp order, in shared memory, flushed every kChunk rows.
+// in flight per thread). The kR x kM partial sums of a pass meet across a
+// warp's lanes in one reduce-scatter, then across the warps, in warp order,
+// in shared memory, flushed every kChunk rows.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
                TOut* __restrict__ c, int64_t ldc, int m, int n, int k) {
   constexpr int kWarps = kT / 32;
+  static_assert(kChunk % kR == 0, "a pass of kR rows never straddles a flush");
   __shared__ float part[kChunk][kM][kWarps];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int units = k >> 3;
