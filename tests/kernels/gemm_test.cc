@@ -32,6 +32,24 @@ std::vector<double> ReferenceGemm(const std::vector<float>& a, int64_t lda,
   return c;
 }
 
+// The arguments of C[M, N] = A · Wᵀ over device arrays with row strides.
+GemmArgs StridedArgs(const DevArray& a, const DevArray& w, DevArray& c, int64_t M, int64_t N,
+                     int64_t K, int64_t lda, int64_t ldw, int64_t ldc, DType in, DType out) {
+  GemmArgs g;
+  g.a = a.get();
+  g.w = w.get();
+  g.c = c.get();
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.lda = lda;
+  g.ldw = ldw;
+  g.ldc = ldc;
+  g.in_dtype = in;
+  g.out_dtype = out;
+  return g;
+}
+
 class GemmTest : public testing::GpuTest {
  protected:
   void SetUp() override {
@@ -64,18 +82,7 @@ class GemmTest : public testing::GpuTest {
     DevArray da(a.size(), in), dw(w.size(), in), dc(static_cast<size_t>(M * ldc), out);
     da.Upload(a);
     dw.Upload(w);
-    GemmArgs g;
-    g.a = da.get();
-    g.w = dw.get();
-    g.c = dc.get();
-    g.m = M;
-    g.n = N;
-    g.k = K;
-    g.lda = lda;
-    g.ldw = ldw;
-    g.ldc = ldc;
-    g.in_dtype = in;
-    g.out_dtype = out;
+    GemmArgs g = StridedArgs(da, dw, dc, M, N, K, lda, ldw, ldc, in, out);
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
     g.sm_count_target = sm_count_target;
@@ -166,18 +173,7 @@ class GemvTest : public testing::GpuTest {
         dc(static_cast<size_t>(M * ldc), out);
     da.Upload(a);
     dw.Upload(w);
-    GemmArgs g;
-    g.a = da.get();
-    g.w = dw.get();
-    g.c = dc.get();
-    g.m = M;
-    g.n = N;
-    g.k = K;
-    g.lda = lda;
-    g.ldw = ldw;
-    g.ldc = ldc;
-    g.in_dtype = DType::kBF16;
-    g.out_dtype = out;
+    const GemmArgs g = StridedArgs(da, dw, dc, M, N, K, lda, ldw, ldc, DType::kBF16, out);
     ASSERT_TRUE(GemvSupports(g));
     ASSERT_OK(Gemv(g, stream()));
     Sync();
