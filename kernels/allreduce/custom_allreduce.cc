@@ -91,9 +91,10 @@ struct Hello {
 // row of 4096 bf16 in isolation (3.29 vs 3.55 us), but the batch-1 step
 // with it was 1.005x (a run's spread is about that: the same kernels
 // measured 1.003x apart), so the fused LL keeps 1-2 rows (16 KiB), where no
-// gain was shown, and LL128 takes over from 4 rows (3.43 vs 3.87 us). At TP 4 LL128 wins at 128-512 KiB
-// but loses to STAGED from 1 MiB (16.9 vs 15.4 us: every rank pushes three
-// copies and LL128 7% more bytes), and decode steps with it were no faster
+// gain was shown, and LL128 takes over from 4 rows (3.43 vs 3.87 us). At
+// TP 4 LL128 wins at 128-512 KiB but loses to STAGED from 1 MiB (16.9 vs
+// 15.4 us: every rank pushes three copies and LL128 7% more bytes), and
+// decode steps with it were no faster
 // (0.995-1.05x), so TP 4 and TP 8 (unmeasured) keep LL up to 256 KiB / size,
 // the fused LL up to 128 KiB (capped at that) and STAGED above.
 struct Limits {
@@ -414,14 +415,17 @@ const char* CustomAllReduce::ProtocolName(Protocol protocol) {
   return "?";
 }
 
-CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {
-  if (bytes <= ll_max_bytes_) return Protocol::kLL;
+CustomAllReduce::Protocol CustomAllReduce::ProtocolUpTo(size_t bytes, size_t ll_limit) const {
+  if (bytes <= ll_limit) return Protocol::kLL;
   return bytes <= ll128_max_bytes_ ? Protocol::kLL128 : Protocol::kStaged;
 }
 
+CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {
+  return ProtocolUpTo(bytes, ll_max_bytes_);
+}
+
 CustomAllReduce::Protocol CustomAllReduce::FusedProtocolFor(size_t bytes) const {
-  if (bytes <= fused_ll_max_bytes_) return Protocol::kLL;
-  return bytes <= ll128_max_bytes_ ? Protocol::kLL128 : Protocol::kStaged;
+  return ProtocolUpTo(bytes, fused_ll_max_bytes_);
 }
 
 absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, size_t count,
@@ -439,12 +443,10 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
                        : protocol == Protocol::kLL128 ? ll128_max_bytes_
                                                       : max_bytes_;
   if (bytes > limit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("custom all-reduce: ", bytes, " bytes exceed the ",
-                     protocol == Protocol::kLL      ? "LL limit of "
-                     : protocol == Protocol::kLL128 ? "LL128 limit of "
-                                                    : "limit of ",
-                     limit, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "custom all-reduce: ", bytes, " bytes exceed the ",
+        protocol == Protocol::kStaged ? "" : absl::StrCat(ProtocolName(protocol), " "), "limit of ",
+        limit, " bytes"));
   }
   CUDA_RETURN_IF_ERROR(
       allreduce_internal::LaunchOneShot(protocol, args_, data, count, dtype, stream));

@@ -21,8 +21,9 @@
 // same 16-byte store; one one-way latency), LL128 above it up to
 // Options::ll128_max_bytes (120 data bytes and the epoch in one 128-byte line),
 // STAGED above, up to max_bytes (stores into every peer's staging,
-// release/acquire flags, reduction from local memory). All accumulate in fp32 in rank order 0..N-1:
-// every rank's result is bitwise identical. Any element count and any element-aligned pointer work.
+// release/acquire flags, reduction from local memory). All accumulate in
+// fp32 in rank order 0..N-1: every rank's result is bitwise identical. Any
+// element count and any element-aligned pointer work.
 //
 // Ordering contract: one instance = one ordered sequence of calls. Every rank
 // makes the same calls (count, dtype) in the same order, and a rank's calls on
@@ -172,6 +173,8 @@ class CustomAllReduce {
                     Deadline deadline, const Options& options);
   absl::Status Probe(PeerExchange* exchange, Deadline deadline, uint32_t nonce);
   absl::Status Sticky();
+  // LL up to ll_limit, then LL128 up to ll128_max_bytes_, then STAGED.
+  Protocol ProtocolUpTo(size_t bytes, size_t ll_limit) const;
 
   int rank_ = 0;
   int size_ = 0;

@@ -265,12 +265,10 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
           if (p == Protocol::kLL128 && bytes > ar->ll128_max_bytes()) continue;
           for (size_t front : {size_t{0}, size_t{1}}) {
             if (front && count > 70'000) continue;  // misalignment: small and mid sizes
-            const char* path = p == Protocol::kLL      ? "custom-LL"
-                               : p == Protocol::kLL128 ? "custom-LL128"
-                                                       : "custom-staged";
+            const std::string path = absl::StrCat("custom-", CustomAllReduce::ProtocolName(p));
             SYMTP_RETURN_IF_ERROR(CheckOne(
                 rank, size, ex, stream.get(), t, count, front, /*exact=*/true,
-                Name(t, count, path, front), [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                Name(t, count, path.c_str(), front), [&](void* d, size_t n, DType dt, cudaStream_t s) {
                   return ar->AllReduceSumWith(p, d, n, dt, s);
                 }));
           }
@@ -314,7 +312,8 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
         for (Protocol p : {Protocol::kLL128, Protocol::kStaged}) {
           SYMTP_RETURN_IF_ERROR(
               CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
-                       Name(t, count, p == Protocol::kLL128 ? "custom-LL128" : "custom-staged"),
+                       Name(t, count,
+                            absl::StrCat("custom-", CustomAllReduce::ProtocolName(p)).c_str()),
                        [&](void* d, size_t n, DType dt, cudaStream_t s) {
                          return ar->AllReduceSumWith(p, d, n, dt, s);
                        }));
