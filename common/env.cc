@@ -29,4 +29,6 @@ bool BenchUnderProfiler() {
   return Get("CUDA_INJECTION64_PATH").has_value() || Get("SYMTP_BENCH_NO_GATE").has_value();
 }
 
+std::optional<std::string> KernelTraceOut() { return Get("SYMTP_KERNEL_TRACE_OUT"); }
+
 }  // namespace symtp::env

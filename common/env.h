@@ -27,4 +27,8 @@ std::optional<std::string> CudaVisibleDevices();
 // otherwise). kernels_bench then times without holding its stream.
 bool BenchUnderProfiler();
 
+// SYMTP_KERNEL_TRACE_OUT (study builds, common/kernel_trace.h): where GpuModel
+// writes its kernel timeline (<path>.rank<r>.bin) at teardown.
+std::optional<std::string> KernelTraceOut();
+
 }  // namespace symtp::env

@@ -299,6 +299,7 @@ __device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, 
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, void* data_v,
                                                                 size_t count) {
+  SYMTP_TRACE_KERNEL(kAllReduceStaged);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr size_t kE = 16 / sizeof(T);  // elements per 16-byte unit
   char* const data = static_cast<char*>(data_v);
@@ -491,6 +492,7 @@ __device__ __forceinline__ bool LLReceive(const DeviceArgs& a, size_t parity, si
 
 template <typename T, int N>
 __global__ void __launch_bounds__(kLLThreads) LLKernel(DeviceArgs a, void* data_v, size_t count) {
+  SYMTP_TRACE_KERNEL(kAllReduceLL);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   char* const data = static_cast<char*>(data_v);
   const int b = blockIdx.x;
@@ -674,6 +676,7 @@ __device__ __forceinline__ void LL128Send(const DeviceArgs& a, const char* data,
 template <typename T, int N>
 __global__ void __launch_bounds__(kLL128Threads, 2)
     LL128Kernel(DeviceArgs a, void* data_v, size_t count) {
+  SYMTP_TRACE_KERNEL(kAllReduceLL128);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   constexpr int K = kLL128Unroll<N>;
   constexpr size_t kLinesPerPass = kLL128Threads / 8;

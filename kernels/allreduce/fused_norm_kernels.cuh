@@ -136,6 +136,7 @@ __device__ __forceinline__ uint4 SumUnits(const uint32_t (&in)[N][4]) {
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNormArgs f) {
+  SYMTP_TRACE_KERNEL(kFusedNormStaged);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int kN = 16 / sizeof(T);
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs f) {
+  SYMTP_TRACE_KERNEL(kFusedNormLL);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int kN = 16 / sizeof(T);
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
 // ---------------------------------------------------------------------------
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
+  SYMTP_TRACE_KERNEL(kFusedNormLL128);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int K = kLL128Unroll<N>;

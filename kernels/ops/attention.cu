@@ -20,6 +20,7 @@ __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* 
                                   const int32_t* __restrict__ positions, T* __restrict__ out,
                                   int num_q_heads, int head_dim, int num_splits, int chunk_arg,
                                   const int32_t* __restrict__ chunk_dev) {
+  SYMTP_TRACE_KERNEL(kMergeSplits);
   internal::GridDependencyWait();
   internal::AllowDependentLaunch();  // the O projection may start loading its weights
   const int chunk = SplitChunk(chunk_arg, chunk_dev);

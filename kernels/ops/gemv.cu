@@ -98,6 +98,7 @@ template <int kT, int kU, int kR, int kM, typename TOut>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
                TOut* __restrict__ c, int64_t ldc, int m, int n, int k) {
+  SYMTP_TRACE_KERNEL(kGemv);
   constexpr int kWarps = kT / 32;
   static_assert(kChunk % kR == 0, "a pass of kR rows never straddles a flush");
   __shared__ float part[kChunk][kM][kWarps];

@@ -21,6 +21,7 @@ using internal::ToFloat;
 template <typename T>
 __global__ void EmbeddingKernel(const int32_t* __restrict__ tokens, const T* __restrict__ table,
                                 T* __restrict__ out, int hidden, int vocab, bool vec16) {
+  SYMTP_TRACE_KERNEL(kEmbedding);
   const int64_t r = blockIdx.x;
   const int32_t tok = tokens[r];
   T* dst = out + r * hidden;
@@ -97,6 +98,7 @@ template <typename T, int kPer>
 __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta,
                                     const T* __restrict__ weight, T* __restrict__ out, int hidden,
                                     float eps) {
+  SYMTP_TRACE_KERNEL(kAddRmsNorm);
   internal::GridDependencyWait();
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   __shared__ float scratch[32];
@@ -153,6 +155,7 @@ __global__ void AddRmsNormVecKernel(T* __restrict__ residual, const T* __restric
 template <typename T>
 __global__ void SiluMulVecKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                                  int ffn) {
+  SYMTP_TRACE_KERNEL(kSiluMul);
   internal::GridDependencyWait();
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int kN = Vec<T>::kN;
@@ -192,6 +195,7 @@ template <typename T>
 __global__ void GatherRowsKernel(const T* __restrict__ src, int64_t src_ld,
                                  const int32_t* __restrict__ index, T* __restrict__ dst,
                                  int64_t dst_ld, int64_t cols) {
+  SYMTP_TRACE_KERNEL(kGatherRows);
   const int64_t r = blockIdx.x;
   const T* s = src + static_cast<int64_t>(index[r]) * src_ld;
   T* d = dst + r * dst_ld;
@@ -214,6 +218,7 @@ __global__ void AssembleVocabKernel(const float* __restrict__ gathered, float* _
 __global__ void ForwardTokensKernel(int32_t* __restrict__ tokens,
                                     const int32_t* __restrict__ prev_tokens,
                                     const int32_t* __restrict__ prev_row, int64_t rows) {
+  SYMTP_TRACE_KERNEL(kForwardTokens);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows) {
     const int32_t p = prev_row[i];

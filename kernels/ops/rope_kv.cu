@@ -60,6 +60,7 @@ __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_head
                              const double2* __restrict__ table, int max_pos, int num_q_heads,
                              int num_kv_heads, const int32_t* __restrict__ slots,
                              T* __restrict__ k_cache, T* __restrict__ v_cache) {
+  SYMTP_TRACE_KERNEL(kRopeKv);
   // The attention kernel after it may start now: it loads the older keys,
   // which this kernel does not write, before it waits for it.
   internal::AllowDependentLaunch();

@@ -1,5 +1,8 @@
 #include "models/cuda/gpu_model.h"
 
+#include "common/env.h"
+#include "common/kernel_trace.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -701,6 +704,7 @@ absl::Status GpuModel::State::Init() {
   }
   esz = kernels::DTypeSize(dt);
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  if (env::KernelTraceOut()) SYMTP_RETURN_IF_ERROR(trace::Enable(21));
   H = cfg.hidden;
   D = cfg.head_dim;
   NHl = layout.q_heads_local;
@@ -965,6 +969,11 @@ GpuModel::~GpuModel() {
         WaitEvent(s_->step_done.get(), Deadline::AfterMs(30'000), "GpuModel teardown");
     if (!st.ok()) {
       SYMTP_LOG(WARN, "gpu_model") << st.ToString();
+    }
+    if (const auto out = env::KernelTraceOut()) {
+      const absl::Status ts =
+          trace::DumpAndDisable(absl::StrCat(*out, ".rank", s_->layout.tp_rank, ".bin"));
+      if (!ts.ok()) SYMTP_LOG(WARN, "gpu_model") << ts.ToString();
     }
   }
 }

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/kernel_trace.h"
 
 namespace symtp::kernels::internal {
 
@@ -86,9 +87,70 @@ absl::Status DispatchDType(DType dtype, const char* what, F&& f) {
 // kernel must call GridDependencyWait() before it touches memory (it returns
 // once the previous kernel has completed and its writes are visible). On a
 // kernel launched normally the wait is a no-op.
+#ifdef SYMTP_KERNEL_TRACE
+namespace {  // one ring pointer set per compiled module (common/kernel_trace.h)
+__device__ trace::Record* g_trace_ring;
+__device__ unsigned long long* g_trace_count;
+__device__ unsigned g_trace_mask;
+cudaError_t SetTraceRing(trace::Record* ring, unsigned long long* count, unsigned mask) {
+  cudaError_t e = cudaMemcpyToSymbol(g_trace_ring, &ring, sizeof ring);
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(g_trace_count, &count, sizeof count);
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(g_trace_mask, &mask, sizeof mask);
+  return e;
+}
+[[maybe_unused]] const bool g_trace_registered = trace::RegisterModule(&SetTraceRing);
+}  // namespace
+
+__device__ __forceinline__ uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool TraceLeader() {
+  return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+}
+__device__ __forceinline__ uint64_t& TraceWaitTime() {
+  __shared__ uint64_t t;
+  return t;
+}
+// Records the block's entry, first wait and exit (the leader thread's).
+struct TraceScope {
+  uint64_t t0 = 0;
+  uint32_t kind;
+  __device__ explicit TraceScope(uint32_t k) : kind(k) {
+    if (TraceLeader()) {
+      t0 = GlobalTimer();
+      TraceWaitTime() = 0;
+    }
+  }
+  __device__ ~TraceScope() {
+    if (!TraceLeader() || g_trace_ring == nullptr) return;
+    const uint64_t t1 = GlobalTimer();
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    trace::Record r;
+    r.kind = kind;
+    r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r.grid = gridDim.x * gridDim.y * gridDim.z;
+    r.smid = smid;
+    r.t_entry = t0;
+    r.t_wait = TraceWaitTime();
+    r.t_exit = t1;
+    g_trace_ring[atomicAdd(g_trace_count, 1ull) & g_trace_mask] = r;
+  }
+};
+#define SYMTP_TRACE_KERNEL(kind) \
+  ::symtp::kernels::internal::TraceScope symtp_trace_scope_(::symtp::trace::kind)
+#else
+#define SYMTP_TRACE_KERNEL(kind) static_cast<void>(0)
+#endif
+
 __device__ __forceinline__ void GridDependencyWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef SYMTP_KERNEL_TRACE
+  if (TraceLeader() && TraceWaitTime() == 0) TraceWaitTime() = GlobalTimer();
 #endif
 }
 

@@ -349,6 +349,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
 
 template <int D>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
+  SYMTP_TRACE_KERNEL(kDecodeAttention);
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
   // Launched with PDL: the items, positions, block tables and the older keys
   // were written before the previous kernel started; MmaDecodeSplit waits

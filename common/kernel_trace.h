@@ -1,0 +1,61 @@
+// In-graph kernel timeline (a study build: cmake -DSYMTP_KERNEL_TRACE=ON).
+// The project's kernels, built with SYMTP_KERNEL_TRACE, record one Record per
+// block: %globaltimer at entry, after the block's first grid-dependency wait
+// and at the leader thread's exit, into a device ring that Enable allocates.
+// A timeline inside a CUDA graph with programmatic dependent launch, which
+// no profiler here gives (ncu serializes kernels).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace symtp::trace {
+
+struct Record {
+  uint32_t kind = 0;   // Kind
+  uint32_t block = 0;  // linear block index
+  uint32_t smid = 0;
+  uint32_t grid = 0;  // blocks in the grid
+  uint64_t t_entry = 0;
+  uint64_t t_wait = 0;  // 0: the block did not wait
+  uint64_t t_exit = 0;
+};
+static_assert(sizeof(Record) == 40);
+
+enum Kind : uint32_t {
+  kGemv = 1,
+  kFusedNormLL,
+  kFusedNormLL128,
+  kFusedNormStaged,
+  kAllReduceLL,
+  kAllReduceLL128,
+  kAllReduceStaged,
+  kAddRmsNorm,
+  kRopeKv,
+  kDecodeAttention,
+  kMergeSplits,
+  kSiluMul,
+  kEmbedding,
+  kGatherRows,
+  kForwardTokens,
+  kSample,
+};
+
+// Sets one compiled module's ring pointers (each translation unit with traced
+// kernels registers one: without relocatable device code every module has its
+// own device symbols).
+using ModuleSetter = cudaError_t (*)(Record* ring, unsigned long long* count, unsigned mask);
+bool RegisterModule(ModuleSetter setter);
+
+// Allocates a ring of 2^log2_records records on the current device and
+// points every registered module at it.
+absl::Status Enable(int log2_records);
+// Writes the ring's records (oldest first) to `path` (binary: uint64 count,
+// then Records) and frees it.
+absl::Status DumpAndDisable(const std::string& path);
+
+}  // namespace symtp::trace
