@@ -39,6 +39,10 @@ bool RegisterModule(ModuleSetter setter) {
 absl::Status Enable(int log2_records) {
   State& s = Get();
   std::lock_guard<std::mutex> l(s.mu);
+  if (!kCompiled) {
+    return absl::FailedPreconditionError(
+        "kernel trace: this build's kernels do not record (cmake -DSYMTP_KERNEL_TRACE=ON)");
+  }
   if (s.ring != nullptr) return absl::FailedPreconditionError("kernel trace: already enabled");
   const size_t n = size_t{1} << log2_records;
   if (auto st = Cuda(cudaMalloc(&s.ring, n * sizeof(Record)), "ring"); !st.ok()) return st;
@@ -83,8 +87,8 @@ absl::Status DumpAndDisable(const std::string& path) {
   s.count = nullptr;
   FILE* fp = std::fopen(path.c_str(), "wb");
   if (fp == nullptr) return absl::InternalError(absl::StrCat("kernel trace: cannot write ", path));
-  const uint64_t m = out.size();
-  std::fwrite(&m, sizeof m, 1, fp);
+  const uint64_t head[3] = {count, cap, out.size()};  // written, capacity, records here
+  std::fwrite(head, sizeof head, 1, fp);
   std::fwrite(out.data(), sizeof(Record), out.size(), fp);
   std::fclose(fp);
   return absl::OkStatus();

@@ -43,6 +43,8 @@ enum Kind : uint32_t {
   kGatherRows,
   kForwardTokens,
   kSample,
+  kSampleShardCandidates,
+  kSampleFromCandidates,
 };
 
 // Sets one compiled module's ring pointers (each translation unit with traced
@@ -51,11 +53,20 @@ enum Kind : uint32_t {
 using ModuleSetter = cudaError_t (*)(Record* ring, unsigned long long* count, unsigned mask);
 bool RegisterModule(ModuleSetter setter);
 
+// Whether this build's kernels record (cmake -DSYMTP_KERNEL_TRACE=ON).
+#ifdef SYMTP_KERNEL_TRACE
+inline constexpr bool kCompiled = true;
+#else
+inline constexpr bool kCompiled = false;
+#endif
+
 // Allocates a ring of 2^log2_records records on the current device and
-// points every registered module at it.
+// points every registered module at it. FailedPrecondition when already
+// enabled or when this build's kernels do not record.
 absl::Status Enable(int log2_records);
-// Writes the ring's records (oldest first) to `path` (binary: uint64 count,
-// then Records) and frees it.
+// Writes the ring's records, oldest first, to `path` and frees it: three
+// uint64 (records written, the ring's capacity, records in the file; more
+// written than the capacity: the oldest were overwritten), then the Records.
 absl::Status DumpAndDisable(const std::string& path);
 
 }  // namespace symtp::trace

@@ -5,6 +5,7 @@ grid-dependency wait and exit) and says where a decode step's time goes on
 its critical path.
 
   kernel_timeline.py TRACE.rank0.bin [--steps N] [--layer L] [--json OUT]
+  kernel_timeline.py --self-test
 
 A launch's blocks are its kind's records in entry order, `grid` at a time
 (launches of one kind never overlap: a kernel between them waits for the
@@ -22,17 +23,27 @@ from collections import defaultdict
 KINDS = {1: "Gemv", 2: "FusedNormLL", 3: "FusedNormLL128", 4: "FusedNormStaged",
          5: "AllReduceLL", 6: "AllReduceLL128", 7: "AllReduceStaged", 8: "AddRmsNorm",
          9: "RopeKv", 10: "DecodeAttention", 11: "MergeSplits", 12: "SiluMul",
-         13: "Embedding", 14: "GatherRows", 15: "ForwardTokens", 16: "Sample"}
+         13: "Embedding", 14: "GatherRows", 15: "ForwardTokens", 16: "Sample",
+         17: "SampleShardCandidates", 18: "SampleFromCandidates"}
 REC = struct.Struct("<IIIIQQQ")
 
 
 def load(path):
+    """The records, and whether the ring dropped the oldest (the file's
+    header holds the records written and the ring's capacity)."""
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
+        written, cap, n = struct.unpack("<QQQ", f.read(24))
         data = f.read(n * REC.size)
     recs = [REC.unpack_from(data, i * REC.size) for i in range(n)]
-    return [dict(kind=r[0], block=r[1], smid=r[2], grid=r[3], t_entry=r[4], t_wait=r[5],
+    recs = [dict(kind=r[0], block=r[1], smid=r[2], grid=r[3], t_entry=r[4], t_wait=r[5],
                  t_exit=r[6]) for r in recs]
+    if written > cap:
+        # The oldest launches may be partial: start at the first step begun after them.
+        emb = [r["t_entry"] for r in recs if KINDS.get(r["kind"]) == "Embedding"]
+        if emb:
+            first = min(emb)
+            recs = [r for r in recs if r["t_entry"] >= first]
+    return recs, written > cap
 
 
 def launches(recs):
@@ -73,14 +84,54 @@ def resolution(recs):
     return min(d) if d else 0
 
 
+def self_test():
+    """Three steps of a known chain (Embedding, then Gemv -> RopeKv -> Gemv):
+    each launch's blocks wait 1 us after the previous launch's last exit and
+    run 2 us (Gemv 5 us); the table must say so."""
+    import os
+    import tempfile
+    recs = []
+    t = 10_000
+    for _ in range(4):
+        for kind, grid, run in ((13, 2, 2000), (1, 3, 5000), (9, 1, 2000), (1, 3, 5000)):
+            for b in range(grid):  # entered 500 ns early, waited until 1 us after the end
+                recs.append((kind, b, b, grid, t - 500 + 10 * b, t + 1000, t + 1000 + run - 10 * b))
+            t += 1000 + run
+    fd, path = tempfile.mkstemp(suffix=".bin")
+    with os.fdopen(fd, "wb") as f:
+        f.write(struct.pack("<QQQ", len(recs), 1 << 20, len(recs)))
+        for r in recs:
+            f.write(REC.pack(*r))
+    try:
+        got, wrapped = load(path)
+        ls = launches(got)
+    finally:
+        os.unlink(path)
+    assert not wrapped and len(ls) == 16, (wrapped, len(ls))
+    steps = steps_of(ls)
+    assert len(steps) == 3, len(steps)
+    for st in steps:
+        kinds = [l["kind"] for l in st]
+        assert kinds == ["Embedding", "Gemv", "RopeKv", "Gemv"], kinds
+        for prev, cur in zip(st, st[1:]):
+            run = 5000 if cur["kind"] == "Gemv" else 2000
+            assert cur["last_exit"] - prev["last_exit"] == 1000 + run, (prev, cur)
+            assert cur["last_wait"] - prev["last_exit"] == 1000
+            assert prev["last_exit"] - cur["first_entry"] == 500
+    print("kernel_timeline self-test passed")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--steps", type=int, default=5, help="last N complete steps")
     ap.add_argument("--layer", type=int, default=8, help="layer to list launch by launch")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    recs = load(a.trace)
+    recs, wrapped = load(a.trace)
     ls = launches(recs)
     steps = steps_of(ls)[-a.steps:]
     if not steps:
@@ -91,6 +142,8 @@ def main():
     span = defaultdict(float)
     cnt = defaultdict(int)
     early = defaultdict(float)  # how long before the previous launch's end its first block entered
+    wait = defaultdict(float)  # from the previous launch's last exit to this one's last wait
+    nwait = defaultdict(int)
     spans = []
     for st in steps:
         spans.append(us(st[-1]["last_exit"] - st[0]["first_entry"]))
@@ -99,24 +152,30 @@ def main():
             span[cur["kind"]] += us(cur["last_exit"] - cur["first_entry"])
             early[cur["kind"]] += us(prev["last_exit"] - cur["first_entry"])
             cnt[cur["kind"]] += 1
+            if cur["last_wait"]:
+                wait[cur["kind"]] += us(cur["last_wait"] - prev["last_exit"])
+                nwait[cur["kind"]] += 1
     n = len(steps)
     res = resolution(recs)
     print(f"trace {a.trace}: {len(recs)} records, {len(ls)} launches, {n} steps used; "
-          f"globaltimer resolution {res} ns")
+          f"globaltimer resolution {res} ns" + ("; the ring wrapped" if wrapped else ""))
     print(f"step span (first entry to last exit): median {sorted(spans)[n // 2]:.1f} us")
     print()
     print("| kernel | launches / step | exposed / step (us) | exposed / launch (us) | "
-          "own span / launch (us) | entered before the previous ended (us) |")
-    print("|---|---|---|---|---|---|")
+          "own span / launch (us) | entered before the previous ended (us) | "
+          "wait released after the previous ended (us) |")
+    print("|---|---|---|---|---|---|---|")
     rows = []
     for k in sorted(exp, key=lambda k: -exp[k]):
         c = cnt[k]
+        w = wait[k] / nwait[k] if nwait[k] else None
         row = dict(kernel=k, launches_per_step=c / n, exposed_us_per_step=exp[k] / n,
                    exposed_us_per_launch=exp[k] / c, span_us_per_launch=span[k] / c,
-                   early_us_per_launch=early[k] / c)
+                   early_us_per_launch=early[k] / c, wait_release_us=w)
         rows.append(row)
+        ws = f"{w:.2f}" if w is not None else "-"
         print(f"| {k} | {c / n:.0f} | {exp[k] / n:.1f} | {exp[k] / c:.2f} | {span[k] / c:.2f} | "
-              f"{early[k] / c:.2f} |")
+              f"{early[k] / c:.2f} | {ws} |")
     # One layer launch by launch (the last step): times relative to the
     # previous launch's last exit.
     st = steps[-1]

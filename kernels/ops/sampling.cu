@@ -296,6 +296,7 @@ __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab,
                  const DeviceSamplingParams* __restrict__ params, int32_t* __restrict__ tokens,
                  bool vec4) {
+  SYMTP_TRACE_KERNEL(kSample);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
   int64_t row = blockIdx.x;
@@ -381,6 +382,7 @@ __global__ void __launch_bounds__(kThreads)
     ShardCandidatesKernel(const float* __restrict__ logits, int vocab_local, int offset,
                           const DeviceSamplingParams* __restrict__ params, int kmax,
                           uint64_t* __restrict__ cand, bool vec4) {
+  SYMTP_TRACE_KERNEL(kSampleShardCandidates);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
   const int64_t row = blockIdx.x;
@@ -408,6 +410,7 @@ __global__ void __launch_bounds__(kThreads)
     CandidatesSampleKernel(const uint64_t* __restrict__ cand, int shards, int64_t rows, int kmax,
                            int vocab, const DeviceSamplingParams* __restrict__ params,
                            int32_t* __restrict__ tokens) {
+  SYMTP_TRACE_KERNEL(kSampleFromCandidates);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   SampleSmem& sm = *reinterpret_cast<SampleSmem*>(smem_raw);
   const int64_t row = blockIdx.x;

@@ -704,7 +704,7 @@ absl::Status GpuModel::State::Init() {
   }
   esz = kernels::DTypeSize(dt);
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  if (env::KernelTraceOut()) SYMTP_RETURN_IF_ERROR(trace::Enable(21));
+  if (env::KernelTraceOut()) SYMTP_RETURN_IF_ERROR(trace::Enable(23));  // 320 MiB
   H = cfg.hidden;
   D = cfg.head_dim;
   NHl = layout.q_heads_local;
