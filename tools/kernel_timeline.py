@@ -11,7 +11,7 @@ A launch's blocks are its kind's records in entry order, `grid` at a time
 (launches of one kind never overlap: a kernel between them waits for the
 first). Launches are ordered by their first entry; launch i's "exposed" time
 is its last exit minus launch i-1's last exit, so the exposed times of a
-step sum to its span. Kernels that record nothing (cuBLASLt, the sampling
+step sum to its span. Kernels that record nothing (cuBLASLt's GEMMs, NCCL's
 kernels) fall into the exposed time of the next launch that records.
 """
 import argparse
@@ -133,9 +133,16 @@ def main():
     a = ap.parse_args()
     recs, wrapped = load(a.trace)
     ls = launches(recs)
-    steps = steps_of(ls)[-a.steps:]
-    if not steps:
+    # The last N steps of the job's most common shape (launch count): a job's
+    # prefill, its first eager steps and its shrinking last batches differ.
+    all_steps = steps_of(ls)
+    if not all_steps:
         sys.exit("kernel_timeline: no complete step in the trace")
+    counts = defaultdict(int)
+    for st in all_steps:
+        counts[len(st)] += 1
+    common = max(counts, key=lambda c: (counts[c], c))
+    steps = [st for st in all_steps if len(st) == common][-a.steps:]
     us = lambda ns: ns / 1000.0
     # Per kind: exposed time (critical path) and own span (first entry to last exit).
     exp = defaultdict(float)
@@ -176,16 +183,16 @@ def main():
         ws = f"{w:.2f}" if w is not None else "-"
         print(f"| {k} | {c / n:.0f} | {exp[k] / n:.1f} | {exp[k] / c:.2f} | {span[k] / c:.2f} | "
               f"{early[k] / c:.2f} | {ws} |")
-    # One layer launch by launch (the last step): times relative to the
-    # previous launch's last exit.
-    st = steps[-1]
+    # One layer launch by launch (the step of median span): times relative to
+    # the previous launch's last exit.
+    st = sorted(steps, key=lambda x: x[-1]["last_exit"] - x[0]["first_entry"])[n // 2]
     gemvs = [i for i, l in enumerate(st) if l["kind"] == "Gemv"]
     per_layer = 4
     first = gemvs[a.layer * per_layer] if len(gemvs) > a.layer * per_layer + per_layer else 1
     last = gemvs[a.layer * per_layer + per_layer] if len(gemvs) > a.layer * per_layer + per_layer \
         else min(len(st), first + 12)
     print()
-    print(f"Layer {a.layer} of the last step (us relative to the previous launch's last exit):")
+    print(f"Layer {a.layer} of the median step (us relative to the previous launch's last exit):")
     print("| launch | grid | SMs | first entry | last entry | last wait | first exit | last exit |")
     print("|---|---|---|---|---|---|---|---|")
     layer_rows = []
