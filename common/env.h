@@ -6,6 +6,7 @@
 //   CUDA_VISIBLE_DEVICES  read by the launcher to report what it pins, and by the
 //                     run summary to name each rank's GPU (summary.json "devices")
 //   SYMTP_BENCH_NO_GATE, CUDA_INJECTION64_PATH  kernels_bench: whether a profiler runs it
+//   SYMTP_KERNEL_TRACE_OUT  where a -DSYMTP_KERNEL_TRACE=ON build writes its kernel timeline
 #pragma once
 
 #include <optional>

@@ -1,8 +1,5 @@
 #include "models/cuda/gpu_model.h"
 
-#include "common/env.h"
-#include "common/kernel_trace.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
+#include "common/env.h"
+#include "common/kernel_trace.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/ops/attention.h"
