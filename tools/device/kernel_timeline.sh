@@ -16,18 +16,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PREFIX=$PWD/.deps/prefix/usr
-[[ -d $PREFIX ]] || { echo "kernel_timeline.sh: $PREFIX missing: run tools/device/stage_deps.sh here and carry .deps" >&2; exit 2; }
-export LD_LIBRARY_PATH=$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 W=$(mktemp -d)
-cmake -S . -B build-trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
-  -DSYMTP_KERNEL_TRACE=ON -DSYMTP_BUILD_TESTS=OFF >"$OUT/trace_configure.log" 2>&1 ||
-  { tail -30 "$OUT/trace_configure.log"; exit 1; }
-cmake --build build-trace -j "$(nproc)" --target symtp >"$OUT/trace_build.log" 2>&1 ||
-  { grep -E "error" -A3 "$OUT/trace_build.log" | head -40; exit 1; }
+TRACE=1 tools/device/build.sh symtp >"$OUT/trace_build.log" 2>&1 || { tail -30 "$OUT/trace_build.log"; exit 1; }
 tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 mkdir -p "$OUT/timeline"
 p50() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['steps']['decode_forward_us']['p50'])" "$1"; }
