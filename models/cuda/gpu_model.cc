@@ -969,7 +969,8 @@ GpuModel::~GpuModel() {
     if (!st.ok()) {
       SYMTP_LOG(WARN, "gpu_model") << st.ToString();
     }
-    if (const auto out = env::KernelTraceOut()) {
+    const auto out = env::KernelTraceOut();
+    if (st.ok() && out) {  // only once the recording kernels are done
       const absl::Status ts =
           trace::DumpAndDisable(absl::StrCat(*out, ".rank", s_->layout.tp_rank, ".bin"));
       if (!ts.ok()) SYMTP_LOG(WARN, "gpu_model") << ts.ToString();
