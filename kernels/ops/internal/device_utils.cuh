@@ -81,12 +81,10 @@ absl::Status DispatchDType(DType dtype, const char* what, F&& f) {
   }
 }
 
-// Programmatic dependent launch (PDL, sm_90): LaunchDependent starts
-// `kernel` with programmatic stream serialization, so its blocks may be
-// scheduled while the kernel before it on the stream is finishing; such a
-// kernel must call GridDependencyWait() before it touches memory (it returns
-// once the previous kernel has completed and its writes are visible). On a
-// kernel launched normally the wait is a no-op.
+// The in-graph kernel timeline of a -DSYMTP_KERNEL_TRACE=ON build
+// (common/kernel_trace.h): SYMTP_TRACE_KERNEL(kind) first in a kernel records
+// each block's entry, first GridDependencyWait return and exit; nothing in
+// other builds.
 #ifdef SYMTP_KERNEL_TRACE
 namespace {  // one ring pointer set per compiled module (common/kernel_trace.h)
 __device__ trace::Record* g_trace_ring;
@@ -145,6 +143,12 @@ struct TraceScope {
 #define SYMTP_TRACE_KERNEL(kind) static_cast<void>(0)
 #endif
 
+// Programmatic dependent launch (PDL, sm_90): LaunchDependent starts
+// `kernel` with programmatic stream serialization, so its blocks may be
+// scheduled while the kernel before it on the stream is finishing; such a
+// kernel must call GridDependencyWait() before it touches memory (it returns
+// once the previous kernel has completed and its writes are visible). On a
+// kernel launched normally the wait is a no-op.
 __device__ __forceinline__ void GridDependencyWait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
