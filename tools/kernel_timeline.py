@@ -186,11 +186,16 @@ def main():
     # One layer launch by launch (the step of median span): times relative to
     # the previous launch's last exit.
     st = sorted(steps, key=lambda x: x[-1]["last_exit"] - x[0]["first_entry"])[n // 2]
+    # A layer starts at its QKV GEMV (4 GEMVs a layer) or, where cuBLASLt runs
+    # the GEMMs (nothing recorded), at its RoPE kernel (exposed the QKV GEMM's
+    # time too).
     gemvs = [i for i, l in enumerate(st) if l["kind"] == "Gemv"]
-    per_layer = 4
-    first = gemvs[a.layer * per_layer] if len(gemvs) > a.layer * per_layer + per_layer else 1
-    last = gemvs[a.layer * per_layer + per_layer] if len(gemvs) > a.layer * per_layer + per_layer \
-        else min(len(st), first + 12)
+    ropes = [i for i, l in enumerate(st) if l["kind"] == "RopeKv"]
+    anchors = gemvs[::4] if len(gemvs) >= 4 * len(ropes) > 0 else ropes
+    if len(anchors) > a.layer + 1:
+        first, last = anchors[a.layer], anchors[a.layer + 1] - 1
+    else:
+        first, last = 1, min(len(st) - 1, 12)
     print()
     print(f"Layer {a.layer} of the median step (us relative to the previous launch's last exit):")
     print("| launch | grid | SMs | first entry | last entry | last wait | first exit | last exit |")
