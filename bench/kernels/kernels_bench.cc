@@ -383,14 +383,12 @@ absl::Status BenchDecodeGemms(kernels::CublasLtHandle& h, void* ws, cudaStream_t
       SYMTP_RETURN_IF_ERROR(Sync(s));
       SYMTP_RETURN_IF_ERROR(check("GEMM"));
       // The project's GEMV where it takes the shape (decode's fewest rows).
-      auto gemv = [&](int i) {
-        return kernels::Gemv(
-            kernels::ContiguousGemmArgs(abuf.get(), ops.Weights(g.n, g.k, i), cbuf.get(), m, g.n,
-                                        g.k, DType::kBF16, nullptr, 0),
-            s);
+      auto gemv_args = [&](const void* w) {
+        return kernels::ContiguousGemmArgs(abuf.get(), w, cbuf.get(), m, g.n, g.k, DType::kBF16,
+                                           nullptr, 0);
       };
-      const bool has_gemv = kernels::GemvSupports(kernels::ContiguousGemmArgs(
-          abuf.get(), wbuf.get(), cbuf.get(), m, g.n, g.k, DType::kBF16, nullptr, 0));
+      auto gemv = [&](int i) { return kernels::Gemv(gemv_args(ops.Weights(g.n, g.k, i)), s); };
+      const bool has_gemv = kernels::GemvSupports(gemv_args(wbuf.get()));
       double us_gemv = 0;
       if (has_gemv) {
         CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cbuf.get(), 0xff, m * g.n * 2, s));

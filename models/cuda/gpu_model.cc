@@ -162,6 +162,9 @@ struct GpuModel::State {
   std::map<GraphKey, int> seen;
   std::set<GraphKey> failed;
   GraphStats stats;
+  // SYMTP_KERNEL_TRACE_OUT, read once at Init: where teardown writes the
+  // kernel timeline (empty: not recording).
+  std::string trace_out;
   absl::Status inject_capture_failure;  // FailNextCaptureForTesting; OK: none
 
   bool profiling = false;
@@ -703,7 +706,8 @@ absl::Status GpuModel::State::Init() {
   }
   esz = kernels::DTypeSize(dt);
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  if (env::KernelTraceOut()) SYMTP_RETURN_IF_ERROR(trace::Enable(23));  // 320 MiB
+  trace_out = env::KernelTraceOut().value_or("");
+  if (!trace_out.empty()) SYMTP_RETURN_IF_ERROR(trace::Enable(23));  // 320 MiB
   H = cfg.hidden;
   D = cfg.head_dim;
   NHl = layout.q_heads_local;
@@ -969,10 +973,9 @@ GpuModel::~GpuModel() {
     if (!st.ok()) {
       SYMTP_LOG(WARN, "gpu_model") << st.ToString();
     }
-    const auto out = env::KernelTraceOut();
-    if (st.ok() && out) {  // only once the recording kernels are done
+    if (st.ok() && !s_->trace_out.empty()) {  // only once the recording kernels are done
       const absl::Status ts =
-          trace::DumpAndDisable(absl::StrCat(*out, ".rank", s_->layout.tp_rank, ".bin"));
+          trace::DumpAndDisable(absl::StrCat(s_->trace_out, ".rank", s_->layout.tp_rank, ".bin"));
       if (!ts.ok()) SYMTP_LOG(WARN, "gpu_model") << ts.ToString();
     }
   }

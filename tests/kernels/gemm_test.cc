@@ -35,17 +35,10 @@ std::vector<double> ReferenceGemm(const std::vector<float>& a, int64_t lda,
 // The arguments of C[M, N] = A · Wᵀ over device arrays with row strides.
 GemmArgs StridedArgs(const DevArray& a, const DevArray& w, DevArray& c, int64_t M, int64_t N,
                      int64_t K, int64_t lda, int64_t ldw, int64_t ldc, DType in, DType out) {
-  GemmArgs g;
-  g.a = a.get();
-  g.w = w.get();
-  g.c = c.get();
-  g.m = M;
-  g.n = N;
-  g.k = K;
+  GemmArgs g = ContiguousGemmArgs(a.get(), w.get(), c.get(), M, N, K, in, nullptr, 0);
   g.lda = lda;
   g.ldw = ldw;
   g.ldc = ldc;
-  g.in_dtype = in;
   g.out_dtype = out;
   return g;
 }
