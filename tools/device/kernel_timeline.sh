@@ -8,6 +8,7 @@
 # the previous kernel's end its wait released; one layer launch by launch.
 # The recording adds a few percent to the step: each shape also runs once in
 # the normal build (build-gpu/), and both step times are reported.
+# TIMELINE_ARGS: more symtp flags for every job (e.g. a study flag).
 # SHAPES: "TP:BATCH ..." (default "2:1 2:4 2:32 1:1"), llama-8b-shape, 32
 # layers, context 1024, CUDA graphs. Writes $OUT/kernel_timeline.md (every
 # shape's rank-0 table) and .json (every rank's), the per-rank files under
@@ -27,7 +28,7 @@ p50() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['steps']
 job() {  # bin tp batch out
   "$1" launch --backend=cuda --tp="$2" --model=llama-8b-shape --model-overrides=layers=32 \
     --steady-batch="$3" --max-batch="$3" --steady-context=1024 --steady-steps=12 --warmup-steps=3 \
-    --max-batched-tokens=8192 --prefill-chunk=8192 --progress=false --out="$4" >"$4.out" 2>"$4.log"
+    --max-batched-tokens=8192 --prefill-chunk=8192 --progress=false ${TIMELINE_ARGS:-} --out="$4" >"$4.out" 2>"$4.log"
 }
 rc=0
 : >"$OUT/kernel_timeline.md"
