@@ -12,7 +12,9 @@ A launch's blocks are its kind's records in entry order, `grid` at a time
 first). Launches are ordered by their first entry; launch i's "exposed" time
 is its last exit minus launch i-1's last exit, so the exposed times of a
 step sum to its span. Kernels that record nothing (cuBLASLt's GEMMs, NCCL's
-kernels) fall into the exposed time of the next launch that records.
+kernels) fall into the exposed time of the next launch that records. The
+per-kind table gives each figure's median over the steps used, so that one
+stalled step does not stand for the others.
 """
 import argparse
 import json
@@ -84,19 +86,53 @@ def resolution(recs):
     return min(d) if d else 0
 
 
+def per_kind(steps):
+    """Per kind: its launches a step and the median over the steps of its
+    exposed time (critical path), own span (first entry to last exit), how
+    long before the previous launch's end its first block entered, all
+    summed over the step's launches (us), and of the mean release of its
+    waits after the previous launch's end. Medians, so that one slow step
+    (a stall on the host or on a peer) does not stand for all of them."""
+    us = lambda ns: ns / 1000.0
+    per_step = []
+    for st in steps:
+        d = defaultdict(lambda: dict(launches=0, exposed=0.0, span=0.0, early=0.0, waits=[]))
+        for prev, cur in zip(st, st[1:]):
+            e = d[cur["kind"]]
+            e["launches"] += 1
+            e["exposed"] += us(cur["last_exit"] - prev["last_exit"])
+            e["span"] += us(cur["last_exit"] - cur["first_entry"])
+            e["early"] += us(prev["last_exit"] - cur["first_entry"])
+            if cur["last_wait"]:
+                e["waits"].append(us(cur["last_wait"] - prev["last_exit"]))
+        per_step.append(d)
+    med = lambda v: sorted(v)[len(v) // 2]
+    out = {}
+    for k in {k for d in per_step for k in d}:
+        ds = [d[k] for d in per_step if k in d]
+        waits = [sum(d["waits"]) / len(d["waits"]) for d in ds if d["waits"]]
+        out[k] = dict(launches=med([d["launches"] for d in ds]),
+                      exposed=med([d["exposed"] for d in ds]), span=med([d["span"] for d in ds]),
+                      early=med([d["early"] for d in ds]), wait=med(waits) if waits else None)
+    return out
+
+
 def self_test():
     """Three steps of a known chain (Embedding, then Gemv -> RopeKv -> Gemv):
     each launch's blocks wait 1 us after the previous launch's last exit and
-    run 2 us (Gemv 5 us); the table must say so."""
+    run 2 us (Gemv 5 us), except that the second step's RopeKv waits 100 us
+    more (a stall); the per-step chain and the table's medians must say so."""
     import os
     import tempfile
     recs = []
     t = 10_000
-    for _ in range(4):
+    for step in range(4):
         for kind, grid, run in ((13, 2, 2000), (1, 3, 5000), (9, 1, 2000), (1, 3, 5000)):
+            stall = 100_000 if step == 1 and kind == 9 else 0
             for b in range(grid):  # entered 500 ns early, waited until 1 us after the end
-                recs.append((kind, b, b, grid, t - 500 + 10 * b, t + 1000, t + 1000 + run - 10 * b))
-            t += 1000 + run
+                recs.append((kind, b, b, grid, t - 500 + 10 * b, t + 1000 + stall,
+                             t + 1000 + stall + run - 10 * b))
+            t += 1000 + stall + run
     fd, path = tempfile.mkstemp(suffix=".bin")
     with os.fdopen(fd, "wb") as f:
         f.write(struct.pack("<QQQ", len(recs), 1 << 20, len(recs)))
@@ -110,14 +146,21 @@ def self_test():
     assert not wrapped and len(ls) == 16, (wrapped, len(ls))
     steps = steps_of(ls)
     assert len(steps) == 3, len(steps)
-    for st in steps:
+    for i, st in enumerate(steps):
         kinds = [l["kind"] for l in st]
         assert kinds == ["Embedding", "Gemv", "RopeKv", "Gemv"], kinds
         for prev, cur in zip(st, st[1:]):
             run = 5000 if cur["kind"] == "Gemv" else 2000
-            assert cur["last_exit"] - prev["last_exit"] == 1000 + run, (prev, cur)
-            assert cur["last_wait"] - prev["last_exit"] == 1000
+            stall = 100_000 if i == 1 and cur["kind"] == "RopeKv" else 0
+            assert cur["last_exit"] - prev["last_exit"] == 1000 + stall + run, (prev, cur)
+            assert cur["last_wait"] - prev["last_exit"] == 1000 + stall
             assert prev["last_exit"] - cur["first_entry"] == 500
+    table = per_kind(steps)  # medians over the steps: the stall does not show
+    assert table["RopeKv"]["launches"] == 1 and table["Gemv"]["launches"] == 2, table
+    assert abs(table["RopeKv"]["exposed"] - 3.0) < 1e-9, table["RopeKv"]
+    assert abs(table["Gemv"]["exposed"] - 12.0) < 1e-9, table["Gemv"]
+    assert abs(table["RopeKv"]["wait"] - 1.0) < 1e-9 and abs(table["Gemv"]["wait"] - 1.0) < 1e-9
+    assert abs(table["RopeKv"]["early"] - 0.5) < 1e-9, table["RopeKv"]
     print("kernel_timeline self-test passed")
 
 
@@ -144,24 +187,8 @@ def main():
     common = max(counts, key=lambda c: (counts[c], c))
     steps = [st for st in all_steps if len(st) == common][-a.steps:]
     us = lambda ns: ns / 1000.0
-    # Per kind: exposed time (critical path) and own span (first entry to last exit).
-    exp = defaultdict(float)
-    span = defaultdict(float)
-    cnt = defaultdict(int)
-    early = defaultdict(float)  # how long before the previous launch's end its first block entered
-    wait = defaultdict(float)  # from the previous launch's last exit to this one's last wait
-    nwait = defaultdict(int)
-    spans = []
-    for st in steps:
-        spans.append(us(st[-1]["last_exit"] - st[0]["first_entry"]))
-        for prev, cur in zip(st, st[1:]):
-            exp[cur["kind"]] += us(cur["last_exit"] - prev["last_exit"])
-            span[cur["kind"]] += us(cur["last_exit"] - cur["first_entry"])
-            early[cur["kind"]] += us(prev["last_exit"] - cur["first_entry"])
-            cnt[cur["kind"]] += 1
-            if cur["last_wait"]:
-                wait[cur["kind"]] += us(cur["last_wait"] - prev["last_exit"])
-                nwait[cur["kind"]] += 1
+    table = per_kind(steps)
+    spans = [us(st[-1]["last_exit"] - st[0]["first_entry"]) for st in steps]
     n = len(steps)
     res = resolution(recs)
     print(f"trace {a.trace}: {len(recs)} records, {len(ls)} launches, {n} steps used; "
@@ -173,16 +200,17 @@ def main():
           "wait released after the previous ended (us) |")
     print("|---|---|---|---|---|---|---|")
     rows = []
-    for k in sorted(exp, key=lambda k: -exp[k]):
-        c = cnt[k]
-        w = wait[k] / nwait[k] if nwait[k] else None
-        row = dict(kernel=k, launches_per_step=c / n, exposed_us_per_step=exp[k] / n,
-                   exposed_us_per_launch=exp[k] / c, span_us_per_launch=span[k] / c,
-                   early_us_per_launch=early[k] / c, wait_release_us=w)
+    for k in sorted(table, key=lambda k: -table[k]["exposed"]):
+        t = table[k]
+        c = t["launches"]
+        w = t["wait"]
+        row = dict(kernel=k, launches_per_step=c, exposed_us_per_step=t["exposed"],
+                   exposed_us_per_launch=t["exposed"] / c, span_us_per_launch=t["span"] / c,
+                   early_us_per_launch=t["early"] / c, wait_release_us=w)
         rows.append(row)
         ws = f"{w:.2f}" if w is not None else "-"
-        print(f"| {k} | {c / n:.0f} | {exp[k] / n:.1f} | {exp[k] / c:.2f} | {span[k] / c:.2f} | "
-              f"{early[k] / c:.2f} | {ws} |")
+        print(f"| {k} | {c} | {t['exposed']:.1f} | {t['exposed'] / c:.2f} | {t['span'] / c:.2f} | "
+              f"{t['early'] / c:.2f} | {ws} |")
     # One layer launch by launch (the step of median span): times relative to
     # the previous launch's last exit.
     st = sorted(steps, key=lambda x: x[-1]["last_exit"] - x[0]["first_entry"])[n // 2]
