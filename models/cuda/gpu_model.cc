@@ -73,13 +73,46 @@ struct LayerPtrs {
   void* v_cache = nullptr;
 };
 
-// Offsets of the per-step input arrays, identical in the pinned staging slots
-// and in the device input buffer (except block tables: compact [S, width]
-// in staging, [max_seqs, cap_blocks] on the device).
+// Offsets of the per-step input arrays in the pinned staging slots and in the
+// device input buffer. Block tables sit at a fixed offset after the others
+// (compact [S, width] in staging, [max_seqs, cap_blocks] on the device).
+// The other arrays are packed for each step's shape (StepInputs) into the
+// region before them, at the same offsets on both sides, so that one copy
+// carries them: a step used to upload them in 9 copies, each a copy-engine
+// round trip on the step's stream.
 struct InputLayout {
-  size_t tokens, positions, slots, prev_row, items, sample_rows, params, block_tables, split_chunk;
+  size_t packed_bytes;  // capacity of the packed region (= block_tables)
+  size_t block_tables;
   size_t staging_bytes, device_bytes;
 };
+
+// Offsets of one step's packed inputs: rows token rows, `items` attention
+// items and `sampled` sampled rows (16-byte aligned each). A CUDA graph's key
+// fixes all three (padded decode: items = sampled = rows), so a replay finds
+// its inputs where its capture read them.
+struct StepInputs {
+  size_t tokens, positions, slots, prev_row, split_chunk, items, sample_rows, params, end;
+};
+StepInputs PackStepInputs(int rows, int items, int sampled) {
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off = (off + bytes + 15) / 16 * 16;
+    return o;
+  };
+  StepInputs p;
+  const size_t r4 = static_cast<size_t>(rows) * 4;
+  p.tokens = take(r4);
+  p.positions = take(r4);
+  p.slots = take(r4);
+  p.prev_row = take(r4);
+  p.split_chunk = take(4);
+  p.items = take(static_cast<size_t>(items) * sizeof(kernels::AttentionItem));
+  p.sample_rows = take(static_cast<size_t>(sampled) * 4);
+  p.params = take(static_cast<size_t>(sampled) * sizeof(kernels::DeviceSamplingParams));
+  p.end = off;
+  return p;
+}
 
 // The shape of one enqueued forward pass (what a CUDA graph bakes in).
 struct StepShape {
@@ -148,6 +181,18 @@ struct GpuModel::State {
           *d_block_tables = nullptr, *d_sample_rows = nullptr, *d_split_chunk = nullptr;
   kernels::AttentionItem* d_items = nullptr;
   kernels::DeviceSamplingParams* d_params = nullptr;
+  // Points the device inputs at a step's packed layout in `inputs` (what
+  // Enqueue, and so a graph's capture, reads).
+  void SetStepInputs(const StepInputs& pk) {
+    d_tokens = At<int32_t>(inputs, pk.tokens);
+    d_positions = At<int32_t>(inputs, pk.positions);
+    d_slots = At<int32_t>(inputs, pk.slots);
+    d_prev_row = At<int32_t>(inputs, pk.prev_row);
+    d_items = At<kernels::AttentionItem>(inputs, pk.items);
+    d_sample_rows = At<int32_t>(inputs, pk.sample_rows);
+    d_params = At<kernels::DeviceSamplingParams>(inputs, pk.params);
+    d_split_chunk = At<int32_t>(inputs, pk.split_chunk);
+  }
 
   // Step bookkeeping.
   int64_t step = 0;
@@ -525,15 +570,20 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   }
   const InputLayout& il = in_layout;
   const cuda::PinnedBuffer& st = staging[slot];
-  int32_t* h_tokens = At<int32_t>(st, il.tokens);
-  int32_t* h_pos = At<int32_t>(st, il.positions);
-  int32_t* h_slots = At<int32_t>(st, il.slots);
-  int32_t* h_prev = At<int32_t>(st, il.prev_row);
-  auto* h_items = At<kernels::AttentionItem>(st, il.items);
-  int32_t* h_rows = At<int32_t>(st, il.sample_rows);
-  auto* h_params = At<kernels::DeviceSamplingParams>(st, il.params);
+  const StepInputs pk = PackStepInputs(P, sh.num_items, sh.num_sampled);
+  if (pk.end > il.packed_bytes) {
+    return absl::InternalError(absl::StrFormat(
+        "GpuModel: step inputs of %d bytes > their region of %d", pk.end, il.packed_bytes));
+  }
+  int32_t* h_tokens = At<int32_t>(st, pk.tokens);
+  int32_t* h_pos = At<int32_t>(st, pk.positions);
+  int32_t* h_slots = At<int32_t>(st, pk.slots);
+  int32_t* h_prev = At<int32_t>(st, pk.prev_row);
+  auto* h_items = At<kernels::AttentionItem>(st, pk.items);
+  int32_t* h_rows = At<int32_t>(st, pk.sample_rows);
+  auto* h_params = At<kernels::DeviceSamplingParams>(st, pk.params);
   int32_t* h_bt = At<int32_t>(st, il.block_tables);
-  int32_t* h_chunk = At<int32_t>(st, il.split_chunk);
+  int32_t* h_chunk = At<int32_t>(st, pk.split_chunk);
   *h_chunk = sh.split_chunk > 0 ? sh.split_chunk : opt.attention_split_chunk;
   for (int t = 0; t < T; ++t) {
     h_tokens[t] = in.tokens[t];
@@ -565,26 +615,11 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
                 in.block_tables.data() + static_cast<size_t>(s) * in.max_blocks_per_seq,
                 static_cast<size_t>(width) * sizeof(int32_t));
   }
-  auto h2d = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
-    if (bytes == 0) return absl::OkStatus();
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-    return absl::OkStatus();
-  };
-  const size_t pb = static_cast<size_t>(P) * sizeof(int32_t);
-  SYMTP_RETURN_IF_ERROR(h2d(d_tokens, h_tokens, pb));
-  SYMTP_RETURN_IF_ERROR(h2d(d_positions, h_pos, pb));
-  SYMTP_RETURN_IF_ERROR(h2d(d_split_chunk, h_chunk, sizeof(int32_t)));
-  SYMTP_RETURN_IF_ERROR(h2d(d_slots, h_slots, pb));
-  if (sh.forward_tokens) SYMTP_RETURN_IF_ERROR(h2d(d_prev_row, h_prev, pb));
-  SYMTP_RETURN_IF_ERROR(
-      h2d(d_items, h_items, items_scratch.size() * sizeof(kernels::AttentionItem)));
-  SYMTP_RETURN_IF_ERROR(
-      h2d(d_sample_rows, h_rows, static_cast<size_t>(sh.num_sampled) * sizeof(int32_t)));
-  if (sample) {
-    SYMTP_RETURN_IF_ERROR(
-        h2d(d_params, h_params,
-            static_cast<size_t>(sh.num_sampled) * sizeof(kernels::DeviceSamplingParams)));
-  }
+  // One copy for the packed arrays (the parts a step does not use, e.g. the
+  // sampling parameters of a step that samples nothing, are never read).
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(inputs.get(), st.get(), pk.end, cudaMemcpyHostToDevice, stream));
+  SetStepInputs(pk);
   if (S > 0 && width > 0) {
     CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
         d_block_tables, static_cast<size_t>(cap_blocks) * sizeof(int32_t), h_bt,
@@ -839,29 +874,17 @@ absl::Status GpuModel::State::Init() {
   {
     InputLayout& il = in_layout;
     Carver c;
-    il.tokens = c.Take(static_cast<size_t>(max_tokens) * 4);
-    il.positions = c.Take(static_cast<size_t>(max_tokens) * 4);
-    il.slots = c.Take(static_cast<size_t>(max_tokens) * 4);
-    il.prev_row = c.Take(static_cast<size_t>(max_tokens) * 4);
-    il.items = c.Take(static_cast<size_t>(max_items) * sizeof(kernels::AttentionItem));
-    il.sample_rows = c.Take(static_cast<size_t>(max_sampled) * 4);
-    il.params = c.Take(static_cast<size_t>(max_sampled) * sizeof(kernels::DeviceSamplingParams));
+    // The packed region holds any step's arrays (StepInputs at capacity).
+    c.Take(PackStepInputs(max_tokens, max_items, max_sampled).end);
+    il.packed_bytes = c.size();
     il.block_tables = c.Take(static_cast<size_t>(max_seqs) * cap_blocks * 4);
-    il.split_chunk = c.Take(4);
     il.staging_bytes = il.device_bytes = c.size();
     SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.device_bytes));
     for (auto& st : staging) {
       SYMTP_ASSIGN_OR_RETURN(st, cuda::PinnedBuffer::Create(il.staging_bytes));
     }
-    d_tokens = At<int32_t>(inputs, il.tokens);
-    d_positions = At<int32_t>(inputs, il.positions);
-    d_slots = At<int32_t>(inputs, il.slots);
-    d_prev_row = At<int32_t>(inputs, il.prev_row);
-    d_items = At<kernels::AttentionItem>(inputs, il.items);
-    d_sample_rows = At<int32_t>(inputs, il.sample_rows);
-    d_params = At<kernels::DeviceSamplingParams>(inputs, il.params);
     d_block_tables = At<int32_t>(inputs, il.block_tables);
-    d_split_chunk = At<int32_t>(inputs, il.split_chunk);
+    SetStepInputs(PackStepInputs(max_tokens, max_items, max_sampled));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.device_bytes, s));
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
                            cuda::PinnedBuffer::Create(2 * static_cast<size_t>(max_sampled) * 4));
