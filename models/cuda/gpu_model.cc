@@ -78,12 +78,10 @@ struct LayerPtrs {
 // (compact [S, width] in staging, [max_seqs, cap_blocks] on the device).
 // The other arrays are packed for each step's shape (StepInputs) into the
 // region before them, at the same offsets on both sides, so that one copy
-// carries them: a step used to upload them in 9 copies, each a copy-engine
-// round trip on the step's stream.
+// carries them (each copy is a copy-engine round trip the step waits for).
 struct InputLayout {
-  size_t packed_bytes;  // capacity of the packed region (= block_tables)
-  size_t block_tables;
-  size_t staging_bytes, device_bytes;
+  size_t block_tables;  // also the capacity of the packed region before it
+  size_t bytes;         // of each staging slot and of the device input buffer
 };
 
 // Offsets of one step's packed inputs: rows token rows, `items` attention
@@ -571,9 +569,9 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   const InputLayout& il = in_layout;
   const cuda::PinnedBuffer& st = staging[slot];
   const StepInputs pk = PackStepInputs(P, sh.num_items, sh.num_sampled);
-  if (pk.end > il.packed_bytes) {
+  if (pk.end > il.block_tables) {
     return absl::InternalError(absl::StrFormat(
-        "GpuModel: step inputs of %d bytes > their region of %d", pk.end, il.packed_bytes));
+        "GpuModel: step inputs of %d bytes > their region of %d", pk.end, il.block_tables));
   }
   int32_t* h_tokens = At<int32_t>(st, pk.tokens);
   int32_t* h_pos = At<int32_t>(st, pk.positions);
@@ -876,16 +874,15 @@ absl::Status GpuModel::State::Init() {
     Carver c;
     // The packed region holds any step's arrays (StepInputs at capacity).
     c.Take(PackStepInputs(max_tokens, max_items, max_sampled).end);
-    il.packed_bytes = c.size();
     il.block_tables = c.Take(static_cast<size_t>(max_seqs) * cap_blocks * 4);
-    il.staging_bytes = il.device_bytes = c.size();
-    SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.device_bytes));
+    il.bytes = c.size();
+    SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.bytes));
     for (auto& st : staging) {
-      SYMTP_ASSIGN_OR_RETURN(st, cuda::PinnedBuffer::Create(il.staging_bytes));
+      SYMTP_ASSIGN_OR_RETURN(st, cuda::PinnedBuffer::Create(il.bytes));
     }
     d_block_tables = At<int32_t>(inputs, il.block_tables);
     SetStepInputs(PackStepInputs(max_tokens, max_items, max_sampled));
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.device_bytes, s));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.bytes, s));
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
                            cuda::PinnedBuffer::Create(2 * static_cast<size_t>(max_sampled) * 4));
     if (opt.host_logits) {

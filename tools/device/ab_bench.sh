@@ -24,10 +24,8 @@ if [[ ${1:-} == --prepare ]]; then
   exit 0
 fi
 [[ -f .ab/base.tar ]] || { echo "ab_bench.sh: no .ab/base.tar: run --prepare here and carry .ab" >&2; exit 2; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-$PWD/out}
+source tools/device/device_env.sh
 mkdir -p "$OUT/ab"
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 rm -rf .ab/base && mkdir -p .ab/base && tar xf .ab/base.tar -C .ab/base
 ln -sfn "$PWD/.deps" .ab/base/.deps
 TARGET=kernels_bench

@@ -16,13 +16,11 @@
 #   run(kind=nvidia-h200-x2, carry=[".deps"], command="tools/device/gpu_run.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-$PWD/out}
+source tools/device/device_env.sh
 R=$OUT/results
 mkdir -p "$R" "$R/launch"
 LOG=$OUT/gpu_run.log
 STEPS=${STEPS:-"build test ar ipc kernels launch ardecode overlap report"}
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 B=build-gpu
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # On a one-GPU machine the TP=2 steps cannot run: leave them out and say so.

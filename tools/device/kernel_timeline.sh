@@ -16,10 +16,7 @@
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="tools/device/kernel_timeline.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
+source tools/device/device_env.sh
 W=$(mktemp -d)
 TRACE=1 tools/device/build.sh symtp >"$OUT/trace_build.log" 2>&1 || { tail -30 "$OUT/trace_build.log"; exit 1; }
 tools/device/build.sh symtp >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

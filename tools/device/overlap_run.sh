@@ -7,10 +7,7 @@
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="PLANS='2:llama-8b-shape:layers=32:decode256@1024' tools/device/overlap_run.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH=$PWD/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
+source tools/device/device_env.sh
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
