@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "gemv", "kernel_timeline", "kernel_boundary", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "gemv_mma_b8", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
+ORDER = ["decode_step", "gemv", "kernel_timeline", "kernel_boundary", "splitk_batches", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "gemv_mma_b8", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
@@ -29,7 +29,7 @@ TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration
           "kernel_table": "Decode step by kernel", "attention_fill": "Decode-attention splits that fill the SMs", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
           "small_batch_decode": "Small-batch decode step",
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace", "gemv": "Weight-streaming GEMV (M <= 4)",
-          "kernel_timeline": "In-graph kernel timeline", "kernel_boundary": "Kernel boundary: PDL wait vs counter (dropped)", "gemv_rope": "RoPE in the QKV GEMV's epilogue (dropped)", "gemv_mma_b8": "Tensor-core GEMV, 8-row weight units (dropped)", "kv_prefetch_hint": "L2 prefetch hint on K/V copies", "step_inputs_upload": "Step inputs in one upload", "attention_grid": "Attention graph grid in one wave (dropped)", "attention_deep_ring": "Deep copy ring in the decode attention (dropped)", "attention_head_major": "Head-major attention launch order (dropped)", "gemv_fused_inputs": "GEMV with fused SiLU / merge inputs (dropped)",
+          "kernel_timeline": "In-graph kernel timeline", "kernel_boundary": "Kernel boundary: PDL wait vs counter (dropped)", "gemv_rope": "RoPE in the QKV GEMV's epilogue (dropped)", "gemv_mma_b8": "Tensor-core GEMV, 8-row weight units (dropped)", "splitk_batches": "Split-K over cuBLASLt batches (dropped)", "kv_prefetch_hint": "L2 prefetch hint on K/V copies", "step_inputs_upload": "Step inputs in one upload", "attention_grid": "Attention graph grid in one wave (dropped)", "attention_deep_ring": "Deep copy ring in the decode attention (dropped)", "attention_head_major": "Head-major attention launch order (dropped)", "gemv_fused_inputs": "GEMV with fused SiLU / merge inputs (dropped)",
           "prewait_inputs": "Step inputs before the PDL wait (dropped)",
           "skinny_gemm": "Small-M GEMM kernel (dropped)",
           "merge_fold": "Split merge in the attention kernel (dropped)",
