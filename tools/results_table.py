@@ -17,10 +17,10 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "gemv", "kernel_timeline", "kernel_boundary", "splitk_batches", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "gemv_mma_b8", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
+ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "splitk_batches", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "gemv_mma_b8", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
-TITLES = {"decode_step": "Decode step vs batch", "v0_vs_v1": "v0 vs v1 iteration time",
+TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a PyTorch TP decode step", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "allreduce_push": "Custom all-reduce STAGED by push",
