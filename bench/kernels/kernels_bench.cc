@@ -19,7 +19,7 @@
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
 // Flags (--help lists them): --json FILE, --layers N, --skip-model,
-// --sections LIST, --gemm-match LIST, --model-batches LIST, --model-kernels
+// --sections LIST, --gemm-match LIST, --attention-contiguous, --model-batches LIST, --model-kernels
 // LIST, --model-graphs on|off|both, --model-overrides K=V,...
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -62,6 +62,8 @@
 ABSL_FLAG(std::string, json, "", "write the results here as JSON ('' for none)");
 ABSL_FLAG(int, layers, 4, "model_decode: layers of llama-8b-shape (of 32)");
 ABSL_FLAG(bool, skip_model, false, "skip the model_decode section");
+ABSL_FLAG(bool, attention_contiguous, false,
+          "decode_attn: each sequence's KV blocks in order (default: scattered at random)");
 ABSL_FLAG(std::vector<std::string>, sections,
           std::vector<std::string>({"gemm", "attention", "prefill", "model"}),
           "sections to run: gemm, attention, prefill, model");
@@ -559,7 +561,9 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
       {kernels::DecodeKernel::kTiled, 0},        {kernels::DecodeKernel::kTensorCore, 0}};
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("\ndecode attention (bf16 cache, context %d)\n", ctx);
+  const bool contiguous = absl::GetFlag(FLAGS_attention_contiguous);
+  std::printf("\ndecode attention (bf16 cache, context %d, %s block tables)\n", ctx,
+              contiguous ? "contiguous" : "scattered");
   std::printf("%-20s %-13s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
               "GB/s", "%copy");
   for (const AttnShape& cf : kAttnShapes) {
@@ -587,10 +591,11 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         SYMTP_ASSIGN_OR_RETURN(
             cuda::DeviceBuffer out,
             cuda::DeviceBuffer::Create(static_cast<size_t>(batch) * cf.nq * cf.d * 2));
-        // Scattered block tables: a random permutation of the blocks.
+        // Block tables: a random permutation of the blocks, or (with
+        // --attention-contiguous) each sequence's blocks in order.
         std::vector<int32_t> perm(blocks);
         std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(batch));
+        if (!contiguous) std::shuffle(perm.begin(), perm.end(), std::mt19937(batch));
         std::vector<int32_t> pos(batch, ctx - 1);
         std::vector<kernels::AttentionItem> items(batch);
         for (int i = 0; i < batch; ++i) items[i] = {i, i, 1, 0};
@@ -644,6 +649,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
                                .Field("context", ctx)
                                .Field("split_chunk", chunk)
                                .Field("chunk_planned", var.chunk <= 0)
+                               .Field("contiguous_tables", contiguous)
                                .Field("us", us, 2)
                                .Field("kv_gbps", gbps, 1)
                                .Field("frac_of_copy_bw", gbps / c.copy_gbps, 4)
