@@ -242,6 +242,44 @@ def attention_only(model, tp, batches, context):
     return rows
 
 
+def gemm_only(model, tp, batches):
+    """torch.matmul on one rank's decode GEMMs (x @ W^T, bf16): time per call of
+    20 captured in a CUDA graph, weights rotated through more than L2 holds."""
+    H, _, NH, NKV, FF, V = PRESETS[model]
+    d = H // NH
+    shapes = {"qkv": ((NH // tp + 2 * max(1, NKV // tp)) * d, H), "wo": (H, NH // tp * d),
+              "gate_up": (2 * FF // tp, H), "down": (H, FF // tp), "lm_head": (V // tp, H)}
+    rows = []
+    for name, (n, k) in shapes.items():
+        copies = max(2, (1 << 30) // (n * k * 2))
+        ws = [torch.empty(n, k, device="cuda", dtype=torch.bfloat16).uniform_(-0.02, 0.02)
+              for _ in range(copies)]
+        for b in batches:
+            x = torch.randn(b, k, device="cuda", dtype=torch.bfloat16)
+            outs = [None] * 20
+            for i in range(3):
+                outs[0] = x @ ws[i % copies].t()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(20):
+                    outs[i] = x @ ws[i % copies].t()
+            g.replay()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(5):
+                e0.record()
+                g.replay()
+                e1.record()
+                torch.cuda.synchronize()
+                times.append(e0.elapsed_time(e1) * 1e3 / 20)
+            us = statistics.median(times)
+            rows.append({"layer": name, "n": n, "k": k, "m": b, "graph_us": round(us, 2)})
+            print(f"torch matmul {model} tp{tp} {name} N={n} K={k} M={b}: {us:.1f} us", flush=True)
+            del g, outs, x
+        del ws
+    return rows
+
+
 def check(tp, rank, group, compile):
     """TP step vs rank 0's unsharded step (fp32), graph replay vs eager."""
     cfg = PRESETS["check"]
@@ -317,6 +355,8 @@ def main():
                     help="torch.compile the element-wise pieces between the GEMMs")
     ap.add_argument("--attention-only", type=int, default=0, metavar="TP",
                     help="time torch's decode attention alone for TP's per-rank heads (one GPU)")
+    ap.add_argument("--gemm-only", type=int, default=0, metavar="TP",
+                    help="time torch.matmul on TP's per-rank decode GEMMs (one GPU)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     tp = int(os.environ.get("WORLD_SIZE", "1"))
@@ -332,6 +372,13 @@ def main():
             if rank == 0:
                 print("check:", "passed" if ok else "FAILED")
             return 0 if ok else 1
+        if a.gemm_only:
+            rows = gemm_only(a.model, a.gemm_only, [int(x) for x in a.batches.split(",")])
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"model": a.model, "tp_shards": a.gemm_only, "torch": torch.__version__,
+                               "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            return 0
         if a.attention_only:
             rows = attention_only(a.model, a.attention_only,
                                   [int(x) for x in a.batches.split(",")], a.context)
