@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Prints README's headline-results table (Markdown) from the committed
+"""Prints a results table (Markdown) from the committed
 bench/results/<machine>/<measurement>/summary.json files: one row per
 measurement and machine, with the machine, date and commit of the run.
 
-  tools/results_table.py [--results DIR] [--check README.md]
+  tools/results_table.py [--results DIR] [--scope headline|all] [--check FILE | --write FILE]
 
---check: exit 1 when a row of the table is missing from that file (README's
-table is stale).
+--scope headline (the default): the measurements that describe the system as
+it is (README's table); all: every measurement, the studies of kept and
+dropped changes included (bench/results/README.md's table).
+--check: exit 1 when a row of the table is missing from that file (the
+file's table is stale). --write: replace the file's table. Links are relative
+to that file's folder.
 
 Each summary.json holds "measurement", "machine", "device", "date", "commit",
 "command" and "results"; the one-line result is built here from "results"
@@ -38,6 +42,10 @@ TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a P
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
           "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags"}
+# The measurements of the system as it is; the others are studies (an A/B
+# of one change, kept or dropped), listed in bench/results/README.md.
+HEADLINE = {"decode_step", "torch_baseline", "v0_vs_v1", "kernel_table", "allreduce",
+            "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"}
 MACHINES = ["h200x2", "h200", "h100x4", "h100x2", "cpu-dev"]
 
 
@@ -98,6 +106,7 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=root)
+    ap.add_argument("--scope", choices=["headline", "all"], default="headline")
     ap.add_argument("--check", metavar="FILE", help="fail if FILE lacks a row of the table")
     ap.add_argument("--write", metavar="FILE",
                     help="replace the table in FILE (the block of lines from its header row)")
@@ -106,8 +115,14 @@ def main():
     for p in glob.glob(os.path.join(a.results, "*", "*", "summary.json")):
         with open(p) as f:
             d = json.load(f)
-        d["_path"] = os.path.relpath(os.path.dirname(p), os.path.join(a.results, "..", ".."))
-        docs.append(d)
+        if a.scope == "all" or d["measurement"] in HEADLINE:
+            # Links relative to the file the table goes into (the repository root
+            # when printed).
+            target = a.check or a.write
+            base = (os.path.dirname(os.path.abspath(target)) if target
+                    else os.path.join(a.results, "..", ".."))
+            d["_path"] = os.path.relpath(os.path.dirname(p), base)
+            docs.append(d)
     if not docs:
         print(f"results_table.py: no summary.json under {a.results}", file=sys.stderr)
         return 1
