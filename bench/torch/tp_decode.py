@@ -149,7 +149,8 @@ class Decoder:
         ang = torch.outer(torch.arange(context + 1, device="cuda").float(), inv)
         self.cos, self.sin = ang.cos(), ang.sin()
         self.logits = None
-        c = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if compile else (lambda f: f)
+        def c(f):
+            return torch.compile(f, fullgraph=True, dynamic=False) if compile else f
         self.add_norm, self.rope_split, self.silu_mul = c(add_norm), c(rope_split), c(silu_mul)
 
     def all_reduce(self, t):
@@ -343,7 +344,8 @@ def check(tp, rank, group, compile):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama-8b-shape", choices=["llama-8b-shape", "llama-70b-shape"])
+    ap.add_argument("--model", default="llama-8b-shape",
+                    choices=["llama-8b-shape", "llama-70b-shape"])
     ap.add_argument("--layers", type=int, default=0, help="0: the preset's")
     ap.add_argument("--batches", default="1,8,32,128,256,512")
     ap.add_argument("--context", type=int, default=1024)
