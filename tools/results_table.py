@@ -111,16 +111,14 @@ def main():
     ap.add_argument("--write", metavar="FILE",
                     help="replace the table in FILE (the block of lines from its header row)")
     a = ap.parse_args()
+    # Links relative to the file the table goes into (the repository root when printed).
+    target = a.check or a.write
+    base = os.path.dirname(os.path.abspath(target)) if target else os.path.join(a.results, "..", "..")
     docs = []
     for p in glob.glob(os.path.join(a.results, "*", "*", "summary.json")):
         with open(p) as f:
             d = json.load(f)
         if a.scope == "all" or d["measurement"] in HEADLINE:
-            # Links relative to the file the table goes into (the repository root
-            # when printed).
-            target = a.check or a.write
-            base = (os.path.dirname(os.path.abspath(target)) if target
-                    else os.path.join(a.results, "..", ".."))
             d["_path"] = os.path.relpath(os.path.dirname(p), base)
             docs.append(d)
     if not docs:

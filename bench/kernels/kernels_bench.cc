@@ -19,8 +19,8 @@
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
 // Flags (--help lists them): --json FILE, --layers N, --skip-model,
-// --sections LIST, --gemm-match LIST, --attention-contiguous, --model-batches LIST, --model-kernels
-// LIST, --model-graphs on|off|both, --model-overrides K=V,...
+// --sections LIST, --gemm-match LIST, --attention-contiguous, --model-batches
+// LIST, --model-kernels LIST, --model-graphs on|off|both, --model-overrides K=V,...
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 

@@ -873,7 +873,8 @@ absl::Status GpuModel::State::Init() {
     InputLayout& il = in_layout;
     Carver c;
     // The packed region holds any step's arrays (StepInputs at capacity).
-    c.Take(PackStepInputs(max_tokens, max_items, max_sampled).end);
+    const StepInputs at_capacity = PackStepInputs(max_tokens, max_items, max_sampled);
+    c.Take(at_capacity.end);
     il.block_tables = c.Take(static_cast<size_t>(max_seqs) * cap_blocks * 4);
     il.bytes = c.size();
     SYMTP_ASSIGN_OR_RETURN(inputs, cuda::DeviceBuffer::Create(il.bytes));
@@ -881,7 +882,7 @@ absl::Status GpuModel::State::Init() {
       SYMTP_ASSIGN_OR_RETURN(st, cuda::PinnedBuffer::Create(il.bytes));
     }
     d_block_tables = At<int32_t>(inputs, il.block_tables);
-    SetStepInputs(PackStepInputs(max_tokens, max_items, max_sampled));
+    SetStepInputs(at_capacity);
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inputs.get(), 0, il.bytes, s));
     SYMTP_ASSIGN_OR_RETURN(host_tokens_buf,
                            cuda::PinnedBuffer::Create(2 * static_cast<size_t>(max_sampled) * 4));

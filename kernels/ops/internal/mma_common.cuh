@@ -142,9 +142,8 @@ __device__ __forceinline__ void ZeroFragments(float (&f)[N][4]) {
 // Asynchronous global -> shared copy of 16 bytes to a shared-memory address,
 // L2 only (each byte is read once); with `valid` false the destination is
 // zero-filled and nothing is read. The 256-byte L2 prefetch hint lets a miss
-// fetch a whole bf16 head-dim-128 key or value row at once (the copies read
-// every byte of it): with it llama-8b decode steps took 0.986-0.997x the time
-// at batch 32-512 on H100 x2 (bench/results/h100x2/kv_prefetch_hint/).
+// fetch a whole bf16 head-dim-128 key or value row at once, since the copies
+// read every byte of it (measured: bench/results/h100x2/kv_prefetch_hint/).
 __device__ __forceinline__ void CpAsync16Shared(unsigned dst, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "r"(valid ? 16 : 0)
