@@ -45,6 +45,7 @@ enum Kind : uint32_t {
   kSample,
   kSampleShardCandidates,
   kSampleFromCandidates,
+  kAllReduceTwoShot,
 };
 
 // Sets one compiled module's ring pointers (each translation unit with traced

@@ -113,6 +113,7 @@ struct JobOptions {
   int64_t custom_allreduce_max_bytes = 8 << 20;
   int64_t custom_allreduce_ll_max_bytes = 0;  // 0: CustomAllReduce's default for the TP degree
   int64_t custom_allreduce_ll128_max_bytes = -1;  // -1: CustomAllReduce's default; 0: off
+  int64_t custom_allreduce_two_shot_min_bytes = -1;  // -1: CustomAllReduce's default; 0: never
   bool fuse_allreduce_norm = true;
   int gemv_max_rows = 4;         // model::GpuModelOptions::gemv_max_rows
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling

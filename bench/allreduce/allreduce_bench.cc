@@ -52,7 +52,10 @@ ABSL_FLAG(int64_t, fused_ll_max_bytes, -1,
           "default)");
 ABSL_FLAG(int64_t, ll128_max_bytes, -1,
           "LL128 protocol above --ll_max_bytes up to this size (-1: library default)");
-ABSL_FLAG(int, staged_blocks, -1, "staged protocol grid (-1: library default)");
+ABSL_FLAG(int64_t, two_shot_min_bytes, -1,
+          "messages above the LL and LL128 limits go two-shot from this size on (0: never, -1: "
+          "library default)");
+ABSL_FLAG(int, staged_blocks, -1, "staged and two-shot protocol grid (-1: library default)");
 ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
 ABSL_FLAG(int, ll128_blocks, -1, "LL128 protocol grid (-1: library default)");
 ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
@@ -287,9 +290,10 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     printf("# symtp allreduce_bench: TP %d, %s, redop sum, %s x%d (%d SMs), NCCL %d\n", size,
            DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
     printf(
-        "# custom one-shot: LL <= %zu B, LL128 <= %zu B, staged <= %zu B, grids %d (staged) / "
-        "%d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
-        custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->max_bytes(),
+        "# custom: LL <= %zu B, LL128 <= %zu B, staged or two-shot (from %zu B) <= %zu B, grids "
+        "%d (staged) / %d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
+        custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->two_shot_min_bytes(),
+        custom->max_bytes(),
         custom->staged_blocks(), custom->ll_blocks(), custom->ll128_blocks(),
         custom->scratch_bytes() / 1048576.0);
     printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "
@@ -365,7 +369,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
           input.set_bits(i, kt::FromF32(cfg.dtype, InputValue(rank, i)));
           expect.set_bits(i, kt::FromF32(cfg.dtype, sum));
         }
-        for (Protocol p : {Protocol::kLL, Protocol::kLL128, Protocol::kStaged}) {
+        for (Protocol p :
+             {Protocol::kLL, Protocol::kLL128, Protocol::kStaged, Protocol::kTwoShot}) {
           if (p == Protocol::kLL && bytes > o.ll_max_bytes) continue;
           SYMTP_ASSIGN_OR_RETURN(Timing t, Measure(cfg, ex, stream.get(), buf.get(), count, 100,
                                                    input, expect,
@@ -401,7 +406,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     JsonWriter j(2);  // one row a line
     j.Open('{').Field("tp", size).Field("dtype", DTypeName(cfg.dtype)).Field("redop", "sum");
     j.Field("ll_max_bytes", custom->ll_max_bytes())
-        .Field("ll128_max_bytes", custom->ll128_max_bytes());
+        .Field("ll128_max_bytes", custom->ll128_max_bytes())
+        .Field("two_shot_min_bytes", custom->two_shot_min_bytes());
     j.Field("custom_max_bytes", custom->max_bytes());
     j.Field("scratch_bytes_per_rank", custom->scratch_bytes()).Field("dispatcher", describe);
     j.Key("rows").Open('[');
@@ -477,6 +483,9 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_ll128_max_bytes) >= 0) {
     cfg.custom.ll128_max_bytes = absl::GetFlag(FLAGS_ll128_max_bytes);
+  }
+  if (const int64_t m = absl::GetFlag(FLAGS_two_shot_min_bytes); m >= 0) {
+    cfg.custom.two_shot_min_bytes = m == 0 ? ~size_t{0} : static_cast<size_t>(m);
   }
   cfg.warmup = absl::GetFlag(FLAGS_warmup);
   cfg.iters = absl::GetFlag(FLAGS_iters);

@@ -75,6 +75,7 @@ struct Hello {
   uint64_t ll_max_bytes;
   uint64_t fused_ll_max_bytes;
   uint64_t ll128_max_bytes;
+  uint64_t two_shot_min_bytes;
   int64_t timeout_ms;
   int32_t staged_blocks;
   int32_t ll_blocks;
@@ -96,9 +97,14 @@ struct Hello {
 // 15.4 us: every rank pushes three copies and LL128 7% more bytes), and
 // decode steps with it were no faster
 // (0.995-1.05x), so TP 4 and TP 8 (unmeasured) keep LL up to 256 KiB / size,
-// the fused LL up to 128 KiB (capped at that) and STAGED above.
+// the fused LL up to 128 KiB (capped at that) and STAGED above, TWO-SHOT from
+// 1 MiB: at TP 4 (H100 x4, graph-timed) it ties STAGED at 512 KiB (10.5 vs
+// 10.3 us) and wins from 1 MiB (13.7 vs 15.7, 32.8 vs 45.2 at 4 MiB), and
+// decode steps with 1-8 MiB all-reduces got 0.93-0.99x
+// (bench/results/h100x4/allreduce_two_shot). At TP 2 it sends the same bytes
+// as a one-shot, and LL128 carries every size.
 struct Limits {
-  size_t ll, fused_ll, ll128;
+  size_t ll, fused_ll, ll128, two_shot_min;
 };
 Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   constexpr size_t kAuto = CustomAllReduce::Options::kAuto;
@@ -112,6 +118,9 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
                : with_ll128                  ? size_t{16} << 10
                                              : size_t{128} << 10;
+  l.two_shot_min = o.two_shot_min_bytes != kAuto ? o.two_shot_min_bytes
+                   : size >= 4                    ? size_t{1} << 20
+                                                  : kAuto;
   return l;
 }
 
@@ -124,6 +133,8 @@ const char* TagName(uint32_t tag) {
       return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kLL128);
     case allreduce_internal::kTagStaged:
       return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kStaged);
+    case allreduce_internal::kTagTwoShot:
+      return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kTwoShot);
   }
   return "?";
 }
@@ -163,6 +174,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   const Limits limits = AutoLimits(size, options);
   ll_max_bytes_ = RoundUp(std::min(limits.ll, max_bytes_), 8);
   fused_ll_max_bytes_ = std::min(limits.fused_ll, ll_max_bytes_);
+  two_shot_min_bytes_ = limits.two_shot_min;
   const size_t ll_lines = ll_max_bytes_ / 8;
   const size_t ll_offset = allreduce_internal::kSignalBytes;
   const size_t ll_bytes = 2 * static_cast<size_t>(size) * ll_lines * allreduce_internal::kLLLineBytes;
@@ -194,6 +206,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     const uint32_t e0 = options.initial_epoch;
     for (size_t i = 0; i < kMaxBlocks * kMaxRanks; ++i) {
       image[allreduce_internal::kFlagsOffset / 4 + i] = e0;
+      image[allreduce_internal::kScatterFlagsOffset / 4 + i] = e0;
     }
     for (size_t i = 0; i < kMaxBlocks; ++i) {
       image[allreduce_internal::kEpochStagedOffset / 4 + i] = e0;
@@ -226,6 +239,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.ll_max_bytes = ll_max_bytes_;
   hello.fused_ll_max_bytes = fused_ll_max_bytes_;
   hello.ll128_max_bytes = ll128_max_bytes_;
+  hello.two_shot_min_bytes = two_shot_min_bytes_;
   hello.timeout_ms = options.timeout_ms;
   hello.staged_blocks = options.staged_blocks;
   hello.ll_blocks = options.ll_blocks;
@@ -248,7 +262,9 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     if (h.total_bytes != hellos[0].total_bytes || h.max_bytes != hellos[0].max_bytes ||
         h.ll_max_bytes != hellos[0].ll_max_bytes ||
         h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes ||
-        h.ll128_max_bytes != hellos[0].ll128_max_bytes || h.timeout_ms != hellos[0].timeout_ms ||
+        h.ll128_max_bytes != hellos[0].ll128_max_bytes ||
+        h.two_shot_min_bytes != hellos[0].two_shot_min_bytes ||
+        h.timeout_ms != hellos[0].timeout_ms ||
         h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
         h.ll128_blocks != hellos[0].ll128_blocks || h.initial_epoch != hellos[0].initial_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -411,6 +427,8 @@ const char* CustomAllReduce::ProtocolName(Protocol protocol) {
       return "LL128";
     case Protocol::kStaged:
       return "staged";
+    case Protocol::kTwoShot:
+      return "two-shot";
   }
   return "?";
 }
@@ -421,7 +439,8 @@ CustomAllReduce::Protocol CustomAllReduce::ProtocolUpTo(size_t bytes, size_t ll_
 }
 
 CustomAllReduce::Protocol CustomAllReduce::ProtocolFor(size_t bytes) const {
-  return ProtocolUpTo(bytes, ll_max_bytes_);
+  const Protocol p = ProtocolUpTo(bytes, ll_max_bytes_);
+  return p == Protocol::kStaged && bytes >= two_shot_min_bytes_ ? Protocol::kTwoShot : p;
 }
 
 CustomAllReduce::Protocol CustomAllReduce::FusedProtocolFor(size_t bytes) const {
@@ -445,7 +464,10 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
   if (bytes > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
         "custom all-reduce: ", bytes, " bytes exceed the ",
-        protocol == Protocol::kStaged ? "" : absl::StrCat(ProtocolName(protocol), " "), "limit of ",
+        protocol == Protocol::kStaged || protocol == Protocol::kTwoShot
+            ? ""
+            : absl::StrCat(ProtocolName(protocol), " "),
+        "limit of ",
         limit, " bytes"));
   }
   CUDA_RETURN_IF_ERROR(
@@ -465,8 +487,10 @@ bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype) c
     return false;
   }
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
-  return bytes <= max_bytes_ && Aligned16(norm.residual) && Aligned16(norm.weight) &&
-         Aligned16(norm.out);
+  // Where the plain all-reduce is two-shot, it and AddRmsNorm run instead of
+  // the one-shot fused kernel.
+  return bytes <= max_bytes_ && ProtocolFor(bytes) != Protocol::kTwoShot &&
+         Aligned16(norm.residual) && Aligned16(norm.weight) && Aligned16(norm.out);
 }
 
 absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const ResidualNorm& norm,

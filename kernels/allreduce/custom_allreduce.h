@@ -21,7 +21,10 @@
 // same 16-byte store; one one-way latency), LL128 above it up to
 // Options::ll128_max_bytes (120 data bytes and the epoch in one 128-byte line),
 // STAGED above, up to max_bytes (stores into every peer's staging,
-// release/acquire flags, reduction from local memory). All accumulate in
+// release/acquire flags, reduction from local memory), or TWO-SHOT from
+// Options::two_shot_min_bytes (reduce-scatter then all-gather through the
+// same staging: 2 (N - 1) / N of the message leaves each rank instead of
+// N - 1 times it). All accumulate in
 // fp32 in rank order 0..N-1: every rank's result is bitwise identical. Any
 // element count and any element-aligned pointer work.
 //
@@ -82,6 +85,10 @@ class CustomAllReduce {
     size_t ll_max_bytes = kAuto;
     size_t fused_ll_max_bytes = kAuto;
     size_t ll128_max_bytes = kAuto;
+    // Messages that would be STAGED go TWO-SHOT from this size on (and
+    // their fused all-reduce + RMSNorm runs as the all-reduce then
+    // AddRmsNorm); kAuto: 1 MiB at TP 4 and 8, never at TP 2.
+    size_t two_shot_min_bytes = kAuto;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other
     // all-reduce in flight (they spin waiting for peers). The fused
@@ -130,17 +137,21 @@ class CustomAllReduce {
   size_t ll128_max_bytes() const { return ll128_max_bytes_; }
   // Largest message the fused all-reduce + RMSNorm sends with LL.
   size_t fused_ll_max_bytes() const { return fused_ll_max_bytes_; }
+  // Smallest message AllReduceSum sends TWO-SHOT (above the LL and LL128
+  // limits; SIZE_MAX: none).
+  size_t two_shot_min_bytes() const { return two_shot_min_bytes_; }
   // Device memory this rank allocated (signals + LL lines + staging).
   size_t scratch_bytes() const { return total_bytes_; }
 
   // In-place sum of `count` elements at `data` (device memory of `device`),
   // enqueued on `stream`; count * DTypeSize(dtype) <= max_bytes. The protocol
   // is chosen by size (LL up to ll_max_bytes, then LL128 up to
-  // ll128_max_bytes, then STAGED).
+  // ll128_max_bytes, then STAGED, or TWO-SHOT from two_shot_min_bytes).
   absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream);
   // The protocol AllReduceSum uses for a message of `bytes`.
   Protocol ProtocolFor(size_t bytes) const;
-  // "LL", "LL128" or "staged" (as errors and benchmarks name them).
+  // "LL", "LL128", "staged" or "two-shot" (as errors and benchmarks name
+  // them).
   static const char* ProtocolName(Protocol protocol);
   // Same with the protocol forced (benchmarks, tests). kLL needs
   // bytes <= ll_max_bytes, kLL128 bytes <= ll128_max_bytes.
@@ -183,6 +194,7 @@ class CustomAllReduce {
   size_t ll_max_bytes_ = 0;
   size_t fused_ll_max_bytes_ = 0;  // Options::fused_ll_max_bytes capped at ll_max_bytes_
   size_t ll128_max_bytes_ = 0;
+  size_t two_shot_min_bytes_ = ~size_t{0};
   size_t total_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   char* buffer_ = nullptr;                   // own cudaMalloc

@@ -13,6 +13,9 @@
 //     epoch_ll[kMaxBlocks]          u32
 //     epoch_ll128[kMaxBlocks]       u32
 //     error                         u64  first error of a kernel (atomicCAS)
+//     scatter_flags[kMaxBlocks][kMaxRanks] u32  two-shot protocol, first
+//                                        phase: like flags (its second phase
+//                                        uses flags)
 //   [ll_offset, +ll_bytes)        LL receive lines, [parity 2][src N][lines]
 //                                  x 16 B, written by the peers, polled by the
 //                                  owner ({data lo, epoch, data hi, epoch})
@@ -20,7 +23,7 @@
 //                                  [lines] x 128 B (120 data bytes, then the
 //                                  epoch twice), written by the peers, polled
 //                                  by the owner
-//   [stage_offset, +2*(N-1)*stage_bytes) staged protocol receive slots,
+//   [stage_offset, +2*(N-1)*stage_bytes) staged and two-shot receive slots,
 //                                  [parity 2][src slot N-1][bytes] (src's slot
 //                                  is src - (src > owner)), written by the
 //                                  peers (remote stores), read by the owner
@@ -44,8 +47,9 @@ inline constexpr size_t kEpochStagedOffset = kFlagsOffset + kMaxBlocks * kMaxRan
 inline constexpr size_t kEpochLLOffset = kEpochStagedOffset + kMaxBlocks * 4;
 inline constexpr size_t kEpochLL128Offset = kEpochLLOffset + kMaxBlocks * 4;
 inline constexpr size_t kErrorOffset = kEpochLL128Offset + kMaxBlocks * 4;  // u64, device copy
-inline constexpr size_t kSignalBytes = 16 * 1024;
-static_assert(kErrorOffset + 8 <= kSignalBytes);
+inline constexpr size_t kScatterFlagsOffset = kErrorOffset + 16;
+inline constexpr size_t kSignalBytes = 32 * 1024;
+static_assert(kScatterFlagsOffset + kMaxBlocks * kMaxRanks * 4 <= kSignalBytes);
 inline constexpr size_t kLLLineBytes = 16;  // carries 8 data bytes
 inline constexpr size_t kLL128LineBytes = 128;
 inline constexpr size_t kLL128DataBytes = 120;  // then the 8-byte flag {epoch, epoch}
@@ -59,7 +63,7 @@ inline constexpr int kLL128Threads = 512;
 //   [63:56] code  [55:48] peer rank  [47:40] protocol  [39:32] block
 //   [31:0]  epoch of the call
 enum ErrorCode : uint32_t { kErrNone = 0, kErrTimeout = 1, kErrAborted = 2 };
-enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2, kTagLL128 = 3 };
+enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2, kTagLL128 = 3, kTagTwoShot = 4 };
 
 SYMTP_AR_HD inline uint64_t PackError(uint32_t code, uint32_t peer, uint32_t protocol,
                                       uint32_t block, uint32_t epoch) {

@@ -272,24 +272,26 @@ __device__ __forceinline__ size_t StageSlot(const DeviceArgs& a, uint32_t parity
              a.stage_bytes;
 }
 
-// Publishes call epoch e into flags[b][rank] of every peer and waits until
-// every peer has published e (or later) into this rank's flags[b][peer]: one
-// thread per peer; call from every thread between two __syncthreads. Sets
-// *fail on a timeout or abort (after recording the error).
+// Publishes call epoch e into flags[b][rank] of every peer (the flag array at
+// `flags_offset`: kFlagsOffset or kScatterFlagsOffset) and waits until every
+// peer has published e (or later) into this rank's flags[b][peer]: one thread
+// per peer; call from every thread between two __syncthreads. Sets *fail on a
+// timeout or abort (after recording the error with protocol `tag`).
 template <int N>
 __device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, uint32_t e,
-                                                    int* fail) {
+                                                    int* fail, size_t flags_offset = kFlagsOffset,
+                                                    uint32_t tag = kTagStaged) {
   const int tid = threadIdx.x, me = a.rank;
   if (tid >= N || tid == me) return;
   uint32_t* remote =
-      reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + kFlagsOffset) + b * kMaxRanks + me;
+      reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + flags_offset) + b * kMaxRanks + me;
   StReleaseSys(remote, e);
   const uint32_t* local =
-      reinterpret_cast<const uint32_t*>(BaseOf<N>(a, me) + kFlagsOffset) + b * kMaxRanks + tid;
+      reinterpret_cast<const uint32_t*>(BaseOf<N>(a, me) + flags_offset) + b * kMaxRanks + tid;
   SpinBound bound;
   while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
     if (const uint32_t err = bound.Check(a)) {
-      RecordError<N>(a, err, tid, kTagStaged, b, e);
+      RecordError<N>(a, err, tid, tag, b, e);
       *fail = 1;
       return;
     }
@@ -393,6 +395,140 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
   }
   __syncthreads();
   if (tid == 0) *counter = e;
+}
+
+// ---------------------------------------------------------------------------
+// TWO-SHOT protocol
+// ---------------------------------------------------------------------------
+
+// Calls f(unit) for the 16-byte units and g(element) for the elements left
+// over of the element range [x0, x1), x0 a multiple of kE; units only when
+// `vec` (a 16-byte aligned message). Strided over the block's threads.
+template <size_t kE, typename F, typename G>
+__device__ __forceinline__ void ForEachInRange(size_t x0, size_t x1, bool vec, F&& f, G&& g) {
+  const size_t u0 = x0 / kE, u1 = vec ? x1 / kE : u0;
+  for (size_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) f(u);
+  for (size_t k = max(x0, u1 * kE) + threadIdx.x; k < x1; k += blockDim.x) g(k);
+}
+
+// Reduce-scatter, then all-gather, both over posted NVLink stores: block b's
+// slice of the message (as STAGED's) is cut into N parts, part j owned by rank
+// j. 1. Every rank stores part j of its data into rank j's staging slot
+// (same offsets as in `data`), signals scatter_flags and waits for the
+// peers'. 2. Each rank reduces its own part, in rank order from its `data` and
+// its slots (the same arithmetic as the one-shot protocols: same bits), writes
+// the sum into its `data` and stores it into every peer's slot at the part's
+// offsets, signals flags and waits. 3. It copies the peers' parts from its
+// slots into `data`. A rank sends 2 (N - 1) / N of the message instead of the
+// one-shot's N - 1 times it. Part j of slot src is written in step 1 only for
+// j == owner and in step 2 only for j == src, so the two steps never overlap
+// in a slot; the reuse argument across calls is STAGED's (every call waits
+// for every peer's signals of that call), on the same counters, grid and
+// slots, so the two protocols interleave freely.
+template <typename T, int N>
+__global__ void __launch_bounds__(kStagedThreads) TwoShotKernel(DeviceArgs a, void* data_v,
+                                                                 size_t count) {
+  SYMTP_TRACE_KERNEL(kAllReduceTwoShot);
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  using E = Elem<T>;
+  constexpr size_t kE = 16 / sizeof(T);  // elements per 16-byte unit
+  char* const data = static_cast<char*>(data_v);
+  const int b = blockIdx.x;
+  const int me = a.rank;
+  char* const my_base = BaseOf<N>(a, me);
+  uint32_t* const counter = reinterpret_cast<uint32_t*>(my_base + kEpochStagedOffset) + b;
+  __shared__ int s_fail;
+  if (threadIdx.x == 0) s_fail = 0;  // ordered before any use by the first barrier
+  const uint32_t e = *counter + 1;
+  const uint32_t parity = e & 1;
+
+  const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
+  size_t per_block = (count + gridDim.x - 1) / gridDim.x;
+  per_block = (per_block + kE - 1) / kE * kE;
+  const size_t e0 = min(count, static_cast<size_t>(b) * per_block);
+  const size_t e1 = min(count, e0 + per_block);
+  size_t per_part = (e1 - e0 + N - 1) / N;
+  per_part = (per_part + kE - 1) / kE * kE;
+  auto part_begin = [&](int j) { return min(e1, e0 + static_cast<size_t>(j) * per_part); };
+
+  // slot[p]: in rank p's buffer, the slot this rank writes (own entry unused);
+  // from[r]: in this rank's buffer, the slot rank r writes (own entry: data).
+  char* slot[N];
+  const char* from[N];
+#pragma unroll
+  for (int p = 0; p < N; ++p) {
+    slot[p] = a.base[p] + StageSlot<N>(a, parity, p, me);
+    from[p] = p == me ? data : my_base + StageSlot<N>(a, parity, me, p);
+  }
+
+  // 1. Scatter: part p of this rank's data to rank p.
+#pragma unroll
+  for (int p = 0; p < N; ++p) {
+    if (p == me) continue;
+    ForEachInRange<kE>(
+        part_begin(p), part_begin(p + 1), vec,
+        [&](size_t u) {
+          reinterpret_cast<uint4*>(slot[p])[u] = reinterpret_cast<const uint4*>(data)[u];
+        },
+        [&](size_t k) {
+          StoreBits<T>(slot[p] + k * sizeof(T), LoadBits<T>(data + k * sizeof(T)));
+        });
+  }
+  __syncthreads();
+  StagedSignalAndWait<N>(a, b, e, &s_fail, kScatterFlagsOffset, kTagTwoShot);
+  __syncthreads();
+
+  // 2. Reduce the own part; keep it and send it to every peer.
+  if (!s_fail) {
+    ForEachInRange<kE>(
+        part_begin(me), part_begin(me + 1), vec,
+        [&](size_t u) {
+          uint32_t in[N][4];
+#pragma unroll
+          for (int r = 0; r < N; ++r) {
+            const uint4 x = LdCg16(from[r] + u * 16);
+            in[r][0] = x.x, in[r][1] = x.y, in[r][2] = x.z, in[r][3] = x.w;
+          }
+          uint32_t o[4];
+          ReducePacked<T, N, 4>(in, o);
+          const uint4 v = make_uint4(o[0], o[1], o[2], o[3]);
+          reinterpret_cast<uint4*>(data)[u] = v;
+#pragma unroll
+          for (int p = 0; p < N; ++p) {
+            if (p != me) reinterpret_cast<uint4*>(slot[p])[u] = v;
+          }
+        },
+        [&](size_t k) {
+          float acc = E::ToF(LoadBitsCg<T>(from[0] + k * sizeof(T)));
+#pragma unroll
+          for (int r = 1; r < N; ++r) acc += E::ToF(LoadBitsCg<T>(from[r] + k * sizeof(T)));
+          const auto v = E::FromF(acc);
+          StoreBits<T>(data + k * sizeof(T), v);
+#pragma unroll
+          for (int p = 0; p < N; ++p) {
+            if (p != me) StoreBits<T>(slot[p] + k * sizeof(T), v);
+          }
+        });
+  }
+  __syncthreads();
+  if (!s_fail) StagedSignalAndWait<N>(a, b, e, &s_fail, kFlagsOffset, kTagTwoShot);
+  __syncthreads();
+
+  // 3. Gather: the peers' sums of their parts from the own slots.
+  if (!s_fail) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      if (r == me) continue;
+      ForEachInRange<kE>(
+          part_begin(r), part_begin(r + 1), vec,
+          [&](size_t u) { reinterpret_cast<uint4*>(data)[u] = LdCg16(from[r] + u * 16); },
+          [&](size_t k) {
+            StoreBits<T>(data + k * sizeof(T), LoadBitsCg<T>(from[r] + k * sizeof(T)));
+          });
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = e;
 }
 
 // ---------------------------------------------------------------------------
@@ -736,6 +872,9 @@ cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size
   switch (protocol) {
     case Protocol::kStaged:
       return internal::LaunchDependent(StagedKernel<T, N>, dim3(a.staged_blocks),
+                                       dim3(kStagedThreads), 0, stream, a, data, count);
+    case Protocol::kTwoShot:
+      return internal::LaunchDependent(TwoShotKernel<T, N>, dim3(a.staged_blocks),
                                        dim3(kStagedThreads), 0, stream, a, data, count);
     case Protocol::kLL:
       return internal::LaunchDependent(LLKernel<T, N>, dim3(a.ll_blocks), dim3(kLLThreads), 0,

@@ -12,7 +12,7 @@
 
 namespace symtp::kernels::allreduce_internal {
 
-enum class Protocol { kStaged, kLL, kLL128 };
+enum class Protocol { kStaged, kLL, kLL128, kTwoShot };
 
 // One-shot all-reduce (sum, in place) of `count` elements at `data` with the
 // given protocol; a.size must be 2, 4 or 8. Only enqueues.

@@ -375,6 +375,8 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
     case Protocol::kLL128:
       return internal::LaunchDependent(LL128NormKernel<T, N, kPer>, dim3(a.ll128_blocks),
                                        dim3(threads), 0, stream, a, f);
+    case Protocol::kTwoShot:  // no fused form: FusedProtocolFor never picks it
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -260,7 +260,8 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
     for (DType t : kAllTypes) {
       for (size_t count : SpecCounts(t)) {
         const size_t bytes = count * DTypeSize(t);
-        for (Protocol p : {Protocol::kLL, Protocol::kLL128, Protocol::kStaged}) {
+        for (Protocol p :
+             {Protocol::kLL, Protocol::kLL128, Protocol::kStaged, Protocol::kTwoShot}) {
           if (p == Protocol::kLL && bytes > ar->ll_max_bytes()) continue;
           if (p == Protocol::kLL128 && bytes > ar->ll128_max_bytes()) continue;
           for (size_t front : {size_t{0}, size_t{1}}) {
@@ -309,7 +310,7 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
       const size_t es = DTypeSize(t);
       for (size_t count : {(size_t{2} << 20) / es + 3, (size_t{4} << 20) / es,
                            (size_t{8} << 20) / es - 1}) {
-        for (Protocol p : {Protocol::kLL128, Protocol::kStaged}) {
+        for (Protocol p : {Protocol::kLL128, Protocol::kStaged, Protocol::kTwoShot}) {
           SYMTP_RETURN_IF_ERROR(
               CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,
                        Name(t, count,
@@ -441,75 +442,85 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
 }
 
 // The model at TP = 2 on the dispatcher (custom all-reduce with the fused
-// residual + RMSNorm, NCCL behind it), fp32, CUDA graphs, prefill then greedy
-// decode: both ranks' logits are bitwise equal, the tokens equal the CPU
-// model's at TP = 1 and the logits are within 1e-4 of them.
+// residual + RMSNorm, NCCL behind it; then with the two-shot all-reduce and
+// AddRmsNorm), fp32, CUDA graphs, prefill then greedy decode: both ranks'
+// logits are bitwise equal, the tokens equal the CPU model's at TP = 1 and
+// the logits are within 1e-4 of them.
 TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     if (size != 2) return absl::OkStatus();  // the tiny model has 2 KV heads
     constexpr int kSteps = 8, kBlocks = 128;
-    SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
-    AllReduceDispatcher::Options dopt;
-    dopt.calibrate = false;
-    dopt.max_custom_bytes = dopt.crossover_bytes = 8 << 20;
-    SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
-                                                                  &ex, Deadline::AfterMs(kSetupMs), dopt));
-    const model::ModelConfig cfg = *model::PresetConfig("tiny");
-    const ResidualNorm probe{nullptr, nullptr, nullptr, 64, cfg.hidden, cfg.rms_eps};
-    CHECK_OR_RETURN(comm->FusesResidualNorm(probe, DType::kF32), "the dispatcher does not fuse");
-    // Above max_fused_bytes (still on the custom path) it runs two kernels.
-    const int64_t past = static_cast<int64_t>(dopt.max_fused_bytes / (cfg.hidden * 4)) + 1;
-    const ResidualNorm large{nullptr, nullptr, nullptr, past, cfg.hidden, cfg.rms_eps};
-    CHECK_OR_RETURN(comm->PathFor(past * cfg.hidden, DType::kF32) == AllReduceDispatcher::Path::kCustom,
-                    "the large message left the custom path");
-    CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
-    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-    model::GpuModelOptions o;
-    o.dtype = DType::kF32;
-    o.num_kv_blocks = kBlocks;
-    o.max_batch_tokens = 128;
-    o.max_seqs = 8;
-    o.cuda_graphs = true;
-    SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
-                           model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
-    SYMTP_ASSIGN_OR_RETURN(model::CpuModel cpu, model::CpuModel::Create(cfg, 0, 1, kBlocks, nullptr));
-    testing::SimBatch sim(cfg, kBlocks, 21), sim_cpu(cfg, kBlocks, 21);
-    for (int p : {7, 40, 19}) {
-      sim.AddSequence(p, cfg.vocab);
-      sim_cpu.AddSequence(p, cfg.vocab);
-    }
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<int> rows, rows_cpu;
-      SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
-      SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch_cpu, sim_cpu.NextStep(64, &rows_cpu));
-      model::StepOptions so;
-      so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
-      SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
-      SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
-      std::vector<float> want;
-      SYMTP_RETURN_IF_ERROR(cpu.Forward(batch_cpu, &want));
-      const absl::Span<const float> got = m.host_logits();
-      CHECK_OR_RETURN(got.size() == want.size(), "step ", step, ": ", got.size(), " logits, want ",
-                      want.size());
-      uint64_t hash = 0;
-      size_t far = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        hash += kt::ElementHash(i, kt::F32ToBits(got[i]));
-        far += std::fabs(got[i] - want[i]) > 1e-4 * (std::fabs(want[i]) + 1.0);
+    for (bool two_shot : {false, true}) {
+      SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+      AllReduceDispatcher::Options dopt;
+      dopt.calibrate = false;
+      dopt.max_custom_bytes = dopt.crossover_bytes = 8 << 20;
+      if (two_shot) {  // every message of a row or more two-shot, then AddRmsNorm
+        dopt.custom.ll_max_bytes = 512;
+        dopt.custom.ll128_max_bytes = 0;
+        dopt.custom.two_shot_min_bytes = 1;
       }
-      CHECK_OR_RETURN(far == 0, "step ", step, ": ", far, " logits off the CPU's");
-      SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, hash, absl::StrCat("step ", step, " logits")));
-      std::vector<int32_t> next(batch_cpu.sample_index.size());
-      for (size_t i = 0; i < next.size(); ++i) {
-        next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * cfg.vocab, cfg.vocab));
+      SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
+                                                                    &ex, Deadline::AfterMs(kSetupMs), dopt));
+      const model::ModelConfig cfg = *model::PresetConfig("tiny");
+      const ResidualNorm probe{nullptr, nullptr, nullptr, 64, cfg.hidden, cfg.rms_eps};
+      CHECK_OR_RETURN(comm->FusesResidualNorm(probe, DType::kF32) == !two_shot,
+                      "the dispatcher fuses where the all-reduce is two-shot, or not elsewhere");
+      // Above max_fused_bytes (still on the custom path) it runs two kernels.
+      const int64_t past = static_cast<int64_t>(dopt.max_fused_bytes / (cfg.hidden * 4)) + 1;
+      const ResidualNorm large{nullptr, nullptr, nullptr, past, cfg.hidden, cfg.rms_eps};
+      CHECK_OR_RETURN(comm->PathFor(past * cfg.hidden, DType::kF32) == AllReduceDispatcher::Path::kCustom,
+                      "the large message left the custom path");
+      CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      model::GpuModelOptions o;
+      o.dtype = DType::kF32;
+      o.num_kv_blocks = kBlocks;
+      o.max_batch_tokens = 128;
+      o.max_seqs = 8;
+      o.cuda_graphs = true;
+      SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                             model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
+      SYMTP_ASSIGN_OR_RETURN(model::CpuModel cpu, model::CpuModel::Create(cfg, 0, 1, kBlocks, nullptr));
+      testing::SimBatch sim(cfg, kBlocks, 21), sim_cpu(cfg, kBlocks, 21);
+      for (int p : {7, 40, 19}) {
+        sim.AddSequence(p, cfg.vocab);
+        sim_cpu.AddSequence(p, cfg.vocab);
       }
-      const absl::Span<const int32_t> toks = m.host_tokens();
-      CHECK_OR_RETURN(std::vector<int32_t>(toks.begin(), toks.end()) == next, "step ", step,
-                      ": tokens differ from the CPU's");
-      sim.Commit(rows, next);
-      sim_cpu.Commit(rows_cpu, next);
+      for (int step = 0; step < kSteps; ++step) {
+        std::vector<int> rows, rows_cpu;
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch_cpu, sim_cpu.NextStep(64, &rows_cpu));
+        model::StepOptions so;
+        so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
+        SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        std::vector<float> want;
+        SYMTP_RETURN_IF_ERROR(cpu.Forward(batch_cpu, &want));
+        const absl::Span<const float> got = m.host_logits();
+        CHECK_OR_RETURN(got.size() == want.size(), "step ", step, ": ", got.size(), " logits, want ",
+                        want.size());
+        uint64_t hash = 0;
+        size_t far = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          hash += kt::ElementHash(i, kt::F32ToBits(got[i]));
+          far += std::fabs(got[i] - want[i]) > 1e-4 * (std::fabs(want[i]) + 1.0);
+        }
+        CHECK_OR_RETURN(far == 0, "step ", step, ": ", far, " logits off the CPU's");
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, hash, absl::StrCat("step ", step, " logits")));
+        std::vector<int32_t> next(batch_cpu.sample_index.size());
+        for (size_t i = 0; i < next.size(); ++i) {
+          next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * cfg.vocab, cfg.vocab));
+        }
+        const absl::Span<const int32_t> toks = m.host_tokens();
+        CHECK_OR_RETURN(std::vector<int32_t>(toks.begin(), toks.end()) == next, "step ", step,
+                        ": tokens differ from the CPU's");
+        sim.Commit(rows, next);
+        sim_cpu.Commit(rows_cpu, next);
+      }
+      SYMTP_RETURN_IF_ERROR(comm->Poll());
     }
-    return comm->Poll();
+    return absl::OkStatus();
   });
 }
 
@@ -521,21 +532,32 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
       size_t count;
       uint64_t seed_base;
     };
-    // Through LL (8 KiB), the staged protocol (160 KB) and LL128 (100 KB).
-    constexpr size_t kItems = 3;
+    // Through LL (8 KiB), the staged protocol (160 KB), LL128 (100 KB) and
+    // the two-shot protocol (600 KB; odd count).
+    constexpr size_t kItems = 4;
     const Item items[kItems] = {{DType::kBF16, 4097, 1'000'000},
                                 {DType::kF32, 40'000, 2'000'000},
-                                {DType::kBF16, 50'000, 3'000'000}};
+                                {DType::kBF16, 50'000, 3'000'000},
+                                {DType::kBF16, 300'001, 4'000'000}};
     CustomAllReduce::Options opt;
     opt.ll_max_bytes = 64 << 10;
     opt.ll128_max_bytes = 128 << 10;
+    opt.two_shot_min_bytes = 512 << 10;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                             Deadline::AfterMs(kSetupMs), opt));
-    const Protocol want[kItems] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128};
+    const Protocol want[kItems] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128,
+                                   Protocol::kTwoShot};
     for (size_t k = 0; k < kItems; ++k) {
       CHECK_OR_RETURN(ar->ProtocolFor(items[k].count * DTypeSize(items[k].t)) == want[k], "item ",
                       k, " does not take the protocol it is meant to test");
     }
+    // Where the plain all-reduce is two-shot the fused kernel is not offered
+    // (the caller runs the all-reduce, then AddRmsNorm); below, it is.
+    const ResidualNorm two_shot_rows{nullptr, nullptr, nullptr, 80, 4096, 1e-5f};
+    CHECK_OR_RETURN(!ar->FusesResidualNorm(two_shot_rows, DType::kBF16), "640 KiB fused");
+    ResidualNorm staged_rows = two_shot_rows;
+    staged_rows.rows = 20;
+    CHECK_OR_RETURN(ar->FusesResidualNorm(staged_rows, DType::kBF16), "160 KiB not fused");
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer counter, cuda::DeviceBuffer::Create(8));
     CUDA_RETURN_IF_ERROR(cudaMemset(counter.get(), 0, 8));
@@ -599,12 +621,13 @@ TEST_F(AllReduceGpuTest, EpochCountersWrapAround) {
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                             Deadline::AfterMs(kSetupMs), opt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-    for (int call = 0; call < 150; ++call) {
-      const Protocol p = call % 3 == 0   ? Protocol::kLL
-                         : call % 3 == 1 ? Protocol::kStaged
-                                         : Protocol::kLL128;
+    for (int call = 0; call < 200; ++call) {
+      const Protocol p = call % 4 == 0   ? Protocol::kLL
+                         : call % 4 == 1 ? Protocol::kStaged
+                         : call % 4 == 2 ? Protocol::kLL128
+                                         : Protocol::kTwoShot;
       const DType t = kAllTypes[call % 3];
-      const size_t count = 1 + static_cast<size_t>(call) * 97;
+      const size_t count = 1 + static_cast<size_t>(call) * 97 % 15'000;  // within LL's 64 KiB
       SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, 0, true,
                                      absl::StrCat("call ", call, " ", Name(t, count, "custom")),
                                      [&](void* d, size_t n, DType dt, cudaStream_t s) {
@@ -746,7 +769,7 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
     CustomAllReduce::Options opt;
     opt.timeout_ms = 200;
     opt.ll128_max_bytes = 1 << 20;
-    std::unique_ptr<CustomAllReduce> ars[3];
+    std::unique_ptr<CustomAllReduce> ars[4];
     for (auto& ar : ars) {
       SYMTP_ASSIGN_OR_RETURN(ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                          Deadline::AfterMs(kSetupMs), opt));
@@ -754,9 +777,10 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
     const int absent = size - 1;  // never calls
     if (rank != absent) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-      const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128};
-      const char* names[] = {"LL", "staged", "LL128"};
-      for (int k = 0; k < 3; ++k) {
+      const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128,
+                                    Protocol::kTwoShot};
+      const char* names[] = {"LL", "staged", "LL128", "two-shot"};
+      for (int k = 0; k < 4; ++k) {
         const size_t count = k == 0 ? 4097 : 100'000;
         SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(count * 2));
         const kt::HostArray in = kt::RandomInput(DType::kBF16, count, 9, rank);
