@@ -100,11 +100,9 @@ class CudaBackend : public Backend, public BatchBroadcast {
         if (opts.custom_allreduce_ll128_max_bytes >= 0) {
           o.custom.ll128_max_bytes = static_cast<size_t>(opts.custom_allreduce_ll128_max_bytes);
         }
-        if (opts.custom_allreduce_two_shot_min_bytes >= 0) {
+        if (opts.custom_allreduce_two_shot_min_bytes >= 0) {  // 0: never
           o.custom.two_shot_min_bytes =
-              opts.custom_allreduce_two_shot_min_bytes == 0
-                  ? ~size_t{0}
-                  : static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
+              static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
         }
         SYMTP_ASSIGN_OR_RETURN(
             auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),

@@ -485,7 +485,7 @@ int main(int argc, char** argv) {
     cfg.custom.ll128_max_bytes = absl::GetFlag(FLAGS_ll128_max_bytes);
   }
   if (const int64_t m = absl::GetFlag(FLAGS_two_shot_min_bytes); m >= 0) {
-    cfg.custom.two_shot_min_bytes = m == 0 ? ~size_t{0} : static_cast<size_t>(m);
+    cfg.custom.two_shot_min_bytes = static_cast<size_t>(m);  // 0: never
   }
   cfg.warmup = absl::GetFlag(FLAGS_warmup);
   cfg.iters = absl::GetFlag(FLAGS_iters);

@@ -118,9 +118,10 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
   l.fused_ll = o.fused_ll_max_bytes != kAuto ? o.fused_ll_max_bytes
                : with_ll128                  ? size_t{16} << 10
                                              : size_t{128} << 10;
-  l.two_shot_min = o.two_shot_min_bytes != kAuto ? o.two_shot_min_bytes
-                   : size >= 4                    ? size_t{1} << 20
-                                                  : kAuto;
+  l.two_shot_min = o.two_shot_min_bytes == 0      ? kAuto  // never
+                   : o.two_shot_min_bytes != kAuto ? o.two_shot_min_bytes
+                   : size >= 4                     ? size_t{1} << 20
+                                                   : kAuto;
   return l;
 }
 

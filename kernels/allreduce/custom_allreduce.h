@@ -87,7 +87,7 @@ class CustomAllReduce {
     size_t ll128_max_bytes = kAuto;
     // Messages that would be STAGED go TWO-SHOT from this size on (and
     // their fused all-reduce + RMSNorm runs as the all-reduce then
-    // AddRmsNorm); kAuto: 1 MiB at TP 4 and 8, never at TP 2.
+    // AddRmsNorm); 0: never; kAuto: 1 MiB at TP 4 and 8, never at TP 2.
     size_t two_shot_min_bytes = kAuto;
     // Fixed grid of each protocol (<= 256; same on every rank). Every block
     // of a call must be able to run at once with the blocks of any other

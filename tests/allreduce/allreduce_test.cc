@@ -343,6 +343,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       if (mode == 0) opt.ll_max_bytes = opt.fused_ll_max_bytes = 0;
       if (wide_ll) opt.ll_max_bytes = opt.fused_ll_max_bytes = size_t{1} << 20;
       opt.ll128_max_bytes = mode == 2 ? 0 : size_t{8} << 20;
+      opt.two_shot_min_bytes = 0;  // the fused kernels' STAGED form at every size
       SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
                                                               Deadline::AfterMs(kSetupMs), opt));
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
