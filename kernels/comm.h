@@ -1,6 +1,6 @@
 // The device-side communication seam of a tensor-parallel group: one object
 // per rank, used by the model's row-parallel layers and the LM head.
-// Implementations: NcclComm (kernels/nccl/), the custom one-shot all-reduce
+// Implementations: NcclComm (kernels/nccl/), the custom P2P all-reduce
 // with NCCL fallback (kernels/allreduce/). Every call only enqueues work on
 // `stream` (asynchronous, capturable in a CUDA graph where the implementation
 // says so); errors in enqueueing come back as a Status, errors that surface

@@ -1,5 +1,5 @@
-// CustomAllReduce: one-shot all-reduce over CUDA IPC + NVLink for small
-// messages of a tensor-parallel group of 2, 4 or 8 ranks (one process and one
+// CustomAllReduce: one-shot and two-shot all-reduce over CUDA IPC + NVLink for
+// the messages of a tensor-parallel group of 2, 4 or 8 ranks (one process and one
 // GPU each). The dispatcher (dispatcher.h) puts it in front of NCCL.
 //
 //   SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, device,

@@ -1,6 +1,7 @@
-// Kernels of the custom one-shot all-reduce. Included by one .cu per dtype.
+// Kernels of the custom all-reduce. Included by one .cu per dtype.
 //
-// Three protocols, all one-shot (every rank ends with the full sum), all with
+// Four protocols, three one-shot (every rank sums the whole message) and one
+// two-shot (TWO-SHOT, below StagedKernel: every rank sums 1/N of it), all with
 // fp32 accumulation in rank order 0..N-1 starting from rank 0's value, so that
 // every rank (and every protocol) produce bitwise identical results:
 //

@@ -1,5 +1,5 @@
 // AllReduceDispatcher: the DeviceComm a tensor-parallel rank uses. All-reduces
-// of up to crossover_bytes() go to the custom one-shot kernel
+// of up to crossover_bytes() go to the custom all-reduce
 // (custom_allreduce.h), larger ones and every AllGather/Broadcast to the
 // fallback communicator (NcclComm).
 //
