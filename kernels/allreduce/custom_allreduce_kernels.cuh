@@ -273,6 +273,20 @@ __device__ __forceinline__ size_t StageSlot(const DeviceArgs& a, uint32_t parity
              a.stage_bytes;
 }
 
+// This block's slice [begin, end) of a `count`-element message in the
+// STAGED and TWO-SHOT protocols: an even share per block, starting on a
+// 16-byte unit of kE elements (the same on every rank and in both protocols).
+struct Slice {
+  size_t begin, end;
+};
+template <size_t kE>
+__device__ __forceinline__ Slice BlockSlice(size_t count) {
+  size_t per_block = (count + gridDim.x - 1) / gridDim.x;
+  per_block = (per_block + kE - 1) / kE * kE;
+  const size_t e0 = min(count, static_cast<size_t>(blockIdx.x) * per_block);
+  return {e0, min(count, e0 + per_block)};
+}
+
 // Publishes call epoch e into flags[b][rank] of every peer (the flag array at
 // `flags_offset`: kFlagsOffset or kScatterFlagsOffset) and waits until every
 // peer has published e (or later) into this rank's flags[b][peer]: one thread
@@ -316,12 +330,8 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
   const uint32_t e = *counter + 1;
   const uint32_t parity = e & 1;
 
-  // This block's slice [e0, e1), starting on a 16-byte unit.
   const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-  size_t per_block = (count + gridDim.x - 1) / gridDim.x;
-  per_block = (per_block + kE - 1) / kE * kE;
-  const size_t e0 = min(count, static_cast<size_t>(b) * per_block);
-  const size_t e1 = min(count, e0 + per_block);
+  const auto [e0, e1] = BlockSlice<kE>(count);
 
   if (e0 < e1) {
     const size_t nvec = vec ? (e1 - e0) / kE : 0;  // full 16-byte units
@@ -444,10 +454,7 @@ __global__ void __launch_bounds__(kStagedThreads) TwoShotKernel(DeviceArgs a, vo
   const uint32_t parity = e & 1;
 
   const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-  size_t per_block = (count + gridDim.x - 1) / gridDim.x;
-  per_block = (per_block + kE - 1) / kE * kE;
-  const size_t e0 = min(count, static_cast<size_t>(b) * per_block);
-  const size_t e1 = min(count, e0 + per_block);
+  const auto [e0, e1] = BlockSlice<kE>(count);
   size_t per_part = (e1 - e0 + N - 1) / N;
   per_part = (per_part + kE - 1) / kE * kE;
   auto part_begin = [&](int j) { return min(e1, e0 + static_cast<size_t>(j) * per_part); };
