@@ -289,13 +289,10 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     ncclGetVersion(&nccl_version);
     printf("# symtp allreduce_bench: TP %d, %s, redop sum, %s x%d (%d SMs), NCCL %d\n", size,
            DTypeName(cfg.dtype), prop.name, size, prop.multiProcessorCount, nccl_version);
-    const std::string two_shot = custom->two_shot_min_bytes() == ~size_t{0}
-                                     ? std::string("never")
-                                     : absl::StrCat("from ", custom->two_shot_min_bytes(), " B");
     printf(
         "# custom: LL <= %zu B, LL128 <= %zu B, staged or two-shot (%s) <= %zu B, grids "
         "%d (staged) / %d (LL) / %d (LL128), scratch %.2f MiB per rank\n",
-        custom->ll_max_bytes(), custom->ll128_max_bytes(), two_shot.c_str(), custom->max_bytes(),
+        custom->ll_max_bytes(), custom->ll128_max_bytes(), custom->TwoShotLimitName().c_str(), custom->max_bytes(),
         custom->staged_blocks(), custom->ll_blocks(), custom->ll128_blocks(),
         custom->scratch_bytes() / 1048576.0);
     printf("# time: median of %d reps x iters calls (iters %s), slowest rank; eager = back-to-back "

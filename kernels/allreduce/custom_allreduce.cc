@@ -420,6 +420,11 @@ absl::Status CustomAllReduce::AllReduceSum(void* data, size_t count, DType dtype
   return AllReduceSumWith(ProtocolFor(count * DTypeSize(dtype)), data, count, dtype, stream);
 }
 
+std::string CustomAllReduce::TwoShotLimitName() const {
+  return two_shot_min_bytes_ == ~size_t{0} ? std::string("never")
+                                           : absl::StrCat("from ", two_shot_min_bytes_, " B");
+}
+
 const char* CustomAllReduce::ProtocolName(Protocol protocol) {
   switch (protocol) {
     case Protocol::kLL:

@@ -140,6 +140,8 @@ class CustomAllReduce {
   // Smallest message AllReduceSum sends TWO-SHOT (above the LL and LL128
   // limits; SIZE_MAX: none).
   size_t two_shot_min_bytes() const { return two_shot_min_bytes_; }
+  // The same for logs: "from N B" or "never".
+  std::string TwoShotLimitName() const;
   // Device memory this rank allocated (signals + LL lines + staging).
   size_t scratch_bytes() const { return total_bytes_; }
 

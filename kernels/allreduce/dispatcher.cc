@@ -160,13 +160,11 @@ std::string AllReduceDispatcher::Describe() const {
   }
   return absl::StrFormat(
       "all-reduce dispatch TP %d rank %d: custom for <= %zu B (%s; LL protocol <= %zu B, "
-      "LL128 <= %zu B, fused LL <= %zu B, two-shot >= %s), fallback above; custom scratch %.2f "
+      "LL128 <= %zu B, fused LL <= %zu B, two-shot %s), fallback above; custom scratch %.2f "
       "MiB per rank%s%s",
       size_, rank_, crossover_bytes_, calibrated_ ? "calibrated" : "pinned",
       custom_->ll_max_bytes(), custom_->ll128_max_bytes(), custom_->fused_ll_max_bytes(),
-      custom_->two_shot_min_bytes() == ~size_t{0}
-          ? std::string("none")
-          : absl::StrCat(custom_->two_shot_min_bytes(), " B"),
+      custom_->TwoShotLimitName(),
       custom_->scratch_bytes() / 1048576.0,
       calibration_table_.empty() ? "" : "; ", calibration_table_);
 }
