@@ -56,6 +56,11 @@ ABSL_FLAG(int64_t, two_shot_min_bytes, -1,
           "messages above the LL and LL128 limits go two-shot from this size on (0: never, -1: "
           "library default)");
 ABSL_FLAG(int, staged_blocks, -1, "staged and two-shot protocol grid (-1: library default)");
+ABSL_FLAG(int64_t, two_shot_pipeline_min_bytes, 0,
+          "two-shot messages pipelined from this size on (0: library default)");
+ABSL_FLAG(int64_t, two_shot_chunk_bytes, 0, "pipelined two-shot chunk size (0: library default)");
+ABSL_FLAG(int, two_shot_scatter_blocks, 0, "two-shot scatter blocks (0: library default)");
+ABSL_FLAG(int, two_shot_reduce_blocks, 0, "two-shot reduce blocks (0: library default)");
 ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
 ABSL_FLAG(int, ll128_blocks, -1, "LL128 protocol grid (-1: library default)");
 ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
@@ -476,6 +481,12 @@ int main(int argc, char** argv) {
     cfg.custom.fused_ll_max_bytes = absl::GetFlag(FLAGS_fused_ll_max_bytes);
   }
   if (absl::GetFlag(FLAGS_staged_blocks) > 0) cfg.custom.staged_blocks = absl::GetFlag(FLAGS_staged_blocks);
+  cfg.custom.two_shot_pipeline_min_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_two_shot_pipeline_min_bytes)));
+  cfg.custom.two_shot_chunk_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_two_shot_chunk_bytes)));
+  cfg.custom.two_shot_scatter_blocks = absl::GetFlag(FLAGS_two_shot_scatter_blocks);
+  cfg.custom.two_shot_reduce_blocks = absl::GetFlag(FLAGS_two_shot_reduce_blocks);
   if (absl::GetFlag(FLAGS_ll_blocks) > 0) cfg.custom.ll_blocks = absl::GetFlag(FLAGS_ll_blocks);
   if (absl::GetFlag(FLAGS_ll128_blocks) > 0) {
     cfg.custom.ll128_blocks = absl::GetFlag(FLAGS_ll128_blocks);

@@ -80,6 +80,10 @@ struct Hello {
   int32_t staged_blocks;
   int32_t ll_blocks;
   int32_t ll128_blocks;
+  uint64_t two_shot_pipeline_min_bytes;
+  uint64_t two_shot_chunk_bytes;
+  int32_t two_shot_scatter_blocks;
+  int32_t two_shot_reduce_blocks;
   uint32_t initial_epoch;
   uint32_t nonce;
 };
@@ -123,6 +127,28 @@ Limits AutoLimits(int size, const CustomAllReduce::Options& o) {
                    : size >= 4                     ? size_t{1} << 20
                                                    : kAuto;
   return l;
+}
+
+// TWO-SHOT's schedule on a staged grid of `blocks` (>= 4), Options' zeros
+// resolved: pipelined from 2 MiB, in chunks of 64 KiB, a quarter of the
+// blocks scattering, a quarter reducing, the rest gathering. Graph-timed at
+// TP 4 on H100 x4 (bench/results/h100x4/allreduce_two_shot_pipelined), the
+// pipeline against one chunk per block: 18.3 vs 20.1 us at 2 MiB, 46.9 vs
+// 58.1 at 8 MiB, and 14.7 vs 13.5 at 1 MiB (where each step's chunk is
+// pushed by a quarter of the SMs); 32 or 128 KiB chunks and other splits of
+// the grid were no better.
+struct TwoShotShape {
+  size_t pipeline_min_bytes, chunk_bytes;
+  int scatter, reduce;
+};
+TwoShotShape AutoTwoShot(int blocks, const CustomAllReduce::Options& o) {
+  TwoShotShape t;
+  t.pipeline_min_bytes =
+      o.two_shot_pipeline_min_bytes > 0 ? o.two_shot_pipeline_min_bytes : size_t{2} << 20;
+  t.chunk_bytes = o.two_shot_chunk_bytes > 0 ? o.two_shot_chunk_bytes : size_t{64} << 10;
+  t.scatter = o.two_shot_scatter_blocks > 0 ? o.two_shot_scatter_blocks : blocks / 4;
+  t.reduce = o.two_shot_reduce_blocks > 0 ? o.two_shot_reduce_blocks : blocks / 4;
+  return t;
 }
 
 // The protocol an error word's tag names ("?" for none).
@@ -190,14 +216,22 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
 
   // Phase 1 (local): allocate, initialise, export.
   Hello hello{};
+  const TwoShotShape two_shot = AutoTwoShot(options.staged_blocks, options);
   auto local = [&]() -> absl::Status {
     auto bad_grid = [](int blocks) { return blocks < 1 || blocks > kMaxBlocks; };
-    if (bad_grid(options.staged_blocks) || bad_grid(options.ll_blocks) ||
-        bad_grid(options.ll128_blocks) || options.timeout_ms <= 0) {
+    if (options.staged_blocks < 4 || bad_grid(options.staged_blocks) ||
+        bad_grid(options.ll_blocks) || bad_grid(options.ll128_blocks) || options.timeout_ms <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad options: staged_blocks ", options.staged_blocks, ", ll_blocks ",
-                       options.ll_blocks, ", ll128_blocks ", options.ll128_blocks, " (1..",
-                       kMaxBlocks, "), timeout_ms ", options.timeout_ms));
+          absl::StrCat("bad options: staged_blocks ", options.staged_blocks, " (4..", kMaxBlocks,
+                       "), ll_blocks ", options.ll_blocks, ", ll128_blocks ", options.ll128_blocks,
+                       " (1..", kMaxBlocks, "), timeout_ms ", options.timeout_ms));
+    }
+    if (two_shot.scatter < 1 || two_shot.reduce < 1 ||
+        two_shot.scatter + two_shot.reduce >= options.staged_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad options: two-shot scatter blocks ", two_shot.scatter, " and reduce blocks ",
+          two_shot.reduce, " (at least 1 each, leaving at least one of the ", options.staged_blocks,
+          " staged blocks to gather)"));
     }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer_, total_bytes_));
@@ -245,6 +279,10 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   hello.staged_blocks = options.staged_blocks;
   hello.ll_blocks = options.ll_blocks;
   hello.ll128_blocks = options.ll128_blocks;
+  hello.two_shot_pipeline_min_bytes = two_shot.pipeline_min_bytes;
+  hello.two_shot_chunk_bytes = two_shot.chunk_bytes;
+  hello.two_shot_scatter_blocks = two_shot.scatter;
+  hello.two_shot_reduce_blocks = two_shot.reduce;
   hello.initial_epoch = options.initial_epoch;
   hello.nonce = static_cast<uint32_t>(MonotonicNs() ^ (static_cast<int64_t>(getpid()) << 20));
 
@@ -265,9 +303,13 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
         h.fused_ll_max_bytes != hellos[0].fused_ll_max_bytes ||
         h.ll128_max_bytes != hellos[0].ll128_max_bytes ||
         h.two_shot_min_bytes != hellos[0].two_shot_min_bytes ||
-        h.timeout_ms != hellos[0].timeout_ms ||
-        h.staged_blocks != hellos[0].staged_blocks || h.ll_blocks != hellos[0].ll_blocks ||
-        h.ll128_blocks != hellos[0].ll128_blocks || h.initial_epoch != hellos[0].initial_epoch) {
+        h.timeout_ms != hellos[0].timeout_ms || h.staged_blocks != hellos[0].staged_blocks ||
+        h.ll_blocks != hellos[0].ll_blocks || h.ll128_blocks != hellos[0].ll128_blocks ||
+        h.two_shot_pipeline_min_bytes != hellos[0].two_shot_pipeline_min_bytes ||
+        h.two_shot_chunk_bytes != hellos[0].two_shot_chunk_bytes ||
+        h.two_shot_scatter_blocks != hellos[0].two_shot_scatter_blocks ||
+        h.two_shot_reduce_blocks != hellos[0].two_shot_reduce_blocks ||
+        h.initial_epoch != hellos[0].initial_epoch) {
       return absl::FailedPreconditionError(absl::StrCat(
           "custom all-reduce set-up: rank ", r, " was created with other sizes/options than rank 0 "
           "(max_bytes ", h.max_bytes, " vs ", hellos[0].max_bytes, ", ll_max_bytes ",
@@ -321,6 +363,10 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   args_.size = size;
   args_.staged_blocks = options.staged_blocks;
   args_.ll_blocks = options.ll_blocks;
+  args_.two_shot_pipeline_min_bytes = two_shot.pipeline_min_bytes;
+  args_.two_shot_chunk_bytes = two_shot.chunk_bytes;
+  args_.two_shot_scatter_blocks = two_shot.scatter;
+  args_.two_shot_reduce_blocks = two_shot.reduce;
 
   // Phase 3: write-and-verify probe through the mappings.
   SYMTP_RETURN_IF_ERROR(Probe(exchange, deadline, hellos[0].nonce));

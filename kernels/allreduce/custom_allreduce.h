@@ -101,6 +101,17 @@ class CustomAllReduce {
     // one line per thread up to 1 MiB (5.57 us there, 64 blocks: 6.38; 256:
     // 5.53 but two instances in flight would not fit: 2 blocks per SM).
     int ll128_blocks = 128;
+    // TWO-SHOT runs on the staged grid (at least 4 blocks). Messages from
+    // two_shot_pipeline_min_bytes on are pipelined in chunks of about
+    // two_shot_chunk_bytes of each rank's part (at least one per scatter
+    // block, at most 256), the first two_shot_scatter_blocks blocks
+    // scattering, the next two_shot_reduce_blocks reducing, the rest
+    // gathering; smaller ones run one chunk per block. 0: the defaults
+    // (AutoTwoShot in custom_allreduce.cc).
+    size_t two_shot_pipeline_min_bytes = 0;
+    size_t two_shot_chunk_bytes = 0;
+    int two_shot_scatter_blocks = 0;
+    int two_shot_reduce_blocks = 0;
     // Initial value of every epoch counter (tests start near 2^32 to wrap).
     uint32_t initial_epoch = 0;
   };

@@ -13,9 +13,9 @@
 //     epoch_ll[kMaxBlocks]          u32
 //     epoch_ll128[kMaxBlocks]       u32
 //     error                         u64  first error of a kernel (atomicCAS)
-//     scatter_flags[kMaxBlocks][kMaxRanks] u32  two-shot protocol, first
-//                                        phase: like flags (its second phase
-//                                        uses flags)
+//     scatter_flags[kMaxBlocks][kMaxRanks] u32  two-shot protocol: its
+//                                        scatter step's flags per chunk (its
+//                                        reduce step's are flags[chunk])
 //   [ll_offset, +ll_bytes)        LL receive lines, [parity 2][src N][lines]
 //                                  x 16 B, written by the peers, polled by the
 //                                  owner ({data lo, epoch, data hi, epoch})
@@ -88,6 +88,13 @@ struct DeviceArgs {
   int staged_blocks;
   int ll_blocks;
   int ll128_blocks;
+  // TWO-SHOT (on the staged grid): messages from two_shot_pipeline_min_bytes
+  // are pipelined in chunks of about two_shot_chunk_bytes of a rank's part,
+  // the first blocks scattering and reducing, the rest gathering.
+  size_t two_shot_pipeline_min_bytes;
+  size_t two_shot_chunk_bytes;
+  int two_shot_scatter_blocks;
+  int two_shot_reduce_blocks;
 };
 
 }  // namespace symtp::kernels::allreduce_internal

@@ -287,29 +287,57 @@ __device__ __forceinline__ Slice BlockSlice(size_t count) {
   return {e0, min(count, e0 + per_block)};
 }
 
-// Publishes call epoch e into flags[b][rank] of every peer (the flag array at
-// `flags_offset`: kFlagsOffset or kScatterFlagsOffset) and waits until every
-// peer has published e (or later) into this rank's flags[b][peer]: one thread
-// per peer; call from every thread between two __syncthreads. Sets *fail on a
-// timeout or abort (after recording the error with protocol `tag`).
+// Flag word [idx][src] of the flag array at `flags_offset` (kFlagsOffset or
+// kScatterFlagsOffset) in rank `owner`'s buffer: written by rank src, polled
+// by the owner.
 template <int N>
-__device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, uint32_t e,
-                                                    int* fail, size_t flags_offset = kFlagsOffset,
-                                                    uint32_t tag = kTagStaged) {
-  const int tid = threadIdx.x, me = a.rank;
-  if (tid >= N || tid == me) return;
-  uint32_t* remote =
-      reinterpret_cast<uint32_t*>(BaseOf<N>(a, tid) + flags_offset) + b * kMaxRanks + me;
-  StReleaseSys(remote, e);
-  const uint32_t* local =
-      reinterpret_cast<const uint32_t*>(BaseOf<N>(a, me) + flags_offset) + b * kMaxRanks + tid;
+__device__ __forceinline__ uint32_t* FlagWord(const DeviceArgs& a, int owner, size_t flags_offset,
+                                              int idx, int src) {
+  return reinterpret_cast<uint32_t*>(BaseOf<N>(a, owner) + flags_offset) + idx * kMaxRanks + src;
+}
+
+// Publishes call epoch e into word [idx][rank] of every peer's flag array,
+// one thread per peer (release: after a __syncthreads it orders the whole
+// block's earlier stores before the flag).
+template <int N>
+__device__ __forceinline__ void SignalPeers(const DeviceArgs& a, size_t flags_offset, int idx,
+                                            uint32_t e) {
+  const int tid = threadIdx.x;
+  if (tid < N && tid != a.rank) StReleaseSys(FlagWord<N>(a, tid, flags_offset, idx, a.rank), e);
+}
+
+// Spins (one thread) until the own flag word [idx][src] holds e or later.
+// False on a timeout (after `patience` times the bound) or abort, after
+// recording the error (block b, protocol `tag`).
+template <int N>
+__device__ __forceinline__ bool WaitFlag(const DeviceArgs& a, size_t flags_offset, int idx, int src,
+                                         uint32_t e, int b, uint32_t tag, int patience = 1) {
+  const uint32_t* local = FlagWord<N>(a, a.rank, flags_offset, idx, src);
   SpinBound bound;
   while (static_cast<int32_t>(LdAcquireSys(local) - e) < 0) {
     if (const uint32_t err = bound.Check(a)) {
-      RecordError<N>(a, err, tid, tag, b, e);
-      *fail = 1;
-      return;
+      if (err == kErrTimeout && --patience > 0) {
+        bound = SpinBound();
+        continue;
+      }
+      RecordError<N>(a, err, src, tag, b, e);
+      return false;
     }
+  }
+  return true;
+}
+
+// STAGED's rendezvous of block b: publishes e into flags[b][rank] of every
+// peer and waits until every peer has published e (or later) into this
+// rank's flags[b][peer]: one thread per peer; call from every thread between
+// two __syncthreads. Sets *fail on a timeout or abort.
+template <int N>
+__device__ __forceinline__ void StagedSignalAndWait(const DeviceArgs& a, int b, uint32_t e,
+                                                    int* fail) {
+  SignalPeers<N>(a, kFlagsOffset, b, e);
+  const int tid = threadIdx.x;
+  if (tid < N && tid != a.rank && !WaitFlag<N>(a, kFlagsOffset, b, tid, e, b, kTagStaged)) {
+    *fail = 1;
   }
 }
 
@@ -412,131 +440,248 @@ __global__ void __launch_bounds__(kStagedThreads) StagedKernel(DeviceArgs a, voi
 // TWO-SHOT protocol
 // ---------------------------------------------------------------------------
 
-// Calls f(unit) for the 16-byte units and g(element) for the elements left
-// over of the element range [x0, x1), x0 a multiple of kE; units only when
-// `vec` (a 16-byte aligned message). Strided over the block's threads.
-template <size_t kE, typename F, typename G>
-__device__ __forceinline__ void ForEachInRange(size_t x0, size_t x1, bool vec, F&& f, G&& g) {
-  const size_t u0 = x0 / kE, u1 = vec ? x1 / kE : u0;
-  for (size_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) f(u);
-  for (size_t k = max(x0, u1 * kE) + threadIdx.x; k < x1; k += blockDim.x) g(k);
+// Thread `threadIdx.x`'s share of the copy of elements [x0, x1) from `src` to
+// `dst` (x0 a multiple of kE): 16-byte units when `vec`, kU of them loaded
+// before any is stored (the stores may alias the loads as far as the compiler
+// knows, so a plain loop would wait for every load), then the elements left
+// over. kCg: the source is staging written by peers (loads skip L1).
+template <typename T, int kU, bool kCg>
+__device__ __forceinline__ void CopyRange(char* dst, const char* src, size_t x0, size_t x1,
+                                          bool vec) {
+  constexpr size_t kE = 16 / sizeof(T);
+  const size_t u1 = vec ? x1 / kE : x0 / kE, stride = blockDim.x;
+  size_t u = x0 / kE + threadIdx.x;
+  auto load = [&](size_t w) {
+    return kCg ? LdCg16(src + w * 16) : reinterpret_cast<const uint4*>(src)[w];
+  };
+  for (; u + (kU - 1) * stride < u1; u += kU * stride) {
+    uint4 v[kU];
+#pragma unroll
+    for (int k = 0; k < kU; ++k) v[k] = load(u + k * stride);
+#pragma unroll
+    for (int k = 0; k < kU; ++k) reinterpret_cast<uint4*>(dst)[u + k * stride] = v[k];
+  }
+  for (; u < u1; u += stride) reinterpret_cast<uint4*>(dst)[u] = load(u);
+  for (size_t k = max(x0, u1 * kE) + threadIdx.x; k < x1; k += stride) {
+    const size_t off = k * sizeof(T);
+    StoreBits<T>(dst + off, kCg ? LoadBitsCg<T>(src + off) : LoadBits<T>(src + off));
+  }
 }
 
-// Reduce-scatter, then all-gather, both over posted NVLink stores: block b's
-// slice of the message (as STAGED's) is cut into N parts, part j owned by rank
-// j. 1. Every rank stores part j of its data into rank j's staging slot
-// (same offsets as in `data`), signals scatter_flags and waits for the
-// peers'. 2. Each rank reduces its own part, in rank order from its `data` and
-// its slots (the same arithmetic as the one-shot protocols: same bits), writes
-// the sum into its `data` and stores it into every peer's slot at the part's
-// offsets, signals flags and waits. 3. It copies the peers' parts from its
-// slots into `data`. A rank sends 2 (N - 1) / N of the message instead of the
-// one-shot's N - 1 times it. Part j of slot src is written in step 1 only for
-// j == owner and in step 2 only for j == src, so the two steps never overlap
-// in a slot; the reuse argument across calls is STAGED's (every call waits
-// for every peer's signals of that call), on the same counters, grid and
-// slots, so the two protocols interleave freely.
+// arr[idx] for a run-time idx < N, as selects (an indexed register array
+// would go to local memory).
+template <int N, typename P>
+__device__ __forceinline__ P Pick(const P (&arr)[N], int idx) {
+  P v = arr[0];
+#pragma unroll
+  for (int r = 1; r < N; ++r) v = idx == r ? arr[r] : v;
+  return v;
+}
+
+// One call's view of the TWO-SHOT message: N parts (part j owned by rank j)
+// of P elements, each cut into `chunks` chunks of CE (whole 16-byte units;
+// the last ones of a part short or empty), and the three steps on a chunk.
+template <typename T, int N>
+struct TwoShotPlan {
+  static constexpr size_t kE = 16 / sizeof(T);       // elements per 16-byte unit
+  static constexpr int kCopyUnits = N <= 4 ? 4 : 2;  // loads in flight per thread in copies
+  char* data;
+  size_t count, P, CE;
+  int me;
+  bool vec;  // 16-byte aligned `data`
+  // slot[p]: in rank p's buffer, the slot this rank writes (own entry
+  // unused); from[r]: in this rank's buffer, the slot rank r writes (own
+  // entry: data).
+  char* slot[N];
+  const char* from[N];
+
+  __device__ __forceinline__ Slice Chunk(int j, int c) const {
+    const size_t end = min(count, (j + 1) * P);
+    const size_t lo = min(end, j * P + c * CE);
+    return Slice{lo, min(end, lo + CE)};
+  }
+  // Chunk c of every peer's part into that peer's slot.
+  __device__ __forceinline__ void Scatter(int c) const {
+#pragma unroll
+    for (int i = 1; i < N; ++i) {
+      const int p = (me + i) % N;
+      const Slice s = Chunk(p, c);
+      CopyRange<T, kCopyUnits, false>(Pick<N>(slot, p), data, s.begin, s.end, vec);
+    }
+  }
+  // Chunk c of the own part: the rank-order sum of `data` and the peers'
+  // slots (the one-shot protocols' arithmetic: same bits) into `data` and
+  // every peer's slot.
+  __device__ __forceinline__ void Reduce(int c) const {
+    using E = Elem<T>;
+    const Slice s = Chunk(me, c);
+    const size_t u1 = vec ? s.end / kE : s.begin / kE, stride = blockDim.x;
+    auto load = [&](size_t u, uint32_t(&in)[N][4]) {
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        const uint4 x = LdCg16(from[r] + u * 16);
+        in[r][0] = x.x, in[r][1] = x.y, in[r][2] = x.z, in[r][3] = x.w;
+      }
+    };
+    auto store = [&](size_t u, const uint32_t(&in)[N][4]) {
+      uint32_t o[4];
+      ReducePacked<T, N, 4>(in, o);
+      const uint4 v = make_uint4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<uint4*>(data)[u] = v;
+#pragma unroll
+      for (int p = 0; p < N; ++p) {
+        if (p != me) reinterpret_cast<uint4*>(slot[p])[u] = v;
+      }
+    };
+    size_t u = s.begin / kE + threadIdx.x;
+    if constexpr (N <= 4) {  // two units in flight (at 8 ranks registers would spill)
+      for (; u + stride < u1; u += 2 * stride) {
+        uint32_t in0[N][4], in1[N][4];
+        load(u, in0);
+        load(u + stride, in1);
+        store(u, in0);
+        store(u + stride, in1);
+      }
+    }
+    for (; u < u1; u += stride) {
+      uint32_t in0[N][4];
+      load(u, in0);
+      store(u, in0);
+    }
+    for (size_t k = max(s.begin, u1 * kE) + threadIdx.x; k < s.end; k += stride) {
+      float acc = E::ToF(LoadBitsCg<T>(from[0] + k * sizeof(T)));
+#pragma unroll
+      for (int r = 1; r < N; ++r) acc += E::ToF(LoadBitsCg<T>(from[r] + k * sizeof(T)));
+      const auto v = E::FromF(acc);
+      StoreBits<T>(data + k * sizeof(T), v);
+#pragma unroll
+      for (int p = 0; p < N; ++p) {
+        if (p != me) StoreBits<T>(slot[p] + k * sizeof(T), v);
+      }
+    }
+  }
+  // Chunk c of part p (p's sum) from the own slot of rank p into `data`.
+  __device__ __forceinline__ void Gather(int c, int p) const {
+    const Slice s = Chunk(p, c);
+    CopyRange<T, kCopyUnits, true>(data, Pick<N>(from, p), s.begin, s.end, vec);
+  }
+};
+
+// Reduce-scatter, then all-gather, both over posted NVLink stores: every
+// rank stores chunk c of part p of its data into rank p's staging slot (same
+// offsets as in `data`) and releases scatter_flags[c][me] at p; rank p, once
+// every peer's flag is there, sums its chunk and stores the sum into every
+// peer's slot, releasing flags[c][p]; each rank then copies the peers' sums
+// into `data`. A rank sends 2 (N - 1) / N of the message (the one-shot sends
+// N - 1 times it). Two schedules on the staged grid:
+//  - per block (messages under a.two_shot_pipeline_min_bytes): one chunk
+//    per block, each block running the three steps on it in turn;
+//  - pipelined (larger ones): chunks of about a.two_shot_chunk_bytes (at
+//    least one per scatter block, at most kMaxBlocks, the flag arrays' rows)
+//    and three groups of blocks, so the steps of different chunks run at
+//    once and the link carries scattered and reduced chunks together:
+//    a.two_shot_scatter_blocks scatter and never wait (then help gather),
+//    a.two_shot_reduce_blocks wait for a chunk's scatter flags and reduce it,
+//    the rest wait for a chunk's flags and gather it. No block waits on a
+//    block of its own GPU, only on peers' blocks of an earlier step, and
+//    scatters wait on nothing, so the grid need not be resident at once.
+// Data hazards: part j of slot src is written by the scatter only for j ==
+// owner and by the reduce only for j == src; `data`'s part p is read by the
+// scatter of a chunk before the rank releases that chunk's scatter flag and
+// overwritten by the gather only after p's reduce saw that flag. Reuse
+// across calls is STAGED's argument (a rank finishes a call only after
+// receiving every peer's flags of it, which each peer sends after finishing
+// its previous call), on the same counters, grid and slots; every block's
+// counter is equal and a flag only grows, so flags indexed by chunk and by
+// block, and the protocols, interleave freely.
 template <typename T, int N>
 __global__ void __launch_bounds__(kStagedThreads) TwoShotKernel(DeviceArgs a, void* data_v,
                                                                  size_t count) {
   SYMTP_TRACE_KERNEL(kAllReduceTwoShot);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
-  using E = Elem<T>;
-  constexpr size_t kE = 16 / sizeof(T);  // elements per 16-byte unit
-  char* const data = static_cast<char*>(data_v);
+  using Plan = TwoShotPlan<T, N>;
+  constexpr size_t kE = Plan::kE;
   const int b = blockIdx.x;
   const int me = a.rank;
   char* const my_base = BaseOf<N>(a, me);
   uint32_t* const counter = reinterpret_cast<uint32_t*>(my_base + kEpochStagedOffset) + b;
-  __shared__ int s_fail;
-  if (threadIdx.x == 0) s_fail = 0;  // ordered before any use by the first barrier
   const uint32_t e = *counter + 1;
   const uint32_t parity = e & 1;
 
-  const bool vec = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-  const auto [e0, e1] = BlockSlice<kE>(count);
-  size_t per_part = (e1 - e0 + N - 1) / N;
-  per_part = (per_part + kE - 1) / kE * kE;
-  auto part_begin = [&](int j) { return min(e1, e0 + static_cast<size_t>(j) * per_part); };
-
-  // slot[p]: in rank p's buffer, the slot this rank writes (own entry unused);
-  // from[r]: in this rank's buffer, the slot rank r writes (own entry: data).
-  char* slot[N];
-  const char* from[N];
+  Plan plan;
+  plan.data = static_cast<char*>(data_v);
+  plan.count = count;
+  plan.me = me;
+  plan.vec = (reinterpret_cast<uintptr_t>(data_v) & 15) == 0;
 #pragma unroll
   for (int p = 0; p < N; ++p) {
-    slot[p] = a.base[p] + StageSlot<N>(a, parity, p, me);
-    from[p] = p == me ? data : my_base + StageSlot<N>(a, parity, me, p);
+    plan.slot[p] = a.base[p] + StageSlot<N>(a, parity, p, me);
+    plan.from[p] = p == me ? plan.data : my_base + StageSlot<N>(a, parity, me, p);
   }
-
-  // 1. Scatter: part p of this rank's data to rank p.
-#pragma unroll
-  for (int p = 0; p < N; ++p) {
-    if (p == me) continue;
-    ForEachInRange<kE>(
-        part_begin(p), part_begin(p + 1), vec,
-        [&](size_t u) {
-          reinterpret_cast<uint4*>(slot[p])[u] = reinterpret_cast<const uint4*>(data)[u];
-        },
-        [&](size_t k) {
-          StoreBits<T>(slot[p] + k * sizeof(T), LoadBits<T>(data + k * sizeof(T)));
-        });
+  plan.P = ((count + N - 1) / N + kE - 1) / kE * kE;
+  const bool pipelined = count * sizeof(T) >= a.two_shot_pipeline_min_bytes;
+  const int n_scatter = a.two_shot_scatter_blocks, n_reduce = a.two_shot_reduce_blocks;
+  int chunks = gridDim.x;
+  if (pipelined) {
+    const size_t by_bytes =
+        (plan.P * sizeof(T) + a.two_shot_chunk_bytes - 1) / a.two_shot_chunk_bytes;
+    chunks = static_cast<int>(
+        min(static_cast<size_t>(kMaxBlocks), max(static_cast<size_t>(n_scatter), by_bytes)));
   }
-  __syncthreads();
-  StagedSignalAndWait<N>(a, b, e, &s_fail, kScatterFlagsOffset, kTagTwoShot);
-  __syncthreads();
+  plan.CE = ((plan.P + chunks - 1) / chunks + kE - 1) / kE * kE;
+  const int tid = threadIdx.x;
+  const bool peer_thread = tid < N && tid != me;  // waits for and signals peer tid
 
-  // 2. Reduce the own part; keep it and send it to every peer.
-  if (!s_fail) {
-    ForEachInRange<kE>(
-        part_begin(me), part_begin(me + 1), vec,
-        [&](size_t u) {
-          uint32_t in[N][4];
+  if (!pipelined) {
+    plan.Scatter(b);
+    __syncthreads();
+    SignalPeers<N>(a, kScatterFlagsOffset, b, e);
+    bool failed = peer_thread && !WaitFlag<N>(a, kScatterFlagsOffset, b, tid, e, b, kTagTwoShot);
+    if (!__syncthreads_or(failed)) {
+      plan.Reduce(b);
+      __syncthreads();
+      SignalPeers<N>(a, kFlagsOffset, b, e);
+      failed = peer_thread && !WaitFlag<N>(a, kFlagsOffset, b, tid, e, b, kTagTwoShot);
+      if (!__syncthreads_or(failed)) {
 #pragma unroll
-          for (int r = 0; r < N; ++r) {
-            const uint4 x = LdCg16(from[r] + u * 16);
-            in[r][0] = x.x, in[r][1] = x.y, in[r][2] = x.z, in[r][3] = x.w;
-          }
-          uint32_t o[4];
-          ReducePacked<T, N, 4>(in, o);
-          const uint4 v = make_uint4(o[0], o[1], o[2], o[3]);
-          reinterpret_cast<uint4*>(data)[u] = v;
-#pragma unroll
-          for (int p = 0; p < N; ++p) {
-            if (p != me) reinterpret_cast<uint4*>(slot[p])[u] = v;
-          }
-        },
-        [&](size_t k) {
-          float acc = E::ToF(LoadBitsCg<T>(from[0] + k * sizeof(T)));
-#pragma unroll
-          for (int r = 1; r < N; ++r) acc += E::ToF(LoadBitsCg<T>(from[r] + k * sizeof(T)));
-          const auto v = E::FromF(acc);
-          StoreBits<T>(data + k * sizeof(T), v);
-#pragma unroll
-          for (int p = 0; p < N; ++p) {
-            if (p != me) StoreBits<T>(slot[p] + k * sizeof(T), v);
-          }
-        });
-  }
-  __syncthreads();
-  if (!s_fail) StagedSignalAndWait<N>(a, b, e, &s_fail, kFlagsOffset, kTagTwoShot);
-  __syncthreads();
-
-  // 3. Gather: the peers' sums of their parts from the own slots.
-  if (!s_fail) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-      if (r == me) continue;
-      ForEachInRange<kE>(
-          part_begin(r), part_begin(r + 1), vec,
-          [&](size_t u) { reinterpret_cast<uint4*>(data)[u] = LdCg16(from[r] + u * 16); },
-          [&](size_t k) {
-            StoreBits<T>(data + k * sizeof(T), LoadBitsCg<T>(from[r] + k * sizeof(T)));
-          });
+        for (int i = 1; i < N; ++i) plan.Gather(b, (me + i) % N);
+      }
+    }
+  } else if (b >= n_scatter && b < n_scatter + n_reduce) {
+    for (int c = b - n_scatter; c < chunks; c += n_reduce) {
+      const bool failed =
+          peer_thread && !WaitFlag<N>(a, kScatterFlagsOffset, c, tid, e, b, kTagTwoShot);
+      if (__syncthreads_or(failed)) break;
+      plan.Reduce(c);
+      __syncthreads();
+      SignalPeers<N>(a, kFlagsOffset, c, e);
+    }
+  } else {
+    if (b < n_scatter) {
+      for (int c = b; c < chunks; c += n_scatter) {
+        plan.Scatter(c);
+        __syncthreads();
+        SignalPeers<N>(a, kScatterFlagsOffset, c, e);
+      }
+    }
+    // Gather workers: the gather blocks, then the scatter blocks once their
+    // scatter is out; items in chunk order.
+    const int n_gather = gridDim.x - n_reduce;
+    const int w = b < n_scatter ? static_cast<int>(gridDim.x) - n_scatter - n_reduce + b
+                                : b - n_scatter - n_reduce;
+    for (int k = w; k < chunks * (N - 1); k += n_gather) {
+      const int c = k / (N - 1), p = (me + 1 + k % (N - 1)) % N;
+      // Twice the bound: a peer that never arrives stalls every rank's
+      // reduce, and the gathers' waits on the live peers' reduces must not
+      // be the first error recorded (the reduce names the absent peer).
+      const bool failed =
+          tid == 0 && !WaitFlag<N>(a, kFlagsOffset, c, p, e, b, kTagTwoShot, /*patience=*/2);
+      if (__syncthreads_or(failed)) break;
+      plan.Gather(c, p);
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) *counter = e;
+  if (tid == 0) *counter = e;
 }
 
 // ---------------------------------------------------------------------------

@@ -256,22 +256,33 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
       fprintf(stderr, "[TP %d] custom all-reduce scratch per rank: %zu bytes (LL <= %zu B)\n",
               size, ar->scratch_bytes(), ar->ll_max_bytes());
     }
+    // The two-shot protocol's pipelined schedule at every size too, in 4 KiB
+    // chunks (many per scatter block, capped at the flag rows at 1 MiB).
+    CustomAllReduce::Options popt = opt;
+    popt.two_shot_pipeline_min_bytes = 1;
+    popt.two_shot_chunk_bytes = 4096;
+    SYMTP_ASSIGN_OR_RETURN(auto piped, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                               Deadline::AfterMs(kSetupMs), popt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     for (DType t : kAllTypes) {
       for (size_t count : SpecCounts(t)) {
         const size_t bytes = count * DTypeSize(t);
-        for (Protocol p :
-             {Protocol::kLL, Protocol::kLL128, Protocol::kStaged, Protocol::kTwoShot}) {
+        const Protocol order[5] = {Protocol::kLL, Protocol::kLL128, Protocol::kStaged,
+                                   Protocol::kTwoShot, Protocol::kTwoShot};
+        for (int k = 0; k < 5; ++k) {
+          const Protocol p = order[k];
+          CustomAllReduce* inst = k < 4 ? ar.get() : piped.get();
           if (p == Protocol::kLL && bytes > ar->ll_max_bytes()) continue;
           if (p == Protocol::kLL128 && bytes > ar->ll128_max_bytes()) continue;
           for (size_t front : {size_t{0}, size_t{1}}) {
             if (front && count > 70'000) continue;  // misalignment: small and mid sizes
-            const std::string path = absl::StrCat("custom-", CustomAllReduce::ProtocolName(p));
-            SYMTP_RETURN_IF_ERROR(CheckOne(
-                rank, size, ex, stream.get(), t, count, front, /*exact=*/true,
-                Name(t, count, path.c_str(), front), [&](void* d, size_t n, DType dt, cudaStream_t s) {
-                  return ar->AllReduceSumWith(p, d, n, dt, s);
-                }));
+            const std::string path = absl::StrCat("custom-", CustomAllReduce::ProtocolName(p),
+                                                  k < 4 ? "" : "-pipelined");
+            SYMTP_RETURN_IF_ERROR(CheckOne(rank, size, ex, stream.get(), t, count, front,
+                                           /*exact=*/true, Name(t, count, path.c_str(), front),
+                                           [&](void* d, size_t n, DType dt, cudaStream_t s) {
+                                             return inst->AllReduceSumWith(p, d, n, dt, s);
+                                           }));
           }
         }
         // And the size-based choice.
@@ -292,6 +303,7 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
     st = ar->AllReduceSumWith(Protocol::kLL128, big.get(), (ar->ll128_max_bytes() + 4) / 4,
                               DType::kF32, stream.get());
     CHECK_OR_RETURN(st.code() == absl::StatusCode::kInvalidArgument, st.ToString());
+    SYMTP_RETURN_IF_ERROR(piped->Poll());
     return ar->Poll();
   });
 }
@@ -544,6 +556,8 @@ TEST_F(AllReduceGpuTest, TenThousandGraphReplaysWithChangingInputs) {
     opt.ll_max_bytes = 64 << 10;
     opt.ll128_max_bytes = 128 << 10;
     opt.two_shot_min_bytes = 512 << 10;
+    opt.two_shot_pipeline_min_bytes = 512 << 10;  // its pipelined schedule, 8 KiB chunks
+    opt.two_shot_chunk_bytes = 8 << 10;
     SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                             Deadline::AfterMs(kSetupMs), opt));
     const Protocol want[kItems] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128,
@@ -770,18 +784,20 @@ TEST_F(AllReduceGpuTest, DeadPeerTimesOutWithAnErrorNamingIt) {
     CustomAllReduce::Options opt;
     opt.timeout_ms = 200;
     opt.ll128_max_bytes = 1 << 20;
-    std::unique_ptr<CustomAllReduce> ars[4];
-    for (auto& ar : ars) {
-      SYMTP_ASSIGN_OR_RETURN(ar, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
-                                                         Deadline::AfterMs(kSetupMs), opt));
+    std::unique_ptr<CustomAllReduce> ars[5];
+    for (int k = 0; k < 5; ++k) {
+      CustomAllReduce::Options o = opt;
+      if (k == 4) o.two_shot_pipeline_min_bytes = 1;  // the pipelined schedule
+      SYMTP_ASSIGN_OR_RETURN(ars[k], CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
+                                                             Deadline::AfterMs(kSetupMs), o));
     }
     const int absent = size - 1;  // never calls
     if (rank != absent) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
       const Protocol protocols[] = {Protocol::kLL, Protocol::kStaged, Protocol::kLL128,
-                                    Protocol::kTwoShot};
-      const char* names[] = {"LL", "staged", "LL128", "two-shot"};
-      for (int k = 0; k < 4; ++k) {
+                                    Protocol::kTwoShot, Protocol::kTwoShot};
+      const char* names[] = {"LL", "staged", "LL128", "two-shot", "two-shot"};
+      for (int k = 0; k < 5; ++k) {
         const size_t count = k == 0 ? 4097 : 100'000;
         SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf, cuda::DeviceBuffer::Create(count * 2));
         const kt::HostArray in = kt::RandomInput(DType::kBF16, count, 9, rank);
