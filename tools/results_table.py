@@ -22,7 +22,7 @@ import os
 import sys
 
 ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "attention_gap", "splitk_batches", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "gemv_mma_b8", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch",
-         "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_two_shot", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
+         "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_two_shot_pipelined", "allreduce_two_shot", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a PyTorch TP decode step", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
@@ -31,6 +31,7 @@ TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a P
           "allreduce_ll_limits": "Custom all-reduce LL limits and grid",
           "allreduce_ll128": "Custom all-reduce LL128 protocol",
           "allreduce_two_shot": "Custom all-reduce two-shot protocol (TP 4)",
+          "allreduce_two_shot_pipelined": "Two-shot all-reduce pipelined in chunks (TP 4)",
           "kernel_table": "Decode step by kernel", "attention_fill": "Decode-attention splits that fill the SMs", "sharded_sampling": "Vocabulary-parallel sampling", "fused_norm": "Fused all-reduce + RMSNorm",
           "small_batch_decode": "Small-batch decode step",
           "attention_prefetch": "Decode attention K/V prefetch before the PDL wait", "gemm_workspace": "GEMM split-K workspace", "gemv": "Weight-streaming GEMV (M <= 4)",
