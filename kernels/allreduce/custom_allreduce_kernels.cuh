@@ -273,9 +273,9 @@ __device__ __forceinline__ size_t StageSlot(const DeviceArgs& a, uint32_t parity
              a.stage_bytes;
 }
 
-// This block's slice [begin, end) of a `count`-element message in the
-// STAGED and TWO-SHOT protocols: an even share per block, starting on a
-// 16-byte unit of kE elements (the same on every rank and in both protocols).
+// This block's slice [begin, end) of a `count`-element message in the STAGED
+// protocol: an even share per block, starting on a 16-byte unit of kE
+// elements (the same on every rank).
 struct Slice {
   size_t begin, end;
 };
