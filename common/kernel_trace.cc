@@ -71,6 +71,17 @@ absl::Status Enable(int log2_records) {
   return st;
 }
 
+absl::Status Pause() {
+  State& s = Get();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (s.ring == nullptr) return absl::OkStatus();
+  absl::Status st;
+  for (ModuleSetter f : s.setters) {
+    if (st.ok()) st = Cuda(f(nullptr, nullptr, 0), "pause");
+  }
+  return st;
+}
+
 absl::Status DumpAndDisable(const std::string& path) {
   State& s = Get();
   std::lock_guard<std::mutex> l(s.mu);

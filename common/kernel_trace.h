@@ -65,6 +65,11 @@ inline constexpr bool kCompiled = false;
 // points every registered module at it. FailedPrecondition when already
 // enabled or when this build's kernels do not record.
 absl::Status Enable(int log2_records);
+// Stops the kernels' recording (the ring and what it holds stay for
+// DumpAndDisable), so that a job's later steps do not overwrite the ones of
+// interest. Call with no recording kernel in flight (a kernel that reads the
+// ring pointer while it changes may drop its record). No-op when not enabled.
+absl::Status Pause();
 // Writes the ring's records, oldest first, to `path` and frees it: three
 // uint64 (records written, the ring's capacity, records in the file; more
 // written than the capacity: the oldest were overwritten), then the Records.

@@ -173,6 +173,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="last N complete steps")
     ap.add_argument("--layer", type=int, default=8, help="layer to list launch by launch")
     ap.add_argument("--json", default="")
+    ap.add_argument("--expect-step-us", type=float, default=0.0,
+                    help="the recording job's median step; a step span of the steps used more "
+                         "than 10%% away from it is reported (they are not the job's steady steps)")
     a = ap.parse_args()
     recs, wrapped = load(a.trace)
     ls = launches(recs)
@@ -193,7 +196,12 @@ def main():
     res = resolution(recs)
     print(f"trace {a.trace}: {len(recs)} records, {len(ls)} launches, {n} steps used; "
           f"globaltimer resolution {res} ns" + ("; the ring wrapped" if wrapped else ""))
-    print(f"step span (first entry to last exit): median {sorted(spans)[n // 2]:.1f} us")
+    span = sorted(spans)[n // 2]
+    print(f"step span (first entry to last exit): median {span:.1f} us")
+    steady = a.expect_step_us <= 0 or abs(span / a.expect_step_us - 1) <= 0.10
+    if not steady:
+        print(f"NOT THE STEADY STEPS: their span is {span / a.expect_step_us:.2f}x the job's median "
+              f"step ({a.expect_step_us:.1f} us); the table below describes other steps")
     print()
     print("| kernel | launches / step | exposed / step (us) | exposed / launch (us) | "
           "own span / launch (us) | entered before the previous ended (us) | "
@@ -243,7 +251,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(trace=a.trace, steps=n, resolution_ns=res,
-                           step_span_us=sorted(spans)[n // 2], kinds=rows, layer=layer_rows), f,
+                           step_span_us=span, steady=steady, kinds=rows, layer=layer_rows), f,
                       indent=1)
 
 

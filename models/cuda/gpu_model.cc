@@ -206,8 +206,12 @@ struct GpuModel::State {
   std::set<GraphKey> failed;
   GraphStats stats;
   // SYMTP_KERNEL_TRACE_OUT, read once at Init: where teardown writes the
-  // kernel timeline (empty: not recording).
+  // kernel timeline (empty: not recording). Recording stops at the first
+  // decode step with fewer sequences than an earlier one: a steady job's
+  // drain would otherwise overwrite its full-batch steps in the ring.
   std::string trace_out;
+  int trace_max_seqs = 0;
+  bool trace_paused = false;
   absl::Status inject_capture_failure;  // FailNextCaptureForTesting; OK: none
 
   bool profiling = false;
@@ -518,6 +522,15 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   // ---- plan
   bool decode = T > 0 && T == S && NS == S;
   for (int i = 0; decode && i < NS; ++i) decode = in.sample_index[i] == i;
+  if (!trace_out.empty() && decode && !trace_paused) {
+    if (S < trace_max_seqs) {
+      SYMTP_RETURN_IF_ERROR(WaitEvent(step_done.get(), Deadline::AfterMs(30'000),
+                                      "GpuModel: pausing the kernel trace"));
+      SYMTP_RETURN_IF_ERROR(trace::Pause());
+      trace_paused = true;
+    }
+    trace_max_seqs = std::max(trace_max_seqs, S);
+  }
   int P = T;
   bool padded = false;
   if (decode && !graph_sizes.empty() && S <= graph_sizes.back()) {

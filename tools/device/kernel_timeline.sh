@@ -2,7 +2,8 @@
 # The in-graph kernel timeline of decode steps (common/kernel_trace.h): a
 # build with -DSYMTP_KERNEL_TRACE=ON (build-trace/) whose kernels record each
 # block's entry, first grid-dependency wait and exit (%globaltimer), one symtp
-# decode job per shape with SYMTP_KERNEL_TRACE_OUT set, and
+# decode job per shape with SYMTP_KERNEL_TRACE_OUT set (recording stops when
+# the batch first shrinks, so the ring keeps the full-batch steps), and
 # tools/kernel_timeline.py's table of each rank: per kernel, its exposed time
 # on the step's critical path, how early its blocks entered and how long after
 # the previous kernel's end its wait released; one layer launch by launch.
@@ -40,7 +41,7 @@ for shape in ${SHAPES:-2:1 2:4 2:32 1:1}; do
   { echo "## TP $tp, batch $b"; echo
     echo "Decode step p50: $ref us (normal build), $rec us (recording)."; echo; } >>"$OUT/kernel_timeline.md"
   for ((r = 0; r < tp; ++r)); do
-    python3 tools/kernel_timeline.py "$W/$n.rank$r.bin" --json "$OUT/timeline/${n}_rank$r.json" \
+    python3 tools/kernel_timeline.py "$W/$n.rank$r.bin" --json "$OUT/timeline/${n}_rank$r.json" --expect-step-us "$rec" \
       >"$OUT/timeline/${n}_rank$r.md" 2>&1 || { cat "$OUT/timeline/${n}_rank$r.md"; rc=1; continue; }
     printf '%s"%s_rank%d": {"step_us": %s, "step_us_recording": %s, "timeline": %s}' "$sep" "$n" "$r" \
       "$ref" "$rec" "$(cat "$OUT/timeline/${n}_rank$r.json")" >>"$W/all.json"
