@@ -256,11 +256,12 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
       fprintf(stderr, "[TP %d] custom all-reduce scratch per rank: %zu bytes (LL <= %zu B)\n",
               size, ar->scratch_bytes(), ar->ll_max_bytes());
     }
-    // The two-shot protocol's pipelined schedule at every size too, in 4 KiB
-    // chunks (many per scatter block, capped at the flag rows at 1 MiB).
+    // The two-shot protocol's pipelined schedule at every size too, in 1 KiB
+    // chunks: at least one per scatter block at small sizes, many per block
+    // above, and at 1 MiB at TP 2 more than the 256 flag rows (capped).
     CustomAllReduce::Options popt = opt;
     popt.two_shot_pipeline_min_bytes = 1;
-    popt.two_shot_chunk_bytes = 4096;
+    popt.two_shot_chunk_bytes = 1024;
     SYMTP_ASSIGN_OR_RETURN(auto piped, CustomAllReduce::Create(rank, size, rank, 1 << 20, &ex,
                                                                Deadline::AfterMs(kSetupMs), popt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
