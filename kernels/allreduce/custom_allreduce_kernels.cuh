@@ -52,7 +52,8 @@
 // scheduled during that kernel's tail, and the stream order the reuse
 // argument rests on is unchanged.
 //
-// Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns) and a
+// Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns; the
+// pipelined two-shot's gathers twice it, see TwoShotKernel) and a
 // host-mapped abort word; on either the thread records {code, peer, protocol,
 // block, epoch} (atomicCAS on the device copy, mirrored to host-mapped memory)
 // and the block skips its reduction, leaving `data` partially reduced.

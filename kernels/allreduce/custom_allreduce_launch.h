@@ -14,8 +14,9 @@ namespace symtp::kernels::allreduce_internal {
 
 enum class Protocol { kStaged, kLL, kLL128, kTwoShot };
 
-// One-shot all-reduce (sum, in place) of `count` elements at `data` with the
-// given protocol; a.size must be 2, 4 or 8. Only enqueues.
+// All-reduce (sum, in place) of `count` elements at `data` with the given
+// protocol, one-shot or two-shot (the name predates the latter); a.size must
+// be 2, 4 or 8. Only enqueues.
 cudaError_t LaunchOneShot(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                           DType dtype, cudaStream_t stream);
 

@@ -1,4 +1,4 @@
-// Custom one-shot all-reduce kernels for __nv_bfloat16 (see custom_allreduce_kernels.cuh).
+// Custom all-reduce kernels (every protocol) for __nv_bfloat16 (see custom_allreduce_kernels.cuh).
 #include "kernels/allreduce/custom_allreduce_kernels.cuh"
 
 namespace symtp::kernels::allreduce_internal {
