@@ -12,9 +12,14 @@ namespace symtp::kernels {
 namespace {
 
 // out[t, h, :] = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) over the
-// splits that hold keys of token t (s < ceil((pos_t + 1) / chunk)). Launched
-// with programmatic dependent launch: its blocks start while the attention
-// kernel finishes and wait for it here.
+// splits that hold keys of token t (s < ceil((pos_t + 1) / chunk)). A token
+// whose keys all lie in split 0 was stored by the attention kernel itself
+// (the same value the merge of one split computes: e^0 = 1, so num / den is
+// acc / l bit for bit) and is skipped: a decode step whose contexts fit one
+// chunk (large batches, where the planner does not split) then reads and
+// writes no partials. Launched with programmatic dependent launch: its blocks
+// start while the attention kernel finishes and wait for it here (a block
+// that skips waits too, so this grid never completes before the attention).
 template <typename T>
 __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* __restrict__ ml,
                                   const int32_t* __restrict__ positions, T* __restrict__ out,
@@ -29,6 +34,7 @@ __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* 
   const int d = threadIdx.x;
   const int pos = positions[t];
   const int nact = pos < 0 ? 0 : min(num_splits, pos / chunk + 1);
+  if (nact == 1) return;
   const int64_t base = (t * num_q_heads + h) * num_splits;
   float m = -INFINITY;
   for (int s = 0; s < nact; ++s) m = fmaxf(m, ml[base + s].x);

@@ -143,6 +143,12 @@ class AttnProblem {
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    workspace_written_ = 0;
+    if (ws_bytes) {
+      std::vector<uint8_t> w(ws_bytes);
+      EXPECT_EQ(cudaMemcpy(w.data(), ws->get(), ws_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      workspace_written_ = std::count_if(w.begin(), w.end(), [](uint8_t b) { return b != 0xff; });
+    }
     return out.Download();
   }
 
@@ -184,6 +190,9 @@ class AttnProblem {
   // PagedAttentionArgs::split_grid (0: one block per split).
   void set_split_grid(int g) { split_grid_ = g; }
 
+  // Bytes of the split-K workspace the last Run() changed (it poisons it).
+  int64_t workspace_written() const { return workspace_written_; }
+
   int max_ctx() const {
     int m = 1;
     for (const Seq& s : seqs_) m = std::max(m, s.start + s.n);
@@ -193,6 +202,7 @@ class AttnProblem {
  private:
   const int B;
   int split_grid_ = 0;
+  int64_t workspace_written_ = 0;
   DType dt_;
   int D_, nq_, nkv_;
   std::vector<Seq> seqs_;
@@ -260,11 +270,16 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
         p.Run(splits, 96, 1, stream(), dk, PrefillKernel::kTiled, /*chunk_on_device=*/true);
     testing::CheckClose(got_dev96, p.Reference(), Tol(),
                         std::string("decode split-K, chunk 96 on device ") + Name(dk));
-    // One active split merges to exactly the unsplit result (eager vs graph).
+    EXPECT_GT(p.workspace_written(), 0);
+    // Contexts within one chunk (eager: no split; a graph: a split-sized
+    // grid): the attention stores every row itself, the merge skips them
+    // and no partial is written. Same bits either way.
     AttnProblem shortp(dt, D, nq, nkv, {{5, 1}, {40, 1}, {63, 1}}, 14);
     const std::vector<float> one = shortp.Run(1, chunk, 1, stream(), dk);
     const std::vector<float> merged = shortp.Run(16, chunk, 1, stream(), dk);
     EXPECT_EQ(0, std::memcmp(one.data(), merged.data(), one.size() * sizeof(float)));
+    EXPECT_EQ(shortp.workspace_written(), 0);
+    testing::CheckClose(merged, shortp.Reference(), Tol(), std::string("one chunk ") + Name(dk));
   }
   // Fewer blocks than splits (GpuModel's graphs): the tensor-core kernel's
   // blocks walk the remaining splits; the same bits as one block per split

@@ -13,9 +13,10 @@ namespace symtp::kernels::internal {
 // Row r (token token_begin + r / group, q head kvh * group + r % group) of
 // slice s has its max, sum and unnormalized accumulator at index
 // s * slice_rows + r of wm / wl and of wacc's D-float rows; a slice that saw
-// no key of the row holds (-inf, 0, 0). Without split-K the normalized row
-// goes to a.out; with it, this split's accumulator and (max, sum) go to the
-// workspace. `scratch` holds nslices * slice_rows + 2 * rows floats of shared
+// no key of the row holds (-inf, 0, 0). Without split-K, or when the row's
+// keys all lie in split 0 (the merge kernel skips such tokens), the
+// normalized row goes to a.out; otherwise this split's accumulator and
+// (max, sum) go to the workspace. `scratch` holds nslices * slice_rows + 2 * rows floats of shared
 // memory. Call from every thread of the block after a barrier.
 //
 // Each row's slice weights e^(m_s - M) and denominator are computed once
@@ -51,6 +52,7 @@ __device__ __forceinline__ void MergeSlicesAndStore(const PagedAttentionArgs& a,
   }
   __syncthreads();
   const int64_t out_ld = static_cast<int64_t>(a.num_q_heads) * D;
+  const int chunk = a.num_splits > 1 ? SplitChunk(a) : 0;
   for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx - (idx / D) * D;
     const float m = wmax[r], den = wden[r];
@@ -64,7 +66,7 @@ __device__ __forceinline__ void MergeSlicesAndStore(const PagedAttentionArgs& a,
     }
     const int64_t t = token_begin + r / group;
     const int qh = kvh * group + r % group;
-    if (a.num_splits <= 1) {
+    if (a.num_splits <= 1 || (split == 0 && a.positions[t] < chunk)) {
       static_cast<T*>(a.out)[t * out_ld + static_cast<int64_t>(qh) * D + d] =
           FromFloat<T>(den > 0.f ? num / den : 0.f);
     } else {

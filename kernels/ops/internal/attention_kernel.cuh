@@ -248,6 +248,10 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
       }
     }
   } else {
+    // A row whose keys all lie in split 0 is stored normalized, as without
+    // split-K; the merge kernel skips its token (the same bits).
+    const int chunk = SplitChunk(a);
+    T* out = static_cast<T*>(a.out);
     float* part = static_cast<float*>(a.workspace);
     float2* ml = reinterpret_cast<float2*>(part + static_cast<int64_t>(a.num_tokens) *
                                                       a.num_q_heads * a.num_splits * D);
@@ -257,11 +261,17 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
       if (r < rows) {
         const int64_t t = item.token_begin + r / group;
         const int qh = kvh * group + r % group;
+        if (split == 0 && pos_s[r] < chunk) {
+          const float l = l_s[r];
+          out[t * out_ld + static_cast<int64_t>(qh) * D + d] =
+              FromFloat<T>(l > 0.f ? acc[u] / l : 0.f);
+          continue;
+        }
         const int64_t base = (t * a.num_q_heads + qh) * a.num_splits + split;
         part[base * D + d] = acc[u];
       }
     }
-    if (tid < rows) {
+    if (tid < rows && !(split == 0 && pos_s[tid] < chunk)) {
       const int64_t t = item.token_begin + tid / group;
       const int qh = kvh * group + tid % group;
       ml[(t * a.num_q_heads + qh) * a.num_splits + split] = make_float2(m_s[tid], l_s[tid]);
