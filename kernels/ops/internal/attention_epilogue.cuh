@@ -16,8 +16,9 @@ namespace symtp::kernels::internal {
 // no key of the row holds (-inf, 0, 0). Without split-K, or when the row's
 // keys all lie in split 0 (the merge kernel skips such tokens), the
 // normalized row goes to a.out; otherwise this split's accumulator and
-// (max, sum) go to the workspace. `scratch` holds nslices * slice_rows + 2 * rows floats of shared
-// memory. Call from every thread of the block after a barrier.
+// (max, sum) go to the workspace. `scratch` holds nslices * slice_rows +
+// 2 * rows floats of shared memory. Call from every thread of the block
+// after a barrier.
 //
 // Each row's slice weights e^(m_s - M) and denominator are computed once
 // (first pass, a thread per row) instead of once per output element: at
