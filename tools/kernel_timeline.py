@@ -5,6 +5,7 @@ grid-dependency wait and exit) and says where a decode step's time goes on
 its critical path.
 
   kernel_timeline.py TRACE.rank0.bin [--steps N] [--layer L] [--json OUT]
+  kernel_timeline.py --compare-ranks RANK0.json RANK1.json ...
   kernel_timeline.py --self-test
 
 A launch's blocks are its kind's records in entry order, `grid` at a time
@@ -14,7 +15,10 @@ is its last exit minus launch i-1's last exit, so the exposed times of a
 step sum to its span. Kernels that record nothing (cuBLASLt's GEMMs, NCCL's
 kernels) fall into the exposed time of the next launch that records. The
 per-kind table gives each figure's median over the steps used, so that one
-stalled step does not stand for the others.
+stalled step does not stand for the others. --compare-ranks puts the ranks'
+tables (their --json files) side by side: each kernel's own span per launch
+on every rank, and how far apart the ranks are (a rank that arrives late at
+a collective shows as longer spans of that collective on the others).
 """
 import argparse
 import json
@@ -117,6 +121,20 @@ def per_kind(steps):
     return out
 
 
+def compare_ranks(docs):
+    """Markdown lines: per kernel (rank 0's order), its own span per launch on
+    every rank and the spread (max - min); kernels missing on a rank show -."""
+    spans = [{k["kernel"]: k["span_us_per_launch"] for k in d["kinds"]} for d in docs]
+    lines = ["| kernel | " + " | ".join(f"rank {r} (us)" for r in range(len(docs))) + " | spread (us) |",
+             "|---|" + "---|" * (len(docs) + 1)]
+    for k in [x["kernel"] for x in docs[0]["kinds"]]:
+        vals = [s.get(k) for s in spans]
+        got = [v for v in vals if v is not None]
+        cells = " | ".join("-" if v is None else f"{v:.2f}" for v in vals)
+        lines.append(f"| {k} | {cells} | {max(got) - min(got):.2f} |")
+    return lines
+
+
 def self_test():
     """Three steps of a known chain (Embedding, then Gemv -> RopeKv -> Gemv):
     each launch's blocks wait 1 us after the previous launch's last exit and
@@ -161,12 +179,26 @@ def self_test():
     assert abs(table["Gemv"]["exposed"] - 12.0) < 1e-9, table["Gemv"]
     assert abs(table["RopeKv"]["wait"] - 1.0) < 1e-9 and abs(table["Gemv"]["wait"] - 1.0) < 1e-9
     assert abs(table["RopeKv"]["early"] - 0.5) < 1e-9, table["RopeKv"]
+    docs = [dict(kinds=[dict(kernel="Gemv", span_us_per_launch=5.0),
+                        dict(kernel="RopeKv", span_us_per_launch=2.0)]),
+            dict(kinds=[dict(kernel="RopeKv", span_us_per_launch=2.5)])]
+    got = compare_ranks(docs)
+    assert got[2] == "| Gemv | 5.00 | - | 0.00 |" and got[3] == "| RopeKv | 2.00 | 2.50 | 0.50 |", got
     print("kernel_timeline self-test passed")
 
 
 def main():
     if sys.argv[1:] == ["--self-test"]:
         self_test()
+        return
+    if sys.argv[1:2] == ["--compare-ranks"]:
+        docs = []
+        for path in sys.argv[2:]:
+            with open(path) as f:
+                docs.append(json.load(f))
+        if not docs:
+            sys.exit("kernel_timeline: --compare-ranks needs the ranks' --json files")
+        print("\n".join(compare_ranks(docs)))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")

@@ -12,8 +12,8 @@
 # TIMELINE_ARGS: more symtp flags for every job (e.g. a study flag).
 # SHAPES: "TP:BATCH ..." (default "2:1 2:4 2:32 1:1"), llama-8b-shape, 32
 # layers, context 1024, CUDA graphs. Writes $OUT/kernel_timeline.md (every
-# shape's rank-0 table) and .json (every rank's), the per-rank files under
-# $OUT/timeline/.
+# shape's rank-0 table, and at TP > 1 each kernel's own span on every rank)
+# and .json (every rank's), the per-rank files under $OUT/timeline/.
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="tools/device/kernel_timeline.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +48,11 @@ for shape in ${SHAPES:-2:1 2:4 2:32 1:1}; do
     sep=$',\n'
   done
   cat "$OUT/timeline/${n}_rank0.md" >>"$OUT/kernel_timeline.md"; echo >>"$OUT/kernel_timeline.md"
+  if ((tp > 1)); then
+    { echo "Own span per launch on every rank:"; echo
+      python3 tools/kernel_timeline.py --compare-ranks "$OUT"/timeline/"${n}"_rank*.json; echo; } \
+      >>"$OUT/kernel_timeline.md" 2>&1 || rc=1
+  fi
 done
 echo "}" >>"$W/all.json"
 python3 -c "import json,sys; json.dump(json.load(open(sys.argv[1])), open(sys.argv[2], 'w'), indent=1)" \
