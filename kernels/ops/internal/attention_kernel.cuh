@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
   for (int i = 0; i < ntok; ++i) max_pos = max(max_pos, pos_s[i * group]);
   const int key_end = max_pos + 1;
   int kb = 0, ke = key_end;
+  const int chunk = a.num_splits > 1 ? SplitChunk(a) : 0;
   if (a.num_splits > 1) {
-    const int chunk = SplitChunk(a);
     kb = split * chunk;
     ke = min(key_end, kb + chunk);
     if (kb >= ke) return;  // block-uniform: nothing in this split; the merge skips it
@@ -250,7 +250,6 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
   } else {
     // A row whose keys all lie in split 0 is stored normalized, as without
     // split-K; the merge kernel skips its token (the same bits).
-    const int chunk = SplitChunk(a);
     T* out = static_cast<T*>(a.out);
     float* part = static_cast<float*>(a.workspace);
     float2* ml = reinterpret_cast<float2*>(part + static_cast<int64_t>(a.num_tokens) *
