@@ -523,7 +523,7 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
         limit, " bytes"));
   }
   CUDA_RETURN_IF_ERROR(
-      allreduce_internal::LaunchOneShot(protocol, args_, data, count, dtype, stream));
+      allreduce_internal::LaunchAllReduce(protocol, args_, data, count, dtype, stream));
   return absl::OkStatus();
 }
 
@@ -575,12 +575,15 @@ cudaError_t LaunchFusedNorm(Protocol protocol, const DeviceArgs& a, const FusedN
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchOneShot(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                          DType dtype, cudaStream_t stream) {
+cudaError_t LaunchAllReduce(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                            DType dtype, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kF32: return LaunchOneShotF32(protocol, a, data, count, stream);
-    case DType::kBF16: return LaunchOneShotBF16(protocol, a, data, count, stream);
-    case DType::kF16: return LaunchOneShotF16(protocol, a, data, count, stream);
+    case DType::kF32:
+      return LaunchAllReduceF32(protocol, a, data, count, stream);
+    case DType::kBF16:
+      return LaunchAllReduceBF16(protocol, a, data, count, stream);
+    case DType::kF16:
+      return LaunchAllReduceF16(protocol, a, data, count, stream);
   }
   return cudaErrorInvalidValue;
 }

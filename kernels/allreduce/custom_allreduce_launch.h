@@ -15,19 +15,18 @@ namespace symtp::kernels::allreduce_internal {
 enum class Protocol { kStaged, kLL, kLL128, kTwoShot };
 
 // All-reduce (sum, in place) of `count` elements at `data` with the given
-// protocol, one-shot or two-shot (the name predates the latter); a.size must
-// be 2, 4 or 8. Only enqueues.
-cudaError_t LaunchOneShot(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                          DType dtype, cudaStream_t stream);
+// protocol, one-shot or two-shot; a.size must be 2, 4 or 8. Only enqueues.
+cudaError_t LaunchAllReduce(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                            DType dtype, cudaStream_t stream);
 
-// Per-dtype halves of LaunchOneShot (one .cu file each, to keep compile units
+// Per-dtype halves of LaunchAllReduce (one .cu file each, to keep compile units
 // small).
-cudaError_t LaunchOneShotF32(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                             cudaStream_t stream);
-cudaError_t LaunchOneShotBF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                              cudaStream_t stream);
-cudaError_t LaunchOneShotF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                             cudaStream_t stream);
+cudaError_t LaunchAllReduceF32(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                               cudaStream_t stream);
+cudaError_t LaunchAllReduceBF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                                cudaStream_t stream);
+cudaError_t LaunchAllReduceF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                               cudaStream_t stream);
 
 // P2P probe. Write: rank `a.rank` writes `words` pattern words into every
 // peer's staging (parity 0) at word offset rank * words. Verify: counts, per

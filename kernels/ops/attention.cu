@@ -34,7 +34,7 @@ __global__ void MergeSplitsKernel(const float* __restrict__ part, const float2* 
   const int d = threadIdx.x;
   const int pos = positions[t];
   const int nact = pos < 0 ? 0 : min(num_splits, pos / chunk + 1);
-  if (nact == 1) return;
+  if (nact == 1) return;  // stored by the attention kernel (Split0StoresRow)
   const int64_t base = (t * num_q_heads + h) * num_splits;
   float m = -INFINITY;
   for (int s = 0; s < nact; ++s) m = fmaxf(m, ml[base + s].x);

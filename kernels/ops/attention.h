@@ -118,6 +118,11 @@ __device__ __forceinline__ int SplitChunk(int chunk, const int32_t* chunk_dev) {
 __device__ __forceinline__ int SplitChunk(const PagedAttentionArgs& a) {
   return SplitChunk(a.split_chunk, a.split_chunk_dev);
 }
+// Whether split 0's block stores a row of position `pos` normalized itself
+// (every key it has lies in the first chunk) instead of writing split-K
+// partials; MergeSplitsKernel skips the tokens with keys that this holds
+// for (0 <= pos < chunk: one active split).
+__device__ __forceinline__ bool Split0StoresRow(int pos, int chunk) { return pos < chunk; }
 #endif
 
 // Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).

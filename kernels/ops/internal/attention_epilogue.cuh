@@ -67,7 +67,7 @@ __device__ __forceinline__ void MergeSlicesAndStore(const PagedAttentionArgs& a,
     }
     const int64_t t = token_begin + r / group;
     const int qh = kvh * group + r % group;
-    if (a.num_splits <= 1 || (split == 0 && a.positions[t] < chunk)) {
+    if (a.num_splits <= 1 || (split == 0 && Split0StoresRow(a.positions[t], chunk))) {
       static_cast<T*>(a.out)[t * out_ld + static_cast<int64_t>(qh) * D + d] =
           FromFloat<T>(den > 0.f ? num / den : 0.f);
     } else {

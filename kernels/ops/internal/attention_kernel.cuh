@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
       if (r < rows) {
         const int64_t t = item.token_begin + r / group;
         const int qh = kvh * group + r % group;
-        if (split == 0 && pos_s[r] < chunk) {
+        if (split == 0 && Split0StoresRow(pos_s[r], chunk)) {
           const float l = l_s[r];
           out[t * out_ld + static_cast<int64_t>(qh) * D + d] =
               FromFloat<T>(l > 0.f ? acc[u] / l : 0.f);
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(const Paged
         part[base * D + d] = acc[u];
       }
     }
-    if (tid < rows && !(split == 0 && pos_s[tid] < chunk)) {
+    if (tid < rows && !(split == 0 && Split0StoresRow(pos_s[tid], chunk))) {
       const int64_t t = item.token_begin + tid / group;
       const int qh = kvh * group + tid % group;
       ml[(t * a.num_q_heads + qh) * a.num_splits + split] = make_float2(m_s[tid], l_s[tid]);

@@ -3,8 +3,8 @@
 
 namespace symtp::kernels::allreduce_internal {
 
-cudaError_t LaunchOneShotBF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                           cudaStream_t stream) {
+cudaError_t LaunchAllReduceBF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                                cudaStream_t stream) {
   return LaunchForSize<__nv_bfloat16>(protocol, a, data, count, stream);
 }
 

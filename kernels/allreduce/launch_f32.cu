@@ -3,8 +3,8 @@
 
 namespace symtp::kernels::allreduce_internal {
 
-cudaError_t LaunchOneShotF32(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                           cudaStream_t stream) {
+cudaError_t LaunchAllReduceF32(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                               cudaStream_t stream) {
   return LaunchForSize<float>(protocol, a, data, count, stream);
 }
 

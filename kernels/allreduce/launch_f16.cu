@@ -3,8 +3,8 @@
 
 namespace symtp::kernels::allreduce_internal {
 
-cudaError_t LaunchOneShotF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
-                           cudaStream_t stream) {
+cudaError_t LaunchAllReduceF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
+                               cudaStream_t stream) {
   return LaunchForSize<__half>(protocol, a, data, count, stream);
 }
 
