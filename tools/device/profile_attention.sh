@@ -9,18 +9,21 @@
 # arguments, e.g. KERNEL=SampleKernel SECTIONS=model BENCH_ARGS="--model-batches 32
 # --model-kernels tensor-core --model-graphs off" CASES="sample_b32:8".
 #   run(kind=nvidia-h200, carry=[".deps"], command="tools/device/profile_attention.sh")
-# Launch order in the section: per shape (llama-8b tp1, tp2, llama-70b tp2), the
-# tensor-core variants chunk 256, 512, 1024, planned, each at batch 1, 8, 32,
-# 64, 128, 256, 512, each config 1 check + 5 warm-up + 30 timed launches (36).
+# Launch order in the section: per shape (llama-8b tp1 and tp2, llama-70b
+# tp2), the tensor-core variants chunk 256, 512, 1024, planned, each at batch
+# 1, 8, 32, 64, 128, 256, 512, each config 1 check + 5 warm-up + 30 timed
+# launches (36).
 set -uo pipefail
 source "$(dirname "$0")/ncu_setup.sh"
 per_config=36
 KERNEL=${KERNEL:-MmaDecodeKernel}
-# Launches of the tensor-core kernel to skip to reach a timed launch (the
-# 11th) of shape S (0: llama-8b tp1, 1: llama-8b tp2, 2: llama-70b tp2), variant V (0-2:
-# chunk 256, 512, 1024; 3: planned) and batch index B (0-6: 1 ... 512).
-skip() { echo $(( ((($1 * 4) + $2) * 7 + $3) * per_config + 10 )); }
-CASES=${CASES:-"8b_plan_b256:$(skip 0 3 5) 8b_tp2_plan_b32:$(skip 1 3 2) 70b_plan_b32:$(skip 2 3 2)"}
+# launch_index S V B: launches of the tensor-core kernel to skip to reach a
+# timed launch (the 11th) of shape S (0: llama-8b tp1, 1: llama-8b tp2, 2:
+# llama-70b tp2), variant V (0-2: chunk 256, 512, 1024; 3: planned) and batch
+# index B (0-6: batch 1 ... 512).
+launch_index() { echo $(( ((($1 * 4) + $2) * 7 + $3) * per_config + 10 )); }
+CASES=${CASES:-"8b_plan_b256:$(launch_index 0 3 5) 8b_tp2_plan_b32:$(launch_index 1 3 2)
+  70b_plan_b32:$(launch_index 2 3 2)"}
 for c in $CASES; do
   name=${c%%:*}
   skip=${c##*:}
