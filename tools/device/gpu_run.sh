@@ -58,7 +58,10 @@ if has build; then
 fi
 if has test; then
   step "gpu tests"
-  (cd $B && timeout 300 ctest -L gpu ${GPU_TEST_REGEX:+-R "$GPU_TEST_REGEX"} --output-on-failure --timeout 240) >"$R/gpu_tests.log" 2>&1
+  # On 4 GPUs the suite runs past 5 minutes (allreduce_test's graph-replay
+  # case alone took 136 s at TP 2 and 4 on H100 x4): this bound is only
+  # against a hang; each test keeps its own (--timeout).
+  (cd $B && timeout 1200 ctest -L gpu ${GPU_TEST_REGEX:+-R "$GPU_TEST_REGEX"} --output-on-failure --timeout 240) >"$R/gpu_tests.log" 2>&1
   tail -15 "$R/gpu_tests.log" | tee -a "$LOG"
 fi
 if has ar && [[ -x $B/bench/allreduce/allreduce_bench ]]; then
