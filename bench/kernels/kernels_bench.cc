@@ -9,7 +9,11 @@
 //                   time also with no workspace (no split-K reduction kernel)
 //                   and with the project's Gemv where it takes M
 //   decode_attn     paged decode attention, context 1024, batch 1..512,
-//                   GB/s of K+V read, per decode kernel
+//                   GB/s of K+V read, per decode kernel; one launch repeated,
+//                   so where the K/V fit L2 (llama-8b TP=2 up to batch 16) the
+//                   times are L2-warm, 15-20% below a launch that reads them
+//                   from HBM as a decode step does
+//                   (bench/results/h100x2/kv_l2_probe/)
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
 //                   TFLOP/s, tiled vs tensor-core kernel
 //   model_decode    GpuModel (TP = 1) decode step of llama-8b-shape with
