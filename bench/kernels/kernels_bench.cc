@@ -11,7 +11,7 @@
 //   decode_attn     paged decode attention, context 1024, batch 1..512,
 //                   GB/s of K+V read, per decode kernel; one launch repeated,
 //                   so where the K/V fit L2 (llama-8b TP=2 up to batch 16) the
-//                   times are L2-warm, 15-20% below a launch that reads them
+//                   times are L2-warm, 16-21% below a launch that reads them
 //                   from HBM as a decode step does
 //                   (bench/results/h100x2/kv_l2_probe/)
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
