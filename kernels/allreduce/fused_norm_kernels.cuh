@@ -227,8 +227,9 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   // (not by row owner: with fewer rows than blocks, one SM pushing a whole
   // row to N - 1 peers is bound by that SM's NVLink store rate). Every block
   // has the same epoch (all run every call) and a line lands in the slot of
-  // its unit whoever sends it, so the receivers below are unchanged.
-  {
+  // its unit whoever sends it, so the receivers below are unchanged. A
+  // pushed call's lines were sent by the kernel that wrote `data`.
+  if (!f.pushed) {
     const int64_t total = f.rows * static_cast<int64_t>(nunits);
     const int64_t per_block = (total + gridDim.x - 1) / gridDim.x;
     const int64_t end = min(total, (b + 1) * per_block);

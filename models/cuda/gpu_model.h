@@ -125,6 +125,10 @@ struct GpuModelOptions {
   // kernels::Gemv, which streams the weights on every SM and starts reading
   // them while the kernel before it finishes; 0: cuBLASLt always.
   int gemv_max_rows = 4;
+  // A row-parallel GEMM that runs Gemv before a fused custom all-reduce +
+  // RMSNorm sends its output to the peers itself (kernels::GemvPush), so the
+  // fused kernel only receives.
+  bool gemv_allreduce_push = false;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on

@@ -27,6 +27,7 @@
 #include "tests/testing/allreduce/nccl_bootstrap.h"
 #include "tests/testing/allreduce/reference.h"
 #include "kernels/nccl/nccl_comm.h"
+#include "kernels/ops/gemm.h"
 #include "kernels/ops/layer_ops.h"
 #include "models/cpu_model.h"
 #include "models/cuda/gpu_model.h"
@@ -452,6 +453,96 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       SYMTP_RETURN_IF_ERROR(ar->Poll());
     }
     return absl::OkStatus();
+  });
+}
+
+// A row-parallel GEMV that sends its output to the peers as LL lines
+// (GemvPush) followed by the fused all-reduce + RMSNorm that only receives
+// (norm.pushed) gives bitwise what Gemv followed by the fused call gives, at
+// 1-4 rows and the llama-8b TP row-parallel shapes, twice in a row and
+// interleaved with plain LL and LL128 calls on the same instance (the epoch
+// the GEMV reads is the one the receive expects), identical on every rank.
+TEST_F(AllReduceGpuTest, GemvPushThenFusedReceiveMatchesGemvThenFused) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs), {}));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    const cudaStream_t s = stream.get();
+    constexpr float kEps = 1e-5f;
+    constexpr int kHidden = 4096;
+    for (const int k : {2048, 7168}) {
+      for (int rows = 1; rows <= 4; ++rows) {
+        const std::string what = absl::StrCat("GemvPush ", rows, "x", kHidden, " k ", k);
+        const size_t n = static_cast<size_t>(rows) * kHidden;
+        const uint64_t seed = SeedOf(DType::kBF16, n + k, 7);
+        const kt::HostArray a = kt::RandomInput(DType::kBF16, static_cast<size_t>(rows) * k, seed,
+                                                rank);
+        const kt::HostArray w =
+            kt::RandomInput(DType::kBF16, static_cast<size_t>(kHidden) * k, seed + 1, rank);
+        const kt::HostArray residual = kt::RandomInput(DType::kBF16, n, seed + 2, 0);
+        const kt::HostArray weight = kt::RandomInput(DType::kBF16, kHidden, seed + 3, 0);
+        // b: a w | c1 res1 out1 (Gemv, fused) | c2 res2 out2 (GemvPush, pushed) | weight | plain
+        std::vector<cuda::DeviceBuffer> b;
+        for (size_t bytes : {a.bytes(), w.bytes(), 2 * n, 2 * n, 2 * n, 2 * n, 2 * n, 2 * n,
+                             weight.bytes(), size_t{256} << 10}) {
+          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes));
+          b.push_back(std::move(d));
+        }
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(b[0].get(), a.data(), a.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(b[1].get(), w.data(), w.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(b[8].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(cudaMemset(b[9].get(), 0, size_t{256} << 10));
+        for (int k2 : {3, 6}) {
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpy(b[k2].get(), residual.data(), 2 * n, cudaMemcpyHostToDevice));
+        }
+        const GemmArgs g1 =
+            ContiguousGemmArgs(b[0].get(), b[1].get(), b[2].get(), rows, kHidden, k,
+                               DType::kBF16, nullptr, 0);
+        GemmArgs g2 = g1;
+        g2.c = b[5].get();
+        const ResidualNorm norm1{b[3].get(), b[8].get(), b[4].get(), rows, kHidden, kEps};
+        ResidualNorm norm2{b[6].get(), b[8].get(), b[7].get(), rows, kHidden, kEps};
+        LLPush push;
+        CHECK_OR_RETURN(ar->ProducerPush(norm2, DType::kBF16, &push), what, ": no push");
+        norm2.pushed = true;
+        for (int rep = 0; rep < 2; ++rep) {
+          SYMTP_RETURN_IF_ERROR_CTX(Gemv(g1, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[2].get(), norm1, DType::kBF16, s),
+                                    what);
+          SYMTP_RETURN_IF_ERROR_CTX(GemvPush(g2, push, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[5].get(), norm2, DType::kBF16, s),
+                                    what);
+          // Plain calls between: LL (the pushed lines' counters) and LL128.
+          SYMTP_RETURN_IF_ERROR_CTX(
+              ar->AllReduceSumWith(Protocol::kLL, b[9].get(), 2048, DType::kBF16, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(
+              ar->AllReduceSumWith(Protocol::kLL128, b[9].get(), 65536, DType::kBF16, s), what);
+        }
+        SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
+        SYMTP_RETURN_IF_ERROR(ar->Poll());
+        std::vector<kt::HostArray> got;
+        for (int k2 : {2, 3, 4, 5, 6, 7}) {
+          kt::HostArray h(DType::kBF16, n);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k2].get(), 2 * n, cudaMemcpyDeviceToHost));
+          got.push_back(std::move(h));
+        }
+        size_t diff = 0, changed = 0;
+        for (size_t i = 0; i < n; ++i) {
+          for (int j = 0; j < 3; ++j) diff += got[j].bits(i) != got[j + 3].bits(i);
+          changed += got[1].bits(i) != residual.bits(i);
+        }
+        CHECK_OR_RETURN(diff == 0, what, ": ", diff, " elements differ from Gemv + fused");
+        CHECK_OR_RETURN(changed > n / 2, what, ": the residual barely changed (", changed, ")");
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, kt::HashOf(got[5]), what));
+      }
+    }
+    // A shape the push does not take: fp32.
+    const ResidualNorm f32{nullptr, nullptr, nullptr, 1, kHidden, kEps};
+    LLPush unused;
+    CHECK_OR_RETURN(!ar->ProducerPush(f32, DType::kF32, &unused), "fp32 push");
+    return ar->Poll();
   });
 }
 
