@@ -102,7 +102,8 @@ __device__ __forceinline__ void StoreLLLine(char* p, uint32_t lo, uint32_t hi, u
 }
 
 // kPush: C is bf16 and contiguous, rows cut at multiples of 8, and each
-// flushed 16-byte unit of C also goes to every peer of `push` as two LL lines.
+// flushed 16-byte unit of C also goes to every rank of `push` (this one's
+// own slot included) as two LL lines.
 template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
@@ -200,8 +201,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
           }
           const int64_t unit = static_cast<int64_t>(mm) * (n / 8) + (base / 8) + uu;
           reinterpret_cast<uint4*>(c)[unit] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-          for (int p = 0; p < push.size; ++p) {
-            if (p == push.rank) continue;
+          for (int p = 0; p < push.size; ++p) {  // this rank's own slot too
             char* line = push.dst[p] +
                          ((parity * push.size + push.rank) * push.lines + 2 * unit) * 16;
             StoreLLLine(line, wd[0], wd[1], epoch);
