@@ -102,8 +102,8 @@ __device__ __forceinline__ void StoreLLLine(char* p, uint32_t lo, uint32_t hi, u
 }
 
 // kPush: C is bf16 and contiguous, rows cut at multiples of 8, and each
-// flushed 16-byte unit of C also goes to every rank of `push` (this one's
-// own slot included) as two LL lines.
+// 16-byte unit of C also goes to every rank of `push` (this one's own slot
+// included) as two LL lines once the block has written it.
 template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
@@ -111,7 +111,6 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   SYMTP_TRACE_KERNEL(kGemv);
   constexpr int kWarps = kT / 32;
   static_assert(kChunk % kR == 0, "a pass of kR rows never straddles a flush");
-  static_assert(kChunk % 8 == 0, "a flush holds whole 16-byte units");
   __shared__ float part[kChunk][kM][kWarps];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int units = k >> 3;
@@ -176,42 +175,6 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
       if ((lane & ((1 << kShift) - 1)) == 0 && r + j < end) part[r + j - base][mm][warp] = sum;
     }
     __syncthreads();
-    if constexpr (kPush) {
-      {
-        // Unit (mm, u) = C's 8 values [mm, 8u .. 8u + 7]: stored whole, and
-        // sent as message lines 2 (mm n / 8 + u) and + 1 to every peer. The
-        // epoch is read here, after the grid-dependency wait, and not kept
-        // live through the stream loop.
-        const uint32_t epoch = push.epoch[0] + 1;
-        const size_t parity = epoch & 1;
-        for (int e = tid; e < ((end - base) / 8) * kM; e += kT) {
-          const int uu = e / kM, mm = e - uu * kM;
-          if (mm >= m) continue;
-          uint32_t wd[4];
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-            for (int v = 0; v < kWarps; ++v) s0 += part[8 * uu + 2 * h][mm][v];
-#pragma unroll
-            for (int v = 0; v < kWarps; ++v) s1 += part[8 * uu + 2 * h + 1][mm][v];
-            const TOut b0 = internal::FromFloat<TOut>(s0), b1 = internal::FromFloat<TOut>(s1);
-            wd[h] = static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(b0)) |
-                    (static_cast<uint32_t>(reinterpret_cast<const uint16_t&>(b1)) << 16);
-          }
-          const int64_t unit = static_cast<int64_t>(mm) * (n / 8) + (base / 8) + uu;
-          reinterpret_cast<uint4*>(c)[unit] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-          for (int p = 0; p < push.size; ++p) {  // this rank's own slot too
-            char* line = push.dst[p] +
-                         ((parity * push.size + push.rank) * push.lines + 2 * unit) * 16;
-            StoreLLLine(line, wd[0], wd[1], epoch);
-            StoreLLLine(line + 16, wd[2], wd[3], epoch);
-          }
-        }
-        __syncthreads();
-        continue;
-      }
-    }
     for (int e = tid; e < (end - base) * kM; e += kT) {
       const int row = e / kM, mm = e - row * kM;
       if (mm >= m) continue;
@@ -221,6 +184,29 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
       c[mm * ldc + base + row] = internal::FromFloat<TOut>(s);
     }
     __syncthreads();
+  }
+  if constexpr (kPush) {
+    // After the stream, when no weights are in flight (sending from inside
+    // the flush kept the next rows' loads live beside the sends' values:
+    // 116-128 registers against 87-106): the block's units of C, which its
+    // own threads wrote (visible after the barrier), go to every rank, this
+    // one's own slot included, as lines 2 (mm n / 8 + u) and + 1.
+    const uint32_t epoch = push.epoch[0] + 1;
+    const uint32_t base_line = ((epoch & 1) * push.size + push.rank) * push.lines;
+    const int u0 = r0 / 8, nu = (r1 - r0) / 8;
+    for (int e = tid; e < nu * m; e += kT) {
+      const int mm = e / nu, u = u0 + e - mm * nu;
+      const uint32_t unit = static_cast<uint32_t>(mm) * (n / 8) + u;
+      const uint4 d = *reinterpret_cast<const uint4*>(c + static_cast<int64_t>(mm) * ldc + 8 * u);
+      const size_t off = (static_cast<size_t>(base_line) + 2 * unit) * 16;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {  // constant indices keep push.dst in the parameter bank
+        if (p < push.size) {
+          StoreLLLine(push.dst[p] + off, d.x, d.y, epoch);
+          StoreLLLine(push.dst[p] + off + 16, d.z, d.w, epoch);
+        }
+      }
+    }
   }
 }
 
