@@ -570,7 +570,10 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
 }
 
 bool CustomAllReduce::ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
-  if (dtype != DType::kBF16 || !FusesResidualNorm(norm, dtype) || args_.size > 8) return false;
+  if (dtype != DType::kBF16 || args_.size < 2 || args_.size > 8 ||
+      !FusesResidualNorm(norm, dtype)) {
+    return false;
+  }
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
   if (bytes > ll_max_bytes_ || bytes / 8 > args_.ll_lines) return false;
   *push = LLPush{};

@@ -108,13 +108,13 @@ bool GemvSupports(const GemmArgs& args);
 // ignored). InvalidArgument when !GemvSupports(args).
 absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
 
-// Gemv that also sends C, as it writes it, to every rank of `push` (its own
-// slot included) as the custom all-reduce's LL lines (comm.h), for a fused
-// all-reduce + RMSNorm called with norm.pushed after it, which then needs
-// neither C nor this kernel's completion before it reduces. bf16 C, contiguous (ldc = n), n a
-// multiple of 8 and C 16-byte aligned; the blocks' rows are then cut at
-// multiples of 8 so that each 16-byte unit of C has one writer. Same bits
-// as Gemv.
+// Gemv that also sends C, once each block has written its part, to every
+// rank of `push` (its own slot included) as the custom all-reduce's LL lines
+// (comm.h), for a fused all-reduce + RMSNorm called with norm.pushed after
+// it, which then needs neither C nor this kernel's completion to reduce.
+// bf16 C, contiguous (ldc = n), n a multiple of 8 and C 16-byte aligned; the
+// blocks' rows are cut at multiples of 8 so that each 16-byte unit of C has
+// one writer. Same bits as Gemv.
 absl::Status GemvPush(const GemmArgs& args, const LLPush& push, cudaStream_t stream);
 
 // A workspace size that lets cuBLASLt pick its fast (split-K) kernels.

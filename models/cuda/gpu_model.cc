@@ -309,7 +309,12 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
   if (nb <= 1) {
     if (reduce && norm_weight != nullptr && opt.fuse_allreduce_norm &&
         comm->FusesResidualNorm(norm, dt)) {
-      kernels::GemmArgs g = kernels::ContiguousGemmArgs(in, w, out, rows, H, k, dt, nullptr, 0);
+      // Where the GEMM is a GEMV and the communicator allows it, the GEMV
+      // sends its output itself and the fused kernel only receives (the
+      // GEMV reads neither x nor h, which the fused kernel may write while
+      // the GEMV still runs).
+      const kernels::GemmArgs g =
+          kernels::ContiguousGemmArgs(in, w, out, rows, H, k, dt, nullptr, 0);
       kernels::LLPush push;
       kernels::ResidualNorm pushed = norm;
       if (opt.gemv_allreduce_push && rows <= opt.gemv_max_rows && kernels::GemvSupports(g) &&

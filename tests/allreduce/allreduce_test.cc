@@ -547,6 +547,64 @@ TEST_F(AllReduceGpuTest, GemvPushThenFusedReceiveMatchesGemvThenFused) {
   });
 }
 
+// The model at TP = 2, bf16, CUDA graphs, prefill then decode steps of 3
+// rows (the row-parallel GEMMs on Gemv, the all-reduces fused with the
+// RMSNorm on LL): with gemv_allreduce_push the GEMVs send their outputs and
+// the fused kernels only receive, and every step's logits are bitwise those
+// of the model without it, on both ranks.
+TEST_F(AllReduceGpuTest, ModelWithGemvPushMatchesWithoutBf16) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    if (size != 2) return absl::OkStatus();  // the tiny model has 2 KV heads
+    constexpr int kSteps = 10, kBlocks = 128;
+    const model::ModelConfig cfg = *model::PresetConfig("tiny");
+    std::vector<uint64_t> hashes[2];
+    for (const bool push : {false, true}) {
+      SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+      AllReduceDispatcher::Options dopt;
+      dopt.calibrate = false;
+      SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
+                                                                    &ex, Deadline::AfterMs(kSetupMs), dopt));
+      // The shapes the decode steps give the push: 3 rows of the hidden size.
+      const ResidualNorm probe{nullptr, nullptr, nullptr, 3, cfg.hidden, cfg.rms_eps};
+      LLPush unused;
+      CHECK_OR_RETURN(comm->ProducerPush(probe, DType::kBF16, &unused), "no push for 3 rows");
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      model::GpuModelOptions o;
+      o.dtype = DType::kBF16;
+      o.num_kv_blocks = kBlocks;
+      o.max_batch_tokens = 128;
+      o.max_seqs = 8;
+      o.cuda_graphs = true;
+      o.gemv_allreduce_push = push;
+      SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                             model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
+      testing::SimBatch sim(cfg, kBlocks, 23);
+      for (int p : {9, 33, 17}) sim.AddSequence(p, cfg.vocab);
+      for (int step = 0; step < kSteps; ++step) {
+        std::vector<int> rows;
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
+        model::StepOptions so;
+        so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
+        SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        const absl::Span<const float> got = m.host_logits();
+        uint64_t hash = 0;
+        for (size_t i = 0; i < got.size(); ++i) hash += kt::ElementHash(i, kt::F32ToBits(got[i]));
+        hashes[push].push_back(hash);
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, hash, absl::StrCat("step ", step, " logits")));
+        const absl::Span<const int32_t> toks = m.host_tokens();
+        sim.Commit(rows, std::vector<int32_t>(toks.begin(), toks.end()));
+      }
+      SYMTP_RETURN_IF_ERROR(comm->Poll());
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      CHECK_OR_RETURN(hashes[0][step] == hashes[1][step], "step ", step,
+                      ": logits with the GEMV's push differ from those without");
+    }
+    return absl::OkStatus();
+  });
+}
+
 // The model at TP = 2 on the dispatcher (custom all-reduce with the fused
 // residual + RMSNorm, NCCL behind it; then with the two-shot all-reduce and
 // AddRmsNorm), fp32, CUDA graphs, prefill then greedy decode: both ranks'
