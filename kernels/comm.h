@@ -33,6 +33,27 @@ struct ResidualNorm {
   int64_t rows;
   int hidden;
   float eps;
+  // The kernel that wrote the partial sums sent them to every rank itself,
+  // through the LLPush that ProducerPush gave for this shape.
+  bool pushed = false;
+};
+
+// Where a producer kernel (the GEMV of a row-parallel layer) sends its output
+// to every rank, its own included, as the custom all-reduce's LL lines
+// ({lo, e, hi, e}, 16 bytes carrying 8 data bytes; custom_allreduce_kernels.
+// cuh), so the fused all-reduce + RMSNorm after it only receives, and starts
+// without waiting for the producer to complete: the producer must not read
+// the call's residual or output, which the fused kernel may already write.
+// Line L of this rank in epoch e lands on rank p at dst[p] + (((e & 1) * size
+// + rank) * lines + L) * 16; the call's epoch is epoch[0] + 1, read after the
+// producer's grid-dependency wait (the counters change only in the
+// all-reduce kernels before it).
+struct LLPush {
+  char* dst[8] = {};
+  const uint32_t* epoch = nullptr;
+  size_t lines = 0;
+  int rank = 0;
+  int size = 0;
 };
 
 class DeviceComm {
@@ -56,6 +77,13 @@ class DeviceComm {
                                              cudaStream_t stream) {
     (void)data, (void)norm, (void)dtype, (void)stream;
     return absl::UnimplementedError("this communicator has no fused all-reduce + RMSNorm");
+  }
+  // Whether the kernel producing AllReduceResidualNorm's `data` for this
+  // shape may send it itself (then *push says where, and the call is made
+  // with norm.pushed): the custom all-reduce's LL protocol, bf16.
+  virtual bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
+    (void)norm, (void)dtype, (void)push;
+    return false;
   }
   // recv[r * count + i] = rank r's send[i].
   virtual absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,

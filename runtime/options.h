@@ -116,6 +116,7 @@ struct JobOptions {
   int64_t custom_allreduce_two_shot_min_bytes = -1;  // -1: CustomAllReduce's default; 0: never
   bool fuse_allreduce_norm = true;
   int gemv_max_rows = 4;         // model::GpuModelOptions::gemv_max_rows
+  bool gemv_allreduce_push = true;  // model::GpuModelOptions::gemv_allreduce_push
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

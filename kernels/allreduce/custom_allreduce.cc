@@ -554,13 +554,36 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
         " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers, at most ",
         max_bytes_, " bytes)"));
   }
+  LLPush push;
+  if (norm.pushed && !ProducerPush(norm, dtype, &push)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "custom all-reduce + RMSNorm: rows=", norm.rows, " hidden=", norm.hidden, " ",
+        DTypeName(dtype), " marked as pushed by its producer, which this shape does not allow"));
+  }
   if (norm.rows == 0) return absl::OkStatus();
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
   const allreduce_internal::FusedNormArgs f{data,      norm.residual, norm.weight, norm.out,
-                                            norm.rows, norm.hidden,   norm.eps};
-  CUDA_RETURN_IF_ERROR(
-      allreduce_internal::LaunchFusedNorm(FusedProtocolFor(bytes), args_, f, dtype, stream));
+                                            norm.rows, norm.hidden,   norm.eps,    norm.pushed};
+  CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchFusedNorm(
+      norm.pushed ? Protocol::kLL : FusedProtocolFor(bytes), args_, f, dtype, stream));
   return absl::OkStatus();
+}
+
+bool CustomAllReduce::ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
+  if (dtype != DType::kBF16 || args_.size < 2 || args_.size > 8 ||
+      !FusesResidualNorm(norm, dtype)) {
+    return false;
+  }
+  const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
+  if (bytes > ll_max_bytes_ || bytes / 8 > args_.ll_lines) return false;
+  *push = LLPush{};
+  for (int r = 0; r < args_.size; ++r) push->dst[r] = args_.base[r] + args_.ll_offset;
+  push->epoch = reinterpret_cast<const uint32_t*>(args_.base[args_.rank] +
+                                                  allreduce_internal::kEpochLLOffset);
+  push->lines = args_.ll_lines;
+  push->rank = args_.rank;
+  push->size = args_.size;
+  return true;
 }
 
 namespace allreduce_internal {

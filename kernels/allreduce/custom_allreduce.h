@@ -184,6 +184,12 @@ class CustomAllReduce {
   Protocol FusedProtocolFor(size_t bytes) const;
   absl::Status AllReduceResidualNorm(const void* data, const ResidualNorm& norm, DType dtype,
                                      cudaStream_t stream);
+  // Whether the producer of a fused call's `data` may send it as LL lines
+  // (bf16, FusesResidualNorm, the message within the LL region, 2-8 ranks):
+  // fills *push with this instance's LL receive regions. A call made with
+  // norm.pushed then runs the LL kernel's receive only, from its start
+  // (comm.h, LLPush).
+  bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const;
 
   // OK while healthy; DeadlineExceeded naming the peer after a kernel timed
   // out; Aborted after Abort(). Cheap (reads host-mapped memory).

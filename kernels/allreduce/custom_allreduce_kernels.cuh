@@ -740,15 +740,17 @@ __device__ __forceinline__ const char* LLSlot(const DeviceArgs& a, const char* b
 
 // Waits until this rank's receive lines [line, line + kLines) from every
 // peer carry epoch e and gathers their data words into in[src] (two per
-// line; in[me] is the caller's). False after a timeout or abort (the error
-// recorded against the first peer still missing).
+// line; in[me] is the caller's, or with `self` read from this rank's own
+// slot like a peer's). False after a timeout or abort (the error recorded
+// against the first peer still missing).
 template <int N, int kLines>
 __device__ __forceinline__ bool LLReceive(const DeviceArgs& a, size_t parity, size_t line,
-                                          uint32_t e, int b, uint32_t (&in)[N][2 * kLines]) {
+                                          uint32_t e, int b, uint32_t (&in)[N][2 * kLines],
+                                          bool self = false) {
   const char* const my_base = BaseOf<N>(a, a.rank);
   bool ready[N];
 #pragma unroll
-  for (int r = 0; r < N; ++r) ready[r] = r == a.rank;
+  for (int r = 0; r < N; ++r) ready[r] = !self && r == a.rank;
   SpinBound bound;
   for (;;) {
     bool all = true;

@@ -189,6 +189,11 @@ bool AllReduceDispatcher::FusesResidualNorm(const ResidualNorm& norm, DType dtyp
          custom_->FusesResidualNorm(norm, dtype);
 }
 
+bool AllReduceDispatcher::ProducerPush(const ResidualNorm& norm, DType dtype,
+                                       LLPush* push) const {
+  return FusesResidualNorm(norm, dtype) && custom_->ProducerPush(norm, dtype, push);
+}
+
 absl::Status AllReduceDispatcher::AllReduceResidualNorm(void* data, const ResidualNorm& norm,
                                                         DType dtype, cudaStream_t stream) {
   if (!FusesResidualNorm(norm, dtype)) {

@@ -78,6 +78,7 @@ class AllReduceDispatcher : public DeviceComm {
   // max_fused_bytes and the shape fits (CustomAllReduce::FusesResidualNorm);
   // otherwise not (the caller runs the all-reduce and AddRmsNorm).
   bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const override;
+  bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const override;
   absl::Status AllReduceResidualNorm(void* data, const ResidualNorm& norm, DType dtype,
                                      cudaStream_t stream) override;
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,

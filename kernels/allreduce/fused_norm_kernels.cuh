@@ -207,10 +207,14 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
 // LL transport: each 16-byte unit goes to every peer as two LL lines
 // {lo, e, hi, e}; the receiver polls its own lines.
 // ---------------------------------------------------------------------------
+// A pushed call (f.pushed) does not wait for the kernel before it: that
+// kernel wrote every rank's lines, this rank's own slot included, so the
+// lines alone say when the data is there; it waits for that kernel's
+// completion only at its end, so its own completion still implies it.
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs f) {
   SYMTP_TRACE_KERNEL(kFusedNormLL);
-  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  if (!f.pushed) internal::GridDependencyWait();  // the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
   constexpr int kN = 16 / sizeof(T);
   __shared__ float scratch[32];
@@ -227,8 +231,9 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   // (not by row owner: with fewer rows than blocks, one SM pushing a whole
   // row to N - 1 peers is bound by that SM's NVLink store rate). Every block
   // has the same epoch (all run every call) and a line lands in the slot of
-  // its unit whoever sends it, so the receivers below are unchanged.
-  {
+  // its unit whoever sends it, so the receivers below are unchanged. A
+  // pushed call's lines were sent by the kernel that wrote `data`.
+  if (!f.pushed) {
     const int64_t total = f.rows * static_cast<int64_t>(nunits);
     const int64_t per_block = (total + gridDim.x - 1) / gridDim.x;
     const int64_t end = min(total, (b + 1) * per_block);
@@ -259,16 +264,19 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
       uint32_t in[N][4];
 #pragma unroll
       for (int r = 0; r < N; ++r) in[r][0] = in[r][1] = in[r][2] = in[r][3] = 0;
-      const uint4 mine = data[unit];
+      if (!f.pushed) {
+        const uint4 mine = data[unit];
 #pragma unroll
-      for (int r = 0; r < N; ++r) {
-        if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
+        for (int r = 0; r < N; ++r) {
+          if (r == me) in[r][0] = mine.x, in[r][1] = mine.y, in[r][2] = mine.z, in[r][3] = mine.w;
+        }
       }
-      if (!failed) failed = !LLReceive<N, 2>(a, parity, 2 * unit, e, b, in);
+      if (!failed) failed = !LLReceive<N, 2>(a, parity, 2 * unit, e, b, in, f.pushed);
       sum[j] = SumUnits<T, N>(in);
     }
     NormRow<T, kPer>(f, row, sum, rin, scratch);
   }
+  if (f.pushed) internal::GridDependencyWait();
   __syncthreads();
   if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLLOffset)[b] = e;
 }

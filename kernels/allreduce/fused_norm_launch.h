@@ -20,6 +20,7 @@ struct FusedNormArgs {
   int64_t rows;
   int hidden;
   float eps;
+  bool pushed;  // LL only: the producer sent `data` to the peers (LLPush)
 };
 
 // 16-byte units of a row the fused kernels can hold (two per thread).

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "kernels/comm.h"  // LLPush
 
 namespace symtp::kernels {
 
@@ -106,6 +107,15 @@ bool GemvSupports(const GemmArgs& args);
 // Enqueues C = A · Wᵀ on `stream` (workspace and sm_count_target are
 // ignored). InvalidArgument when !GemvSupports(args).
 absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
+
+// Gemv that also sends C, once each block has written its part, to every
+// rank of `push` (its own slot included) as the custom all-reduce's LL lines
+// (comm.h), for a fused all-reduce + RMSNorm called with norm.pushed after
+// it, which then needs neither C nor this kernel's completion to reduce.
+// bf16 C, contiguous (ldc = n), n a multiple of 8 and C 16-byte aligned; the
+// blocks' rows are cut at multiples of 8 so that each 16-byte unit of C has
+// one writer. Same bits as Gemv.
+absl::Status GemvPush(const GemmArgs& args, const LLPush& push, cudaStream_t stream);
 
 // A workspace size that lets cuBLASLt pick its fast (split-K) kernels.
 inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;

@@ -94,18 +94,31 @@ __device__ __forceinline__ float WarpReduceScatter(float (&v)[kN], int lane) {
   return s;
 }
 
-template <int kT, int kU, int kR, int kM, typename TOut>
+// One LL line {lo, e, hi, e} (custom_allreduce_kernels.cuh's format).
+__device__ __forceinline__ void StoreLLLine(char* p, uint32_t lo, uint32_t hi, uint32_t e) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(lo), "r"(e),
+               "r"(hi), "r"(e)
+               : "memory");
+}
+
+// kPush: C is bf16 and contiguous, rows cut at multiples of 8, and each
+// 16-byte unit of C also goes to every rank of `push` (this one's own slot
+// included) as two LL lines once the block has written it.
+template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
-               TOut* __restrict__ c, int64_t ldc, int m, int n, int k) {
+               TOut* __restrict__ c, int64_t ldc, int m, int n, int k, const LLPush push) {
   SYMTP_TRACE_KERNEL(kGemv);
   constexpr int kWarps = kT / 32;
   static_assert(kChunk % kR == 0, "a pass of kR rows never straddles a flush");
   __shared__ float part[kChunk][kM][kWarps];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int units = k >> 3;
-  const int r0 = static_cast<int>(static_cast<int64_t>(n) * blockIdx.x / gridDim.x);
-  const int r1 = static_cast<int>(static_cast<int64_t>(n) * (blockIdx.x + 1) / gridDim.x);
+  static_assert(!kPush || sizeof(TOut) == 2, "pushed lines carry bf16");
+  const int64_t cuts = kPush ? n / 8 : n;
+  constexpr int step = kPush ? 8 : 1;
+  const int r0 = step * static_cast<int>(cuts * blockIdx.x / gridDim.x);
+  const int r1 = step * static_cast<int>(cuts * (blockIdx.x + 1) / gridDim.x);
 
   uint4 wv[kR][kU];
   auto load = [&](int r) {
@@ -172,6 +185,29 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     }
     __syncthreads();
   }
+  if constexpr (kPush) {
+    // After the stream, when no weights are in flight (sending from inside
+    // the flush kept the next rows' loads live beside the sends' values:
+    // 116-128 registers against 87-106): the block's units of C, which its
+    // own threads wrote (visible after the barrier), go to every rank, this
+    // one's own slot included, as lines 2 (mm n / 8 + u) and + 1.
+    const uint32_t epoch = push.epoch[0] + 1;
+    const uint32_t base_line = ((epoch & 1) * push.size + push.rank) * push.lines;
+    const int u0 = r0 / 8, nu = (r1 - r0) / 8;
+    for (int e = tid; e < nu * m; e += kT) {
+      const int mm = e / nu, u = u0 + e - mm * nu;
+      const uint32_t unit = static_cast<uint32_t>(mm) * (n / 8) + u;
+      const uint4 d = *reinterpret_cast<const uint4*>(c + static_cast<int64_t>(mm) * ldc + 8 * u);
+      const size_t off = (static_cast<size_t>(base_line) + 2 * unit) * 16;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {  // constant indices keep push.dst in the parameter bank
+        if (p < push.size) {
+          StoreLLLine(push.dst[p] + off, d.x, d.y, epoch);
+          StoreLLLine(push.dst[p] + off + 16, d.z, d.w, epoch);
+        }
+      }
+    }
+  }
 }
 
 // Blocks of `kernel` that fill every SM once (occupancy API, cached per
@@ -192,40 +228,43 @@ int FullGrid(const void* kernel, int threads, std::atomic<int>* cache) {
   return g;
 }
 
-template <int kT, int kU, int kR, int kM, typename TOut>
-cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
+template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
+cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& push,
+                   cudaStream_t s) {
   static std::atomic<int> cache[16];
-  auto* kernel = GemvKernel<kT, kU, kR, kM, TOut>;
-  const int grid =
-      std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache), g.n);
+  auto* kernel = GemvKernel<kT, kU, kR, kM, TOut, kPush>;
+  const int grid = std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache),
+                                     kPush ? g.n / 8 : g.n);
   return internal::LaunchDependent(
       kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a), lda,
       static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c), ldc, static_cast<int>(g.m),
-      static_cast<int>(g.n), static_cast<int>(g.k));
+      static_cast<int>(g.n), static_cast<int>(g.k), push);
 }
 
 // The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
 // at a time keep kR x kU loads (128 bytes) in flight per thread; kR x kM <=
 // 32 values per reduction. Rows longer than 8192 take M <= 2 (A's registers
 // would spill at 4: GemvSupports).
-template <int kM, typename TOut>
-cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
-  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
+template <int kM, typename TOut, bool kPush>
+cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
+                    cudaStream_t s) {
+  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
   if (g.k <= 4096) {
-    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
-    return Launch<512, 1, 8, kM, TOut>(g, lda, ldw, ldc, s);
+    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
+    return Launch<512, 1, 8, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
   }
   if constexpr (kM <= 2) {
-    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut>(g, lda, ldw, ldc, s);
+    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
   }
-  return Launch<512, 2, 4, kM, TOut>(g, lda, ldw, ldc, s);
+  return Launch<512, 2, 4, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
 }
 
-template <typename TOut>
-cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, cudaStream_t s) {
-  if (g.m == 1) return LaunchK<1, TOut>(g, lda, ldw, ldc, s);
-  if (g.m == 2) return LaunchK<2, TOut>(g, lda, ldw, ldc, s);
-  return LaunchK<4, TOut>(g, lda, ldw, ldc, s);
+template <typename TOut, bool kPush>
+cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
+                    cudaStream_t s) {
+  if (g.m == 1) return LaunchK<1, TOut, kPush>(g, lda, ldw, ldc, p, s);
+  if (g.m == 2) return LaunchK<2, TOut, kPush>(g, lda, ldw, ldc, p, s);
+  return LaunchK<4, TOut, kPush>(g, lda, ldw, ldc, p, s);
 }
 
 }  // namespace
@@ -249,8 +288,29 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
         kGemvMaxRows, kGemvMaxK));
   }
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
-  const cudaError_t e = g.out_dtype == DType::kF32 ? LaunchM<float>(g, lda, ldw, ldc, stream)
-                                                   : LaunchM<bf16>(g, lda, ldw, ldc, stream);
+  const LLPush none;
+  const cudaError_t e = g.out_dtype == DType::kF32
+                            ? LaunchM<float, false>(g, lda, ldw, ldc, none, stream)
+                            : LaunchM<bf16, false>(g, lda, ldw, ldc, none, stream);
+  CUDA_RETURN_IF_ERROR(e);
+  return absl::OkStatus();
+}
+
+absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream) {
+  const int64_t ldc = g.ldc ? g.ldc : g.n;
+  if (!GemvSupports(g) || g.out_dtype != DType::kBF16 || ldc != g.n || g.n % 8 != 0 ||
+      !internal::Aligned16(g.c) || push.size < 2 || push.size > 8 || push.rank < 0 ||
+      push.rank >= push.size || push.epoch == nullptr ||
+      static_cast<size_t>(g.m * g.n / 4) > push.lines) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GemvPush: unsupported m=%d n=%d k=%d ldc=%d %s -> %s, push size %d rank %d lines %d "
+        "(bf16 out, contiguous C with n a multiple of 8 and 16-byte aligned, 2..8 ranks, "
+        "2 m n / 8 lines)",
+        g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype), push.size, push.rank,
+        push.lines));
+  }
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
+  const cudaError_t e = LaunchM<bf16, true>(g, lda, ldw, ldc, push, stream);
   CUDA_RETURN_IF_ERROR(e);
   return absl::OkStatus();
 }

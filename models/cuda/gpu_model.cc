@@ -307,12 +307,27 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
     return kernels::AddRmsNorm(x, out, norm_weight, h, rows, H, cfg.rms_eps, dt, s);
   };
   if (nb <= 1) {
-    SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
     if (reduce && norm_weight != nullptr && opt.fuse_allreduce_norm &&
         comm->FusesResidualNorm(norm, dt)) {
-      return Annotate(comm->AllReduceResidualNorm(out, norm, dt, s),
+      // Where the GEMM is a GEMV and the communicator allows it, the GEMV
+      // sends its output itself and the fused kernel only receives (the
+      // GEMV reads neither x nor h, which the fused kernel may write while
+      // the GEMV still runs).
+      const kernels::GemmArgs g =
+          kernels::ContiguousGemmArgs(in, w, out, rows, H, k, dt, nullptr, 0);
+      kernels::LLPush push;
+      kernels::ResidualNorm pushed = norm;
+      if (opt.gemv_allreduce_push && rows <= opt.gemv_max_rows && kernels::GemvSupports(g) &&
+          comm->ProducerPush(norm, dt, &push)) {
+        SYMTP_RETURN_IF_ERROR(kernels::GemvPush(g, push, s));
+        pushed.pushed = true;
+      } else {
+        SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
+      }
+      return Annotate(comm->AllReduceResidualNorm(out, pushed, dt, s),
                       "row-parallel all-reduce + residual + RMSNorm");
     }
+    SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
     if (reduce) {
       SYMTP_RETURN_IF_ERROR_CTX(comm->AllReduceSum(out, static_cast<size_t>(rows) * H, dt, s),
                                 "row-parallel all-reduce");

@@ -125,6 +125,12 @@ struct GpuModelOptions {
   // kernels::Gemv, which streams the weights on every SM and starts reading
   // them while the kernel before it finishes; 0: cuBLASLt always.
   int gemv_max_rows = 4;
+  // A row-parallel GEMM that runs Gemv before a fused custom all-reduce +
+  // RMSNorm (LL) sends its output to every rank itself (kernels::GemvPush),
+  // so the fused kernel only receives, and without waiting for the GEMV to
+  // complete (llama-8b decode batch 1-4: 0.965-0.985x the step at TP 2,
+  // 0.979-0.982x at TP 4; bench/results/h100x2/gemv_allreduce_push/).
+  bool gemv_allreduce_push = true;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on

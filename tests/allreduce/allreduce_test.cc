@@ -27,6 +27,7 @@
 #include "tests/testing/allreduce/nccl_bootstrap.h"
 #include "tests/testing/allreduce/reference.h"
 #include "kernels/nccl/nccl_comm.h"
+#include "kernels/ops/gemm.h"
 #include "kernels/ops/layer_ops.h"
 #include "models/cpu_model.h"
 #include "models/cuda/gpu_model.h"
@@ -450,6 +451,155 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
       const ResidualNorm big{nullptr, nullptr, nullptr, 1025, 4096, kEps};
       CHECK_OR_RETURN(!ar->FusesResidualNorm(big, DType::kBF16), "8 MiB + 8 KiB fused");
       SYMTP_RETURN_IF_ERROR(ar->Poll());
+    }
+    return absl::OkStatus();
+  });
+}
+
+// A row-parallel GEMV that sends its output to the peers as LL lines
+// (GemvPush) followed by the fused all-reduce + RMSNorm that only receives
+// (norm.pushed) gives bitwise what Gemv followed by the fused call gives, at
+// 1-4 rows and the llama-8b TP row-parallel shapes, twice in a row and
+// interleaved with plain calls on the same instance (LL, and LL128 at TP 2:
+// the epoch the GEMV reads is the one the receive expects), identical on
+// every rank.
+TEST_F(AllReduceGpuTest, GemvPushThenFusedReceiveMatchesGemvThenFused) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs), {}));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+    const cudaStream_t s = stream.get();
+    constexpr float kEps = 1e-5f;
+    constexpr int kHidden = 4096;
+    for (const int k : {2048, 7168}) {
+      for (int rows = 1; rows <= 4; ++rows) {
+        const std::string what = absl::StrCat("GemvPush ", rows, "x", kHidden, " k ", k);
+        const size_t n = static_cast<size_t>(rows) * kHidden;
+        const uint64_t seed = SeedOf(DType::kBF16, n + k, 7);
+        const kt::HostArray a = kt::RandomInput(DType::kBF16, static_cast<size_t>(rows) * k, seed,
+                                                rank);
+        const kt::HostArray w =
+            kt::RandomInput(DType::kBF16, static_cast<size_t>(kHidden) * k, seed + 1, rank);
+        const kt::HostArray residual = kt::RandomInput(DType::kBF16, n, seed + 2, 0);
+        const kt::HostArray weight = kt::RandomInput(DType::kBF16, kHidden, seed + 3, 0);
+        // b: a w | c1 res1 out1 (Gemv, fused) | c2 res2 out2 (GemvPush, pushed) | weight | plain
+        std::vector<cuda::DeviceBuffer> b;
+        for (size_t bytes : {a.bytes(), w.bytes(), 2 * n, 2 * n, 2 * n, 2 * n, 2 * n, 2 * n,
+                             weight.bytes(), size_t{256} << 10}) {
+          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes));
+          b.push_back(std::move(d));
+        }
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(b[0].get(), a.data(), a.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(cudaMemcpy(b[1].get(), w.data(), w.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpy(b[8].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice));
+        CUDA_RETURN_IF_ERROR(cudaMemset(b[9].get(), 0, size_t{256} << 10));
+        for (int k2 : {3, 6}) {
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpy(b[k2].get(), residual.data(), 2 * n, cudaMemcpyHostToDevice));
+        }
+        const GemmArgs g1 =
+            ContiguousGemmArgs(b[0].get(), b[1].get(), b[2].get(), rows, kHidden, k,
+                               DType::kBF16, nullptr, 0);
+        GemmArgs g2 = g1;
+        g2.c = b[5].get();
+        const ResidualNorm norm1{b[3].get(), b[8].get(), b[4].get(), rows, kHidden, kEps};
+        ResidualNorm norm2{b[6].get(), b[8].get(), b[7].get(), rows, kHidden, kEps};
+        LLPush push;
+        CHECK_OR_RETURN(ar->ProducerPush(norm2, DType::kBF16, &push), what, ": no push");
+        norm2.pushed = true;
+        for (int rep = 0; rep < 2; ++rep) {
+          SYMTP_RETURN_IF_ERROR_CTX(Gemv(g1, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[2].get(), norm1, DType::kBF16, s),
+                                    what);
+          SYMTP_RETURN_IF_ERROR_CTX(GemvPush(g2, push, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[5].get(), norm2, DType::kBF16, s),
+                                    what);
+          // Plain calls between: LL (the pushed lines' counters) and the
+          // protocol the instance picks for 128 KiB (LL128 at TP 2).
+          SYMTP_RETURN_IF_ERROR_CTX(
+              ar->AllReduceSumWith(Protocol::kLL, b[9].get(), 2048, DType::kBF16, s), what);
+          SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceSum(b[9].get(), 65536, DType::kBF16, s), what);
+        }
+        SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
+        SYMTP_RETURN_IF_ERROR(ar->Poll());
+        std::vector<kt::HostArray> got;
+        for (int k2 : {2, 3, 4, 5, 6, 7}) {
+          kt::HostArray h(DType::kBF16, n);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k2].get(), 2 * n, cudaMemcpyDeviceToHost));
+          got.push_back(std::move(h));
+        }
+        size_t diff = 0, changed = 0;
+        for (size_t i = 0; i < n; ++i) {
+          for (int j = 0; j < 3; ++j) diff += got[j].bits(i) != got[j + 3].bits(i);
+          changed += got[1].bits(i) != residual.bits(i);
+        }
+        CHECK_OR_RETURN(diff == 0, what, ": ", diff, " elements differ from Gemv + fused");
+        CHECK_OR_RETURN(changed > n / 2, what, ": the residual barely changed (", changed, ")");
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, kt::HashOf(got[5]), what));
+      }
+    }
+    // A shape the push does not take: fp32.
+    const ResidualNorm f32{nullptr, nullptr, nullptr, 1, kHidden, kEps};
+    LLPush unused;
+    CHECK_OR_RETURN(!ar->ProducerPush(f32, DType::kF32, &unused), "fp32 push");
+    return ar->Poll();
+  });
+}
+
+// The model at TP = 2, bf16, CUDA graphs, prefill then decode steps of 3
+// rows (the row-parallel GEMMs on Gemv, the all-reduces fused with the
+// RMSNorm on LL): with gemv_allreduce_push the GEMVs send their outputs and
+// the fused kernels only receive, and every step's logits are bitwise those
+// of the model without it, on both ranks.
+TEST_F(AllReduceGpuTest, ModelWithGemvPushMatchesWithoutBf16) {
+  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    if (size != 2) return absl::OkStatus();  // the tiny model has 2 KV heads
+    constexpr int kSteps = 10, kBlocks = 128;
+    const model::ModelConfig cfg = *model::PresetConfig("tiny");
+    std::vector<uint64_t> hashes[2];
+    for (const bool push : {false, true}) {
+      SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
+      AllReduceDispatcher::Options dopt;
+      dopt.calibrate = false;
+      SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
+                                                                    &ex, Deadline::AfterMs(kSetupMs), dopt));
+      // The shapes the decode steps give the push: 3 rows of the hidden size.
+      const ResidualNorm probe{nullptr, nullptr, nullptr, 3, cfg.hidden, cfg.rms_eps};
+      LLPush unused;
+      CHECK_OR_RETURN(comm->ProducerPush(probe, DType::kBF16, &unused), "no push for 3 rows");
+      SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+      model::GpuModelOptions o;
+      o.dtype = DType::kBF16;
+      o.num_kv_blocks = kBlocks;
+      o.max_batch_tokens = 128;
+      o.max_seqs = 8;
+      o.cuda_graphs = true;
+      o.gemv_allreduce_push = push;
+      SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
+                             model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
+      testing::SimBatch sim(cfg, kBlocks, 23);
+      for (int p : {9, 33, 17}) sim.AddSequence(p, cfg.vocab);
+      for (int step = 0; step < kSteps; ++step) {
+        std::vector<int> rows;
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
+        model::StepOptions so;
+        so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
+        SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
+        SYMTP_RETURN_IF_ERROR(m.WaitForStep(Deadline::AfterMs(60'000)));
+        const absl::Span<const float> got = m.host_logits();
+        uint64_t hash = 0;
+        for (size_t i = 0; i < got.size(); ++i) hash += kt::ElementHash(i, kt::F32ToBits(got[i]));
+        hashes[push].push_back(hash);
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, hash, absl::StrCat("step ", step, " logits")));
+        const absl::Span<const int32_t> toks = m.host_tokens();
+        sim.Commit(rows, std::vector<int32_t>(toks.begin(), toks.end()));
+      }
+      SYMTP_RETURN_IF_ERROR(comm->Poll());
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      CHECK_OR_RETURN(hashes[0][step] == hashes[1][step], "step ", step,
+                      ": logits with the GEMV's push differ from those without");
     }
     return absl::OkStatus();
   });
