@@ -42,7 +42,7 @@ TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a P
           "rope_fold_l2_prefetch": "RoPE fold and L2 weight prefetch (dropped)",
           "l2_kslice_prefetch": "L2 prefetch of weight rows' first columns (dropped)",
           "kv_l2_probe": "K/V pages prefetched into L2 (probe, dropped)",
-          "gemv_allreduce_push": "GEMV sending its output to the peers (dropped)",
+          "gemv_allreduce_push": "GEMV sending its output to every rank (kept)",
           "attention_merge_skip": "Split merge skipped for unsplit tokens",
           "fused_norm_two_shot": "Fused all-reduce + RMSNorm on the two-shot protocol (dropped)",
           "small_batch_studies": "Small-batch decode studies", "cleanup_step": "Decode step across the clean-up",
