@@ -70,6 +70,18 @@ std::vector<int> TpDegrees(int gpus) {
   return out;
 }
 
+// The model tests' GpuModel options: `blocks` KV blocks, up to 8 sequences
+// and 128 tokens a step, CUDA graphs.
+model::GpuModelOptions TinyModelOptions(DType dtype, int blocks) {
+  model::GpuModelOptions o;
+  o.dtype = dtype;
+  o.num_kv_blocks = blocks;
+  o.max_batch_tokens = 128;
+  o.max_seqs = 8;
+  o.cuda_graphs = true;
+  return o;
+}
+
 uint64_t SeedOf(DType t, size_t count, int salt) {
   return kt::Mix64((static_cast<uint64_t>(t) << 56) ^ (count << 8) ^ static_cast<uint64_t>(salt));
 }
@@ -569,12 +581,7 @@ TEST_F(AllReduceGpuTest, ModelWithGemvPushMatchesWithoutBf16) {
       LLPush unused;
       CHECK_OR_RETURN(comm->ProducerPush(probe, DType::kBF16, &unused), "no push for 3 rows");
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-      model::GpuModelOptions o;
-      o.dtype = DType::kBF16;
-      o.num_kv_blocks = kBlocks;
-      o.max_batch_tokens = 128;
-      o.max_seqs = 8;
-      o.cuda_graphs = true;
+      model::GpuModelOptions o = TinyModelOptions(DType::kBF16, kBlocks);
       o.gemv_allreduce_push = push;
       SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
                              model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
@@ -637,12 +644,7 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
                       "the large message left the custom path");
       CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-      model::GpuModelOptions o;
-      o.dtype = DType::kF32;
-      o.num_kv_blocks = kBlocks;
-      o.max_batch_tokens = 128;
-      o.max_seqs = 8;
-      o.cuda_graphs = true;
+      const model::GpuModelOptions o = TinyModelOptions(DType::kF32, kBlocks);
       SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
                              model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
       SYMTP_ASSIGN_OR_RETURN(model::CpuModel cpu, model::CpuModel::Create(cfg, 0, 1, kBlocks, nullptr));
