@@ -49,7 +49,8 @@ struct ResidualNorm {
 // producer's grid-dependency wait (the counters change only in the
 // all-reduce kernels before it).
 struct LLPush {
-  char* dst[8] = {};
+  static constexpr int kMaxRanks = 8;
+  char* dst[kMaxRanks] = {};
   const uint32_t* epoch = nullptr;
   size_t lines = 0;
   int rank = 0;

@@ -554,8 +554,7 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
         " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers, at most ",
         max_bytes_, " bytes)"));
   }
-  LLPush push;
-  if (norm.pushed && !ProducerPush(norm, dtype, &push)) {
+  if (norm.pushed && !PushFits(norm, dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "custom all-reduce + RMSNorm: rows=", norm.rows, " hidden=", norm.hidden, " ",
         DTypeName(dtype), " marked as pushed by its producer, which this shape does not allow"));
@@ -569,13 +568,14 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
   return absl::OkStatus();
 }
 
-bool CustomAllReduce::ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
-  if (dtype != DType::kBF16 || args_.size < 2 || args_.size > 8 ||
-      !FusesResidualNorm(norm, dtype)) {
-    return false;
-  }
+bool CustomAllReduce::PushFits(const ResidualNorm& norm, DType dtype) const {
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
-  if (bytes > ll_max_bytes_ || bytes / 8 > args_.ll_lines) return false;
+  return dtype == DType::kBF16 && args_.size >= 2 && args_.size <= LLPush::kMaxRanks &&
+         bytes <= ll_max_bytes_ && FusesResidualNorm(norm, dtype);
+}
+
+bool CustomAllReduce::ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
+  if (!PushFits(norm, dtype)) return false;
   *push = LLPush{};
   for (int r = 0; r < args_.size; ++r) push->dst[r] = args_.base[r] + args_.ll_offset;
   push->epoch = reinterpret_cast<const uint32_t*>(args_.base[args_.rank] +

@@ -202,6 +202,8 @@ class CustomAllReduce {
   absl::Status Init(int rank, int size, int device, size_t max_bytes, PeerExchange* exchange,
                     Deadline deadline, const Options& options);
   absl::Status Probe(PeerExchange* exchange, Deadline deadline, uint32_t nonce);
+  // ProducerPush's condition (the LL region holds ll_max_bytes_).
+  bool PushFits(const ResidualNorm& norm, DType dtype) const;
   absl::Status Sticky();
   // LL up to ll_limit, then LL128 up to ll128_max_bytes_, then STAGED.
   Protocol ProtocolUpTo(size_t bytes, size_t ll_limit) const;

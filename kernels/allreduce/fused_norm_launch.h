@@ -20,7 +20,7 @@ struct FusedNormArgs {
   int64_t rows;
   int hidden;
   float eps;
-  bool pushed;  // LL only: the producer sent `data` to the peers (LLPush)
+  bool pushed;  // LL only: the producer sent `data` to every rank (LLPush)
 };
 
 // 16-byte units of a row the fused kernels can hold (two per thread).

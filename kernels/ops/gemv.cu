@@ -199,8 +199,9 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
       const uint32_t unit = static_cast<uint32_t>(mm) * (n / 8) + u;
       const uint4 d = *reinterpret_cast<const uint4*>(c + static_cast<int64_t>(mm) * ldc + 8 * u);
       const size_t off = (static_cast<size_t>(base_line) + 2 * unit) * 16;
+      // Constant indices keep push.dst in the parameter bank.
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {  // constant indices keep push.dst in the parameter bank
+      for (int p = 0; p < LLPush::kMaxRanks; ++p) {
         if (p < push.size) {
           StoreLLLine(push.dst[p] + off, d.x, d.y, epoch);
           StoreLLLine(push.dst[p] + off + 16, d.z, d.w, epoch);
@@ -299,8 +300,8 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
 absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream) {
   const int64_t ldc = g.ldc ? g.ldc : g.n;
   if (!GemvSupports(g) || g.out_dtype != DType::kBF16 || ldc != g.n || g.n % 8 != 0 ||
-      !internal::Aligned16(g.c) || push.size < 2 || push.size > 8 || push.rank < 0 ||
-      push.rank >= push.size || push.epoch == nullptr ||
+      !internal::Aligned16(g.c) || push.size < 2 || push.size > LLPush::kMaxRanks ||
+      push.rank < 0 || push.rank >= push.size || push.epoch == nullptr ||
       static_cast<size_t>(g.m * g.n / 4) > push.lines) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GemvPush: unsupported m=%d n=%d k=%d ldc=%d %s -> %s, push size %d rank %d lines %d "

@@ -233,6 +233,10 @@ struct GpuModel::State {
                            const void* norm_weight, cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
                     cudaStream_t s, int sm_count_target = 0);
+  // Whether Gemm runs `g` on kernels::Gemv rather than cuBLASLt.
+  bool TakesGemv(const kernels::GemmArgs& g) const {
+    return g.m <= opt.gemv_max_rows && g.sm_count_target == 0 && kernels::GemvSupports(g);
+  }
   absl::Status Mark(int cls, cudaStream_t s);
   // StepShape::shard_k for a step that samples with `params` on the device.
   int ShardedSamplingSlots(absl::Span<const SamplingParams> params) const;
@@ -263,9 +267,7 @@ absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m,
                                                     ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
   g.sm_count_target = sm_count_target;
-  if (m <= opt.gemv_max_rows && sm_count_target == 0 && kernels::GemvSupports(g)) {
-    return kernels::Gemv(g, s);
-  }
+  if (TakesGemv(g)) return kernels::Gemv(g, s);
   return kernels::Gemm(gemm, g, s);
 }
 
@@ -317,8 +319,7 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
           kernels::ContiguousGemmArgs(in, w, out, rows, H, k, dt, nullptr, 0);
       kernels::LLPush push;
       kernels::ResidualNorm pushed = norm;
-      if (opt.gemv_allreduce_push && rows <= opt.gemv_max_rows && kernels::GemvSupports(g) &&
-          comm->ProducerPush(norm, dt, &push)) {
+      if (opt.gemv_allreduce_push && TakesGemv(g) && comm->ProducerPush(norm, dt, &push)) {
         SYMTP_RETURN_IF_ERROR(kernels::GemvPush(g, push, s));
         pushed.pushed = true;
       } else {
