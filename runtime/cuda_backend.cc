@@ -138,6 +138,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.fuse_allreduce_norm = opts.fuse_allreduce_norm;
     mo.gemv_max_rows = opts.gemv_max_rows;
     mo.gemv_allreduce_push = opts.gemv_allreduce_push;
+    mo.gemv_swiglu = opts.gemv_swiglu;
     // The candidates' all-gather needs every rank to sample the step with the
     // same parameters: v1's workers do; v0 samples on rank 0 alone.
     mo.sharded_sampling = opts.sharded_sampling && opts.mode == Mode::kV1;

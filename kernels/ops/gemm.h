@@ -117,6 +117,14 @@ absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
 // one writer. Same bits as Gemv.
 absl::Status GemvPush(const GemmArgs& args, const LLPush& push, cudaStream_t stream);
 
+// Gemv of an MLP's gate and up projections with SwiGLU's activation in its
+// flush: W is [n, k] with the gate rows first and the up rows after (n = 2
+// F), and C, [m, F] with row stride ldc (0: F), gets SiLU(gate) * up from
+// the bf16-rounded sums, so no SiluMul kernel runs after it; the same bits as
+// Gemv into an [m, n] C then SiluMul.
+bool GemvSwiGluSupports(const GemmArgs& args);
+absl::Status GemvSwiGlu(const GemmArgs& args, cudaStream_t stream);
+
 // A workspace size that lets cuBLASLt pick its fast (split-K) kernels.
 inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 

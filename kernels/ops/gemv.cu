@@ -101,10 +101,22 @@ __device__ __forceinline__ void StoreLLLine(char* p, uint32_t lo, uint32_t hi, u
                : "memory");
 }
 
-// kPush: C is bf16 and contiguous, rows cut at multiples of 8, and each
-// 16-byte unit of C also goes to every rank of `push` (this one's own slot
-// included) as two LL lines once the block has written it.
-template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
+// What a block does with its rows' sums.
+enum class Epilogue {
+  kStore,  // C[mm][row] = sum
+  // C is bf16 and contiguous, rows cut at multiples of 8, and each 16-byte
+  // unit of C also goes to every rank of `push` (this one's own slot
+  // included) as two LL lines once the block has written it.
+  kPush,
+  // W holds an MLP's gate rows then its up rows (n = 2 F); the block's rows
+  // are taken in pairs (gate j, up j), cut at multiples of 2, and C, [m, F],
+  // gets SiLU(gate) * up from the bf16-rounded sums, as SiluMul computes it
+  // (a row's sum does not depend on its block or its place in a pass: the
+  // same bits as the stored product then SiluMul).
+  kSwiGlu,
+};
+
+template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
                TOut* __restrict__ c, int64_t ldc, int m, int n, int k, const LLPush push) {
@@ -114,9 +126,12 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   __shared__ float part[kChunk][kM][kWarps];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int units = k >> 3;
-  static_assert(!kPush || sizeof(TOut) == 2, "pushed lines carry bf16");
-  const int64_t cuts = kPush ? n / 8 : n;
-  constexpr int step = kPush ? 8 : 1;
+  constexpr bool kPush = kEpi == Epilogue::kPush, kSwiGlu = kEpi == Epilogue::kSwiGlu;
+  static_assert((!kPush && !kSwiGlu) || sizeof(TOut) == 2, "pushed lines and SwiGLU carry bf16");
+  constexpr int step = kPush ? 8 : kSwiGlu ? 2 : 1;
+  const int64_t cuts = n / step;
+  // The weight row of the block's row r (kSwiGlu: r = 2 j + h, gate j or up j).
+  const auto w_row = [&](int r) -> int64_t { return kSwiGlu ? (r >> 1) + (r & 1) * (n >> 1) : r; };
   const int r0 = step * static_cast<int>(cuts * blockIdx.x / gridDim.x);
   const int r1 = step * static_cast<int>(cuts * (blockIdx.x + 1) / gridDim.x);
 
@@ -127,9 +142,8 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
 #pragma unroll
       for (int i = 0; i < kU; ++i) {
         const int u = tid + i * kT;
-        wv[j][i] = r + j < r1 && u < units
-                       ? LoadWeights(w + static_cast<int64_t>(r + j) * ldw + 8 * u)
-                       : make_uint4(0, 0, 0, 0);
+        wv[j][i] = r + j < r1 && u < units ? LoadWeights(w + w_row(r + j) * ldw + 8 * u)
+                                           : make_uint4(0, 0, 0, 0);
       }
     }
   };
@@ -175,13 +189,28 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
       if ((lane & ((1 << kShift) - 1)) == 0 && r + j < end) part[r + j - base][mm][warp] = sum;
     }
     __syncthreads();
-    for (int e = tid; e < (end - base) * kM; e += kT) {
-      const int row = e / kM, mm = e - row * kM;
-      if (mm >= m) continue;
-      float s = 0.f;
+    if constexpr (kSwiGlu) {
+      for (int e = tid; e < (end - base) / 2 * kM; e += kT) {
+        const int pair = e / kM, mm = e - pair * kM;
+        if (mm >= m) continue;
+        float g = 0.f, u = 0.f;
 #pragma unroll
-      for (int v = 0; v < kWarps; ++v) s += part[row][mm][v];
-      c[mm * ldc + base + row] = internal::FromFloat<TOut>(s);
+        for (int v = 0; v < kWarps; ++v) g += part[2 * pair][mm][v];
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) u += part[2 * pair + 1][mm][v];
+        g = internal::ToFloat(internal::FromFloat<bf16>(g));
+        u = internal::ToFloat(internal::FromFloat<bf16>(u));
+        c[mm * ldc + (base >> 1) + pair] = internal::FromFloat<TOut>(g / (1.0f + expf(-g)) * u);
+      }
+    } else {
+      for (int e = tid; e < (end - base) * kM; e += kT) {
+        const int row = e / kM, mm = e - row * kM;
+        if (mm >= m) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) s += part[row][mm][v];
+        c[mm * ldc + base + row] = internal::FromFloat<TOut>(s);
+      }
     }
     __syncthreads();
   }
@@ -229,13 +258,15 @@ int FullGrid(const void* kernel, int threads, std::atomic<int>* cache) {
   return g;
 }
 
-template <int kT, int kU, int kR, int kM, typename TOut, bool kPush>
+template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
 cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& push,
                    cudaStream_t s) {
   static std::atomic<int> cache[16];
-  auto* kernel = GemvKernel<kT, kU, kR, kM, TOut, kPush>;
+  auto* kernel = GemvKernel<kT, kU, kR, kM, TOut, kEpi>;
   const int grid = std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache),
-                                     kPush ? g.n / 8 : g.n);
+                                     kEpi == Epilogue::kPush     ? g.n / 8
+                                     : kEpi == Epilogue::kSwiGlu ? g.n / 2
+                                                                 : g.n);
   return internal::LaunchDependent(
       kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a), lda,
       static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c), ldc, static_cast<int>(g.m),
@@ -246,26 +277,26 @@ cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, con
 // at a time keep kR x kU loads (128 bytes) in flight per thread; kR x kM <=
 // 32 values per reduction. Rows longer than 8192 take M <= 2 (A's registers
 // would spill at 4: GemvSupports).
-template <int kM, typename TOut, bool kPush>
+template <int kM, typename TOut, Epilogue kEpi>
 cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
                     cudaStream_t s) {
-  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
+  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
   if (g.k <= 4096) {
-    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
-    return Launch<512, 1, 8, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
+    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+    return Launch<512, 1, 8, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
   }
   if constexpr (kM <= 2) {
-    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
+    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
   }
-  return Launch<512, 2, 4, kM, TOut, kPush>(g, lda, ldw, ldc, p, s);
+  return Launch<512, 2, 4, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
 }
 
-template <typename TOut, bool kPush>
+template <typename TOut, Epilogue kEpi>
 cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
                     cudaStream_t s) {
-  if (g.m == 1) return LaunchK<1, TOut, kPush>(g, lda, ldw, ldc, p, s);
-  if (g.m == 2) return LaunchK<2, TOut, kPush>(g, lda, ldw, ldc, p, s);
-  return LaunchK<4, TOut, kPush>(g, lda, ldw, ldc, p, s);
+  if (g.m == 1) return LaunchK<1, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+  if (g.m == 2) return LaunchK<2, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+  return LaunchK<4, TOut, kEpi>(g, lda, ldw, ldc, p, s);
 }
 
 }  // namespace
@@ -291,8 +322,8 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
   const LLPush none;
   const cudaError_t e = g.out_dtype == DType::kF32
-                            ? LaunchM<float, false>(g, lda, ldw, ldc, none, stream)
-                            : LaunchM<bf16, false>(g, lda, ldw, ldc, none, stream);
+                            ? LaunchM<float, Epilogue::kStore>(g, lda, ldw, ldc, none, stream)
+                            : LaunchM<bf16, Epilogue::kStore>(g, lda, ldw, ldc, none, stream);
   CUDA_RETURN_IF_ERROR(e);
   return absl::OkStatus();
 }
@@ -311,8 +342,28 @@ absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream
         push.lines));
   }
   const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
-  const cudaError_t e = LaunchM<bf16, true>(g, lda, ldw, ldc, push, stream);
+  const cudaError_t e = LaunchM<bf16, Epilogue::kPush>(g, lda, ldw, ldc, push, stream);
   CUDA_RETURN_IF_ERROR(e);
+  return absl::OkStatus();
+}
+
+bool GemvSwiGluSupports(const GemmArgs& g) {
+  GemmArgs x = g;
+  x.ldc = g.n;  // GemvSupports checks the stride of an [m, n] C; this one is [m, n / 2]
+  const int64_t ldc = g.ldc ? g.ldc : g.n / 2;
+  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && ldc >= g.n / 2 && GemvSupports(x);
+}
+
+absl::Status GemvSwiGlu(const GemmArgs& g, cudaStream_t stream) {
+  if (!GemvSwiGluSupports(g)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GemvSwiGlu: unsupported m=%d n=%d k=%d ldc=%d %s -> %s (Gemv's conditions, bf16 out, n "
+        "even: the gate rows then the up rows, C of n / 2 columns)",
+        g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
+  }
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n / 2;
+  const LLPush none;
+  CUDA_RETURN_IF_ERROR((LaunchM<bf16, Epilogue::kSwiGlu>(g, lda, ldw, ldc, none, stream)));
   return absl::OkStatus();
 }
 

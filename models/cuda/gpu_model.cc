@@ -427,9 +427,16 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
     SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
-    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
+    const kernels::GemmArgs gu_args =
+        kernels::ContiguousGemmArgs(h, w.wgu, act, rows, 2 * FL, H, dt, nullptr, 0);
+    if (opt.gemv_swiglu && TakesGemv(gu_args) && kernels::GemvSwiGluSupports(gu_args)) {
+      SYMTP_RETURN_IF_ERROR(kernels::GemvSwiGlu(gu_args, s));
+      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    } else {
+      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+      SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
+    }
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     // The next layer's attention norm, or the final norm when this step
     // samples (a step that samples nothing needs neither).
@@ -451,8 +458,8 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     const int k = sh.shard_k;
     auto* cand = reinterpret_cast<uint64_t*>(logits);
     auto* all = reinterpret_cast<uint64_t*>(gathered);
-    SYMTP_RETURN_IF_ERROR(kernels::SelectShardCandidates(logits_local, sh.num_sampled, VL,
-                                                         layout.tp_rank * VL, d_params, k, cand, s));
+    SYMTP_RETURN_IF_ERROR(kernels::SelectShardCandidates(
+        logits_local, sh.num_sampled, VL, layout.tp_rank * VL, d_params, k, cand, s));
     SYMTP_RETURN_IF_ERROR_CTX(
         comm->AllGather(cand, all, static_cast<size_t>(sh.num_sampled) * k * 2, DType::kF32, s),
         "sampling candidates all-gather");

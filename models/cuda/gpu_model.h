@@ -131,6 +131,9 @@ struct GpuModelOptions {
   // complete (llama-8b decode batch 1-4: 0.965-0.985x the step at TP 2,
   // 0.979-0.982x at TP 4; bench/results/h100x2/gemv_allreduce_push/).
   bool gemv_allreduce_push = true;
+  // Where the gate/up GEMM runs Gemv, it applies SwiGLU's activation as it
+  // flushes (kernels::GemvSwiGlu) and no SiluMul kernel runs.
+  bool gemv_swiglu = false;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on

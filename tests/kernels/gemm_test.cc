@@ -6,9 +6,11 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/status_macros.h"
+#include "kernels/ops/layer_ops.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -202,6 +204,56 @@ TEST_F(GemvTest, MatchesReference) {
 
 TEST_F(GemvTest, Fp32Logits) {
   for (int64_t M : {1, 4}) Check(M, 1008, 512, DType::kF32, 0);
+}
+
+// GemvSwiGlu is bitwise Gemv into [m, 2 F] then SiluMul: every M, each K
+// form, units left over, F below and above the grid, a strided C.
+TEST_F(GemvTest, SwiGluEqualsGemvThenSiluMul) {
+  for (const auto& [M, F, K, pad] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 7168, 4096, 0},
+        {2, 300, 2048, 8},
+        {3, 1000, 3000, 0},
+        {4, 96, 7168, 16},
+        {4, 5000, 1024, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " F=" << F << " K=" << K << " pad=" << pad);
+    std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * K), M * 3 + K);
+    std::vector<float> w = testing::RandomFloats(static_cast<size_t>(2 * F * K), F * 7 + K);
+    DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dgu(M * 2 * F, DType::kBF16),
+        dref(M * F, DType::kBF16), dc(M * (F + pad), DType::kBF16);
+    da.Upload(a);
+    dw.Upload(w);
+    ASSERT_OK(Gemv(
+        ContiguousGemmArgs(da.get(), dw.get(), dgu.get(), M, 2 * F, K, DType::kBF16, nullptr, 0),
+        stream()));
+    ASSERT_OK(SiluMul(dgu.get(), dref.get(), M, F, DType::kBF16, stream()));
+    GemmArgs g =
+        ContiguousGemmArgs(da.get(), dw.get(), dc.get(), M, 2 * F, K, DType::kBF16, nullptr, 0);
+    g.ldc = F + pad;
+    ASSERT_TRUE(GemvSwiGluSupports(g));
+    ASSERT_OK(GemvSwiGlu(g, stream()));
+    Sync();
+    const std::vector<float> want = dref.Download(), all = dc.Download();
+    std::vector<float> got;
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < F; ++j) got.push_back(all[i * (F + pad) + j]);
+      for (int64_t j = F; j < F + pad; ++j) {
+        EXPECT_TRUE(std::isnan(all[i * (F + pad) + j])) << "padding column written";
+      }
+    }
+    EXPECT_EQ(got, want);
+    double rms = 0;
+    for (float v : want) rms += static_cast<double>(v) * v;
+    EXPECT_GT(rms, 0.0) << "an all-zero activation would prove nothing";
+  }
+  GemmArgs odd;
+  DevArray buf(1 << 16, DType::kBF16);
+  odd.a = odd.w = odd.c = buf.get();
+  odd.m = 2;
+  odd.n = 63;  // gate and up rows must pair up
+  odd.k = 64;
+  EXPECT_FALSE(GemvSwiGluSupports(odd));
+  EXPECT_THAT(GemvSwiGlu(odd, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("GemvSwiGlu")));
 }
 
 TEST_F(GemvTest, RejectsWhatItDoesNotTake) {
