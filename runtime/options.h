@@ -117,7 +117,7 @@ struct JobOptions {
   bool fuse_allreduce_norm = true;
   int gemv_max_rows = 4;         // model::GpuModelOptions::gemv_max_rows
   bool gemv_allreduce_push = true;  // model::GpuModelOptions::gemv_allreduce_push
-  bool gemv_swiglu = false;         // model::GpuModelOptions::gemv_swiglu
+  bool gemv_swiglu = true;          // model::GpuModelOptions::gemv_swiglu
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

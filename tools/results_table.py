@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "attention_gap", "splitk_batches", "small_gemm", "merge_skip_probe", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "attention_deep_nosplit", "gemv_mma_b8", "gemv_mma_ring", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch", "l2_kslice_prefetch", "kv_l2_probe", "gemv_allreduce_push", "attention_merge_skip", "fused_norm_two_shot",
+ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "attention_gap", "splitk_batches", "small_gemm", "merge_skip_probe", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "attention_deep_nosplit", "gemv_mma_b8", "gemv_mma_ring", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch", "l2_kslice_prefetch", "kv_l2_probe", "gemv_allreduce_push", "gemv_swiglu", "attention_merge_skip", "fused_norm_two_shot",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_two_shot_pipelined", "allreduce_two_shot", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
 TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a PyTorch TP decode step", "v0_vs_v1": "v0 vs v1 iteration time",
@@ -45,6 +45,7 @@ TITLES = {"decode_step": "Decode step vs batch", "torch_baseline": "symtp vs a P
           "small_gemm": "Stream-K wgmma GEMM for 5-64 rows (dropped)",
           "merge_skip_probe": "Upper bound of removing the split merge (probe)",
           "gemv_allreduce_push": "GEMV sending its output to every rank (kept)",
+          "gemv_swiglu": "GEMV with SwiGLU in its flush (kept)",
           "attention_merge_skip": "Split merge skipped for unsplit tokens",
           "fused_norm_two_shot": "Fused all-reduce + RMSNorm on the two-shot protocol (dropped)",
           "small_batch_studies": "Small-batch decode studies", "cleanup_step": "Decode step across the clean-up",

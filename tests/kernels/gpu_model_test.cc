@@ -273,9 +273,11 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // kernels::kGemvMaxRows run kernels::Gemv in bf16).
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
                   DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
-                  int seqs = 5) {
+                  int seqs = 5, bool eager_without_gemv_swiglu = false) {
   auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
-  auto b = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
+  GpuModelOptions ob = Opts(dt, false, dk);
+  ob.gemv_swiglu = !eager_without_gemv_swiglu;
+  auto b = GpuModel::Create(cfg, 0, 1, 0, ob, nullptr);
   ASSERT_OK(a);
   ASSERT_OK(b);
   if (fail_first_capture) {
@@ -336,6 +338,12 @@ TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseBf16) {
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseGemvBf16) {
   // 3 rows, padded to 4 in the graph: Gemv launched with PDL inside the graph.
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 3);
+}
+TEST_F(GpuModelTest, GemvSwiGluGraphDecodeEqualsEagerGemvThenSiluBitwiseBf16) {
+  // The gate/up GEMV writing SiLU(gate) * up itself (the default) against the
+  // GEMV then the SiLU kernel: the same bits.
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 3,
+               /*eager_without_gemv_swiglu=*/true);
 }
 TEST_F(GpuModelTest, TinyCudaGraphDecodeEqualsEagerBitwiseFp32) {
   GraphVsEager(Cfg("tiny"), DType::kF32, stream());
