@@ -133,8 +133,8 @@ struct GpuModelOptions {
   bool gemv_allreduce_push = true;
   // Where the gate/up GEMM runs Gemv, it applies SwiGLU's activation as it
   // flushes (kernels::GemvSwiGlu, the same bits) and no SiluMul kernel runs
-  // (llama-8b TP 2 decode batch 1 / 2 / 4: 0.991 / 0.986 / 0.973x the step;
-  // bench/results/h100x2/gemv_swiglu/).
+  // (llama-8b decode batch 1 / 2 / 4: 0.991 / 0.986 / 0.973x the step at TP 2,
+  // batch 1 / 4: 0.985 / 0.966x at TP 4; bench/results/h100x2/gemv_swiglu/).
   bool gemv_swiglu = true;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the bucketing hides. With it, a
