@@ -116,6 +116,12 @@ enum class Epilogue {
   kSwiGlu,
 };
 
+// Rows a block's share is cut at multiples of: a pushed 16-byte unit has one
+// writer, a (gate, up) pair one block.
+constexpr int RowStep(Epilogue e) {
+  return e == Epilogue::kPush ? 8 : e == Epilogue::kSwiGlu ? 2 : 1;
+}
+
 template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   const int units = k >> 3;
   constexpr bool kPush = kEpi == Epilogue::kPush, kSwiGlu = kEpi == Epilogue::kSwiGlu;
   static_assert((!kPush && !kSwiGlu) || sizeof(TOut) == 2, "pushed lines and SwiGLU carry bf16");
-  constexpr int step = kPush ? 8 : kSwiGlu ? 2 : 1;
+  constexpr int step = RowStep(kEpi);
   const int64_t cuts = n / step;
   // The weight row of the block's row r (kSwiGlu: r = 2 j + h, gate j or up j).
   const auto w_row = [&](int r) -> int64_t { return kSwiGlu ? (r >> 1) + (r & 1) * (n >> 1) : r; };
@@ -264,9 +270,7 @@ cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, con
   static std::atomic<int> cache[16];
   auto* kernel = GemvKernel<kT, kU, kR, kM, TOut, kEpi>;
   const int grid = std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache),
-                                     kEpi == Epilogue::kPush     ? g.n / 8
-                                     : kEpi == Epilogue::kSwiGlu ? g.n / 2
-                                                                 : g.n);
+                                     g.n / RowStep(kEpi));
   return internal::LaunchDependent(
       kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a), lda,
       static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c), ldc, static_cast<int>(g.m),
@@ -299,17 +303,20 @@ cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, co
   return LaunchK<4, TOut, kEpi>(g, lda, ldw, ldc, p, s);
 }
 
-}  // namespace
-
-bool GemvSupports(const GemmArgs& g) {
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
+// GemvSupports for a C of `out_n` columns (n, or n / 2 with SwiGLU).
+bool Takes(const GemmArgs& g, int64_t out_n) {
+  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : out_n;
   return g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
          g.k <= kGemvMaxK && (g.m <= 2 || g.k <= 8192) && g.k % 8 == 0 && lda >= g.k &&
-         lda % 8 == 0 && ldw >= g.k && ldw % 8 == 0 && ldc >= g.n && internal::Aligned16(g.a) &&
+         lda % 8 == 0 && ldw >= g.k && ldw % 8 == 0 && ldc >= out_n && internal::Aligned16(g.a) &&
          internal::Aligned16(g.w) && g.c != nullptr;
 }
+
+}  // namespace
+
+bool GemvSupports(const GemmArgs& g) { return Takes(g, g.n); }
 
 absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
   if (!GemvSupports(g)) {
@@ -348,10 +355,7 @@ absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream
 }
 
 bool GemvSwiGluSupports(const GemmArgs& g) {
-  GemmArgs x = g;
-  x.ldc = g.n;  // GemvSupports checks the stride of an [m, n] C; this one is [m, n / 2]
-  const int64_t ldc = g.ldc ? g.ldc : g.n / 2;
-  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && ldc >= g.n / 2 && GemvSupports(x);
+  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && Takes(g, g.n / 2);
 }
 
 absl::Status GemvSwiGlu(const GemmArgs& g, cudaStream_t stream) {

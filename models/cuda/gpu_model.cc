@@ -429,14 +429,13 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
     const kernels::GemmArgs gu_args =
         kernels::ContiguousGemmArgs(h, w.wgu, act, rows, 2 * FL, H, dt, nullptr, 0);
-    if (opt.gemv_swiglu && TakesGemv(gu_args) && kernels::GemvSwiGluSupports(gu_args)) {
-      SYMTP_RETURN_IF_ERROR(kernels::GemvSwiGlu(gu_args, s));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    } else {
-      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
-      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-      SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
-    }
+    // Where the gate/up GEMM is a GEMV, it writes SiLU(gate) * up itself.
+    const bool swiglu =
+        opt.gemv_swiglu && TakesGemv(gu_args) && kernels::GemvSwiGluSupports(gu_args);
+    SYMTP_RETURN_IF_ERROR(swiglu ? kernels::GemvSwiGlu(gu_args, s)
+                                 : Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    if (!swiglu) SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     // The next layer's attention norm, or the final norm when this step
     // samples (a step that samples nothing needs neither).
