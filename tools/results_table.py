@@ -21,10 +21,10 @@ import json
 import os
 import sys
 
-ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "attention_gap", "splitk_batches", "small_gemm", "mlp_chunks", "merge_skip_probe", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "attention_deep_nosplit", "gemv_mma_b8", "gemv_mma_ring", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch", "l2_kslice_prefetch", "kv_l2_probe", "gemv_allreduce_push", "gemv_swiglu", "attention_merge_skip", "fused_norm_two_shot",
+ORDER = ["decode_step", "torch_baseline", "gemv", "kernel_timeline", "kernel_boundary", "grid_barrier", "attention_gap", "splitk_batches", "small_gemm", "mlp_chunks", "merge_skip_probe", "step_inputs_upload", "kv_prefetch_hint", "attention_grid", "attention_deep_ring", "attention_head_major", "attention_deep_nosplit", "gemv_mma_b8", "gemv_mma_ring", "gemv_rope", "gemv_fused_inputs", "prewait_inputs", "small_batch_decode", "attention_prefetch", "kernel_table", "attention_fill", "sharded_sampling", "gemm_workspace", "skinny_gemm", "merge_fold", "rope_fold_l2_prefetch", "l2_kslice_prefetch", "kv_l2_probe", "gemv_allreduce_push", "gemv_swiglu", "attention_merge_skip", "fused_norm_two_shot",
          "small_batch_studies", "cleanup_step", "v0_vs_v1", "allreduce", "allreduce_two_shot_pipelined", "allreduce_two_shot", "allreduce_ll128", "allreduce_ll_limits", "allreduce_push", "allreduce_capacity", "fused_norm", "overlap",
          "micro_batches", "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"]
-TITLES = {"decode_step": "Decode step vs batch", "mlp_chunks": "MLP over FFN chunks on two streams (probe)", "torch_baseline": "symtp vs a PyTorch TP decode step", "v0_vs_v1": "v0 vs v1 iteration time",
+TITLES = {"decode_step": "Decode step vs batch", "mlp_chunks": "MLP over FFN chunks on two streams (probe)", "grid_barrier": "Grid barrier in a persistent kernel vs a PDL boundary (probe)", "torch_baseline": "symtp vs a PyTorch TP decode step", "v0_vs_v1": "v0 vs v1 iteration time",
           "allreduce": "Custom all-reduce vs NCCL", "overlap": "All-reduce overlap (buckets)",
           "allreduce_capacity": "Custom all-reduce capacity 1 vs 8 MiB",
           "allreduce_push": "Custom all-reduce STAGED by push",
