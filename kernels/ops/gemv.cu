@@ -264,17 +264,32 @@ int FullGrid(const void* kernel, int threads, std::atomic<int>* cache) {
   return g;
 }
 
+// The row strides of A, W and C, where 0 in GemmArgs means contiguous (C of
+// out_n columns: n, or n / 2 with SwiGLU).
+struct Strides {
+  int64_t lda, ldw, ldc;
+};
+Strides StridesOf(const GemmArgs& g, int64_t out_n) {
+  return {g.lda ? g.lda : g.k, g.ldw ? g.ldw : g.k, g.ldc ? g.ldc : out_n};
+}
+
+// C's columns under epilogue kEpi.
+template <Epilogue kEpi>
+int64_t OutColumns(const GemmArgs& g) {
+  return kEpi == Epilogue::kSwiGlu ? g.n / 2 : g.n;
+}
+
 template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
-cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& push,
-                   cudaStream_t s) {
+cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
+  const Strides st = StridesOf(g, OutColumns<kEpi>(g));
   static std::atomic<int> cache[16];
   auto* kernel = GemvKernel<kT, kU, kR, kM, TOut, kEpi>;
   const int grid = std::min<int64_t>(FullGrid(reinterpret_cast<const void*>(kernel), kT, cache),
                                      g.n / RowStep(kEpi));
   return internal::LaunchDependent(
-      kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a), lda,
-      static_cast<const bf16*>(g.w), ldw, static_cast<TOut*>(g.c), ldc, static_cast<int>(g.m),
-      static_cast<int>(g.n), static_cast<int>(g.k), push);
+      kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a),
+      st.lda, static_cast<const bf16*>(g.w), st.ldw, static_cast<TOut*>(g.c), st.ldc,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), push);
 }
 
 // The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
@@ -282,30 +297,28 @@ cudaError_t Launch(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, con
 // 32 values per reduction. Rows longer than 8192 take M <= 2 (A's registers
 // would spill at 4: GemvSupports).
 template <int kM, typename TOut, Epilogue kEpi>
-cudaError_t LaunchK(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
-                    cudaStream_t s) {
-  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+cudaError_t LaunchK(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
+  if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kEpi>(g, p, s);
   if (g.k <= 4096) {
-    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
-    return Launch<512, 1, 8, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+    if constexpr (kM <= 2) return Launch<256, 2, 4, kM, TOut, kEpi>(g, p, s);
+    return Launch<512, 1, 8, kM, TOut, kEpi>(g, p, s);
   }
   if constexpr (kM <= 2) {
-    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kEpi>(g, p, s);
   }
-  return Launch<512, 2, 4, kM, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+  return Launch<512, 2, 4, kM, TOut, kEpi>(g, p, s);
 }
 
 template <typename TOut, Epilogue kEpi>
-cudaError_t LaunchM(const GemmArgs& g, int64_t lda, int64_t ldw, int64_t ldc, const LLPush& p,
-                    cudaStream_t s) {
-  if (g.m == 1) return LaunchK<1, TOut, kEpi>(g, lda, ldw, ldc, p, s);
-  if (g.m == 2) return LaunchK<2, TOut, kEpi>(g, lda, ldw, ldc, p, s);
-  return LaunchK<4, TOut, kEpi>(g, lda, ldw, ldc, p, s);
+cudaError_t LaunchM(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
+  if (g.m == 1) return LaunchK<1, TOut, kEpi>(g, p, s);
+  if (g.m == 2) return LaunchK<2, TOut, kEpi>(g, p, s);
+  return LaunchK<4, TOut, kEpi>(g, p, s);
 }
 
 // GemvSupports for a C of `out_n` columns (n, or n / 2 with SwiGLU).
 bool Takes(const GemmArgs& g, int64_t out_n) {
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : out_n;
+  const auto [lda, ldw, ldc] = StridesOf(g, out_n);
   return g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
@@ -326,19 +339,17 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
         g.m, g.n, g.k, g.lda, g.ldw, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype),
         kGemvMaxRows, kGemvMaxK));
   }
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n;
   const LLPush none;
   const cudaError_t e = g.out_dtype == DType::kF32
-                            ? LaunchM<float, Epilogue::kStore>(g, lda, ldw, ldc, none, stream)
-                            : LaunchM<bf16, Epilogue::kStore>(g, lda, ldw, ldc, none, stream);
+                            ? LaunchM<float, Epilogue::kStore>(g, none, stream)
+                            : LaunchM<bf16, Epilogue::kStore>(g, none, stream);
   CUDA_RETURN_IF_ERROR(e);
   return absl::OkStatus();
 }
 
 absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream) {
-  const int64_t ldc = g.ldc ? g.ldc : g.n;
-  if (!GemvSupports(g) || g.out_dtype != DType::kBF16 || ldc != g.n || g.n % 8 != 0 ||
-      !internal::Aligned16(g.c) || push.size < 2 || push.size > LLPush::kMaxRanks ||
+  if (!GemvSupports(g) || g.out_dtype != DType::kBF16 || StridesOf(g, g.n).ldc != g.n ||
+      g.n % 8 != 0 || !internal::Aligned16(g.c) || push.size < 2 || push.size > LLPush::kMaxRanks ||
       push.rank < 0 || push.rank >= push.size || push.epoch == nullptr ||
       static_cast<size_t>(g.m * g.n / 4) > push.lines) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -348,14 +359,13 @@ absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream
         g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype), push.size, push.rank,
         push.lines));
   }
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k;
-  const cudaError_t e = LaunchM<bf16, Epilogue::kPush>(g, lda, ldw, ldc, push, stream);
+  const cudaError_t e = LaunchM<bf16, Epilogue::kPush>(g, push, stream);
   CUDA_RETURN_IF_ERROR(e);
   return absl::OkStatus();
 }
 
 bool GemvSwiGluSupports(const GemmArgs& g) {
-  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && Takes(g, g.n / 2);
+  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && Takes(g, OutColumns<Epilogue::kSwiGlu>(g));
 }
 
 absl::Status GemvSwiGlu(const GemmArgs& g, cudaStream_t stream) {
@@ -365,9 +375,8 @@ absl::Status GemvSwiGlu(const GemmArgs& g, cudaStream_t stream) {
         "even: the gate rows then the up rows, C of n / 2 columns)",
         g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
-  const int64_t lda = g.lda ? g.lda : g.k, ldw = g.ldw ? g.ldw : g.k, ldc = g.ldc ? g.ldc : g.n / 2;
   const LLPush none;
-  CUDA_RETURN_IF_ERROR((LaunchM<bf16, Epilogue::kSwiGlu>(g, lda, ldw, ldc, none, stream)));
+  CUDA_RETURN_IF_ERROR((LaunchM<bf16, Epilogue::kSwiGlu>(g, none, stream)));
   return absl::OkStatus();
 }
 
