@@ -558,22 +558,24 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
   struct Variant {
     kernels::DecodeKernel kernel;
     int chunk;
+    bool tma = false;  // tensor-core, head dim 128: K/V tiles by TMA (cache_slots set)
   };
   const Variant variants[] = {
       {kernels::DecodeKernel::kTiled, 256},      {kernels::DecodeKernel::kTensorCore, 256},
       {kernels::DecodeKernel::kTensorCore, 512}, {kernels::DecodeKernel::kTensorCore, 1024},
-      {kernels::DecodeKernel::kTiled, 0},        {kernels::DecodeKernel::kTensorCore, 0}};
+      {kernels::DecodeKernel::kTiled, 0},        {kernels::DecodeKernel::kTensorCore, 0},
+      {kernels::DecodeKernel::kTensorCore, 0, true}};
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const bool contiguous = absl::GetFlag(FLAGS_attention_contiguous);
   std::printf("\ndecode attention (bf16 cache, context %d, %s block tables)\n", ctx,
               contiguous ? "contiguous" : "scattered");
-  std::printf("%-20s %-13s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
+  std::printf("%-20s %-17s %5s %5s %9s %9s %7s\n", "shape", "kernel", "chunk", "batch", "us",
               "GB/s", "%copy");
   for (const AttnShape& cf : kAttnShapes) {
     for (const Variant& var : variants) {
       const kernels::DecodeKernel dk = var.kernel;
-      const char* kname = kernels::DecodeKernelName(dk);
+      const std::string kname = absl::StrCat(kernels::DecodeKernelName(dk), var.tma ? "+tma" : "");
       for (int batch : {1, 8, 32, 64, 128, 256, 512}) {
         const int chunk =
             var.chunk > 0 ? var.chunk
@@ -616,6 +618,7 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         a.workspace = wsb.get();
         a.workspace_bytes = ws_bytes;
         a.decode_kernel = dk;
+        if (var.tma) a.cache_slots = blocks * B;
         auto run = [&](int) { return kernels::PagedAttention(a, DType::kBF16, s); };
         SYMTP_RETURN_IF_ERROR(run(0));
         SYMTP_RETURN_IF_ERROR(Sync(s));
@@ -645,10 +648,10 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
         SYMTP_ASSIGN_OR_RETURN(double us, TimeUs(s, 5, 30, run));
         const double bytes = 2.0 * batch * ctx * cf.nkv * cf.d * 2;  // K + V, bf16
         const double gbps = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-20s %-13s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname,
+        std::printf("%-20s %-17s %5s %5d %9.1f %9.0f %6.1f%%\n", cf.name, kname.c_str(),
                     absl::StrCat(var.chunk > 0 ? "" : "=", chunk).c_str(), batch, us, gbps,
                     100.0 * gbps / c.copy_gbps);
-        js->attn.push_back(AttnJsonRow(cf, kname)
+        js->attn.push_back(AttnJsonRow(cf, kname.c_str())
                                .Field("batch", batch)
                                .Field("context", ctx)
                                .Field("split_chunk", chunk)

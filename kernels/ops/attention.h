@@ -65,6 +65,11 @@ struct PagedAttentionArgs {
   // One layer's cache, [num_blocks * block_size, num_kv_heads, head_dim].
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
+  // Rows of each cache (num_blocks * block_size). When set (> 0), the
+  // tensor-core decode kernel copies K/V tiles of head dim 128 with TMA
+  // through tensor maps of that size (faster, same bits); 0 keeps its
+  // 16-byte cp.async copies.
+  int64_t cache_slots = 0;
   // [num_tokens, num_q_heads * head_dim].
   void* out = nullptr;
   const int32_t* positions = nullptr;     // [num_tokens]

@@ -23,11 +23,11 @@ int TensorCoreDecodeBlocksPerSm(int head_dim) {
   const absl::Status st = internal::DispatchMmaHeadDim(head_dim, [&](auto d) -> absl::Status {
     constexpr int D = decltype(d)::value;
     constexpr size_t kSmem = internal::MmaDecodeLayout<D>::kSmemBytes;
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(internal::MmaDecodeKernel<D>,
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(internal::MmaDecodeKernel<D, false>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(kSmem)));
     CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, internal::MmaDecodeKernel<D>, internal::kMmaAttnThreads, kSmem));
+        &blocks, internal::MmaDecodeKernel<D, false>, internal::kMmaAttnThreads, kSmem));
     return absl::OkStatus();
   });
   return st.ok() ? blocks : 0;

@@ -402,6 +402,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.q_row_stride = QKVW;
     a.k_cache = w.k_cache;
     a.v_cache = w.v_cache;
+    a.cache_slots = static_cast<int64_t>(num_blocks) * cfg.block_size;
     a.out = attn;
     a.positions = d_positions;
     a.block_tables = d_block_tables;

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace symtp::kernels {
@@ -140,6 +142,7 @@ class AttnProblem {
     a.decode_kernel = dk;
     a.prefill_kernel = pk;
     a.split_grid = split_grid_;
+    if (cache_slots_known_) a.cache_slots = static_cast<int64_t>(blocks_) * B;
     const absl::Status st = PagedAttention(a, dt_, stream);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -190,6 +193,29 @@ class AttnProblem {
   // PagedAttentionArgs::split_grid (0: one block per split).
   void set_split_grid(int g) { split_grid_ = g; }
 
+  // Whether Run() sets PagedAttentionArgs::cache_slots (the tensor-core
+  // decode kernel then copies head-dim-128 tiles with TMA).
+  void set_cache_slots_known(bool on) { cache_slots_known_ = on; }
+
+  // NaN in every slot of each sequence's last page past its context, as a
+  // page's unwritten or stale rows may hold: no kernel may let them reach an
+  // output (the reference never reads them).
+  void PoisonPageTails() {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (size_t s = 0; s < seqs_.size(); ++s) {
+      const int ctx = seqs_[s].start + seqs_[s].n;
+      for (int j = ctx; j < (ctx + B - 1) / B * B; ++j) {
+        const int64_t slot = static_cast<int64_t>(table_[s * stride_ + j / B]) * B + j % B;
+        for (int64_t e = 0; e < static_cast<int64_t>(nkv_) * D_; ++e) {
+          k_[slot * nkv_ * D_ + e] = nan;
+          v_[slot * nkv_ * D_ + e] = nan;
+        }
+      }
+    }
+    d_k_.Upload(k_);
+    d_v_.Upload(v_);
+  }
+
   // Bytes of the split-K workspace the last Run() changed (it poisons it).
   int64_t workspace_written() const { return workspace_written_; }
 
@@ -202,6 +228,7 @@ class AttnProblem {
  private:
   const int B;
   int split_grid_ = 0;
+  bool cache_slots_known_ = false;
   int64_t workspace_written_ = 0;
   DType dt_;
   int D_, nq_, nkv_;
@@ -293,6 +320,31 @@ TEST_P(AttentionTest, DecodeSplitKMatchesReferenceAndIsGridIndependent) {
         << "split_grid " << g;
   }
   p.set_split_grid(0);
+}
+
+// The tensor-core decode kernel's TMA copies (head dim 128, pages of a
+// multiple of 16 slots, cache size known) give the cp.async form's bits, with
+// and without splits, partial last tiles over NaN page tails included; other
+// shapes and page sizes keep the cp.async form.
+TEST_P(AttentionTest, DecodeTmaCopiesGiveTheSameBits) {
+  const auto [dt, D, nq, nkv] = GetParam();
+  for (const int bs : {16, 32, 8}) {
+    AttnProblem p(dt, D, nq, nkv,
+                  {{0, 1}, {15, 1}, {16, 1}, {17, 1}, {255, 1}, {700, 1}, {1023, 1}, {130, 1}},
+                  21, /*pad_rows=*/1, bs);
+    p.PoisonPageTails();
+    for (const int chunk : {64, 256, 1 << 20}) {
+      SCOPED_TRACE(absl::StrCat("page ", bs, ", chunk ", chunk));
+      const int splits = (p.max_ctx() + chunk - 1) / chunk;
+      p.set_cache_slots_known(false);
+      const std::vector<float> copied = p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
+      p.set_cache_slots_known(true);
+      const std::vector<float> tma = p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
+      ASSERT_EQ(copied.size(), tma.size());
+      EXPECT_EQ(0, std::memcmp(copied.data(), tma.data(), tma.size() * sizeof(float)));
+      testing::CheckClose(tma, p.Reference(), Tol(), "decode, cache size known");
+    }
+  }
 }
 
 TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {

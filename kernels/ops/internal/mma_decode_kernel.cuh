@@ -28,6 +28,19 @@
 // __syncwarp follows each cp.async wait (it also orders the previous
 // iteration's reads before the refill of their stage).
 //
+// Head dim 128 with every tile in one page (16-token pages) and the cache's
+// size known (PagedAttentionArgs::cache_slots) takes the TMA form instead:
+// lane 0 of each warp copies a tile's K and V as four boxes of 16 slots x 64
+// dims (tma.cuh) that complete on the stage's mbarrier, each box 16 dense
+// rows of 128 bytes in the 128-byte swizzle (chunk c of row r at chunk
+// c ^ (r % 8)), which keeps the ldmatrix rows in 8 different bank groups.
+// One lane's box copies stream the cache faster than every lane's 16-byte
+// copies (bench/results/h100/kv_stream/). The math and its bits are the
+// same; the rows of a last, partial tile past the warp's keys, which the
+// cp.async form zero-fills, are copied too (they lie in the tile's page) and
+// their V rows zeroed in shared memory, so stale cache contents never reach
+// the products (their scores are masked).
+//
 // Softmax (base-2 units, lazy rescaling by 2^8 as in the other kernel): a
 // lane holds scores of rows 2tig and 2tig+1 for keys gid and gid + 8; the
 // row maxima need a reduction over the 8 lanes of a tig, done only on the
@@ -35,7 +48,9 @@
 // kept per lane and reduced once at the end.
 #pragma once
 
+#include "common/status_macros.h"
 #include "kernels/ops/internal/mma_common.cuh"
+#include "kernels/ops/internal/tma.cuh"
 
 namespace symtp::kernels::internal {
 
@@ -78,14 +93,27 @@ struct MmaDecodeLayout {
   static constexpr size_t kEpilogueBytes =
       (static_cast<size_t>(kSliceRows) * D + 3 * kSliceRows + 2 * kMmaDecodeRows) * 4;
   static constexpr size_t kSmemBytes = kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
+  // The TMA form (D == 128): a stage holds K then V, each two 2 KB boxes
+  // (dims 0-63, 64-127); the rings start at a 1024-byte boundary (the
+  // swizzle's atom) and the warps' stage barriers follow them.
+  static constexpr int kTmaHalfBytes = kMmaKeyTile * 128;
+  static constexpr int kTmaTileBytes = 2 * kTmaHalfBytes;
+  static constexpr int kTmaStageBytes = 2 * kTmaTileBytes;
+  static constexpr size_t kTmaRingBytes =
+      static_cast<size_t>(kTmaStageBytes) * kStages * kMmaAttnWarps;
+  static_assert(D != 128 || kTmaRingBytes + 1023 + 8 * kStages * kMmaAttnWarps <= kSmemBytes,
+                "the TMA ring, its alignment and its barriers fit the shared memory");
 };
 
 // One split of one block: keys [kb, ke) of `item` for
-// kv head kvh, the 4 warps interleaving 16-key tiles.
-template <int D, bool kInPage>
+// kv head kvh, the 4 warps interleaving 16-key tiles; kTma: copied by TMA
+// through kmap / vmap.
+template <int D, bool kInPage, bool kTma>
 __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                                                const AttentionItem& item, int kvh, int split,
-                                               int kb, int ke) {
+                                               int kb, int ke, const CUtensorMap* kmap,
+                                               const CUtensorMap* vmap) {
+  static_assert(!kTma || (kInPage && D == 128), "TMA tiles: head dim 128, each in one page");
   using L = MmaDecodeLayout<D>;
   constexpr int kKS = D / 16;                 // k-steps of S^T, m-tiles of O^T
   constexpr int kChains = kKS < 4 ? kKS : 4;  // independent S^T accumulators
@@ -137,8 +165,22 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
   // kInPage: elements between a lane's rows.
   const int row_step = static_cast<int>(kRpi * slot_elems);
-  const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem)) +
-                        static_cast<unsigned>(warp * L::kWarpBytes);
+  const unsigned smem_s = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem));
+  const unsigned tma_base = (smem_s + 1023u) & ~1023u;
+  constexpr unsigned kStageBytes = kTma ? L::kTmaStageBytes : 2 * L::kTileBytes;
+  const unsigned ring = kTma ? tma_base + static_cast<unsigned>(warp * kStages * kStageBytes)
+                             : smem_s + static_cast<unsigned>(warp * L::kWarpBytes);
+  // kTma: stage s completes on the mbarrier at bars + 8 s.
+  const unsigned bars =
+      tma_base + static_cast<unsigned>(L::kTmaRingBytes) + static_cast<unsigned>(warp * kStages * 8);
+  if constexpr (kTma) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) MbarInit(bars + 8 * s, 1);
+      FenceMbarInit();
+    }
+    __syncwarp();
+  }
   const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + cpiece * 16);
   // ldmatrix row addresses, lane i for matrix i / 8, row i % 8. K as A of
   // S^T (keys x dims): matrices (keys 0-7 | 8-15) x (dims 0-7 | 8-15) in
@@ -150,6 +192,29 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const unsigned k_ld = static_cast<unsigned>((ri + 8 * (mi & 1)) * L::kPitch + 16 * (mi >> 1));
   const unsigned v_ld =
       static_cast<unsigned>((ri + 8 * (mi >> 1)) * L::kPitch + 16 * (mi & 1)) + L::kTileBytes;
+  // The TMA form's swizzled rows: lane's row r of 128 bytes in half h (dims
+  // 64h..), 16-byte chunk c at chunk c ^ (r % 8) = c ^ ri. K's chunk for
+  // k-step ks is (mi >> 1) + 2 ks, V's for m-tile mt (mi & 1) + 2 mt.
+  const unsigned k_row = static_cast<unsigned>((ri + 8 * (mi & 1)) * 128);
+  const unsigned v_row = static_cast<unsigned>((ri + 8 * (mi >> 1)) * 128) + L::kTmaTileBytes;
+  const unsigned k_x = static_cast<unsigned>(((mi >> 1) ^ ri) << 4);
+  const unsigned v_x = static_cast<unsigned>(((mi & 1) ^ ri) << 4);
+  // Shared addresses of the K fragment of k-step j and the V fragment of
+  // m-tile j in the stage at kt.
+  auto k_frag = [&](unsigned kt, int j) -> unsigned {
+    if constexpr (kTma) {
+      return kt + (j >> 2) * L::kTmaHalfBytes + k_row + ((((2 * j) & 7) << 4) ^ k_x);
+    } else {
+      return kt + k_ld + 32 * j;
+    }
+  };
+  auto v_frag = [&](unsigned kt, int j) -> unsigned {
+    if constexpr (kTma) {
+      return kt + (j >> 2) * L::kTmaHalfBytes + v_row + ((((2 * j) & 7) << 4) ^ v_x);
+    } else {
+      return kt + v_ld + 32 * j;
+    }
+  };
 
   TileSlotQueue slots(table, bs, first, stride, kInPage ? ntiles : 0, lane);
   // kInPage: slot[0] = the tile's first slot; else the slots of this lane's rows.
@@ -171,6 +236,19 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   // zero-filled (nothing is read; their addresses stay in the tile's page or
   // point at the cache's base).
   auto issue = [&](int i, int stage, const RowSlots& p) {
+    if constexpr (kTma) {
+      if (i < ntiles && lane == 0) {
+        const unsigned bar = bars + 8 * stage, dst = ring + stage * kStageBytes;
+        FenceProxyAsyncShared();  // the warp's reads of this stage come first
+        MbarArriveExpectTx(bar, kStageBytes);
+        const int slot = p.slot[0];
+        TmaLoad3D(dst, kmap, bar, 0, kvh, slot);
+        TmaLoad3D(dst + L::kTmaHalfBytes, kmap, bar, 64, kvh, slot);
+        TmaLoad3D(dst + L::kTmaTileBytes, vmap, bar, 0, kvh, slot);
+        TmaLoad3D(dst + L::kTmaTileBytes + L::kTmaHalfBytes, vmap, bar, 64, kvh, slot);
+      }
+      return;
+    }
     if (i < ntiles) {
       int64_t elem[kRowsPerLane];
 #pragma unroll
@@ -179,7 +257,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                           : static_cast<int64_t>(p.slot[kInPage ? 0 : k]) * slot_elems;
       }
       Copy::template Issue<L::kPitch>(
-          ring + static_cast<unsigned>(stage * 2 * L::kTileBytes) + copy_dst, L::kTileBytes,
+          ring + static_cast<unsigned>(stage * kStageBytes) + copy_dst, L::kTileBytes,
           k_lane, v_lane, elem, first + i * stride + crow, warp_end);
     }
     CpAsyncCommit();
@@ -231,15 +309,34 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   }
   RowSlots next_slots = lookup(kStages - 1);
 
-  // Stage of tile i (read) and of tile i + kStages - 1 (refilled).
+  // Stage of tile i (read) and of tile i + kStages - 1 (refilled); kTma:
+  // the parity of the stage's barrier phase that tile i completes.
   int stage = 0, fill_stage = kStages - 1;
+  unsigned parity = 0;
   for (int i = 0; i < ntiles; ++i) {
-    CpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed
-    __syncwarp();                // every lane's; and tile i - 1's stage is read
+    const int t0 = first + i * stride;
+    const unsigned kt = ring + static_cast<unsigned>(stage * kStageBytes);
+    if constexpr (kTma) {
+      MbarWait(bars + 8 * stage, parity);  // tile i has landed
+      if (t0 + kMmaKeyTile > warp_end) {
+        // A partial last tile: zero the V rows of keys past warp_end.
+        const int valid = warp_end - t0;
+        for (int e = lane; e < kMmaKeyTile * 16; e += 32) {
+          const int r = e >> 4;
+          if (r >= valid) {
+            const unsigned addr = kt + L::kTmaTileBytes + (e & 8 ? L::kTmaHalfBytes : 0) +
+                                  static_cast<unsigned>(r * 128 + (e & 7) * 16);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0)
+                         : "memory");
+          }
+        }
+      }
+    } else {
+      CpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed
+    }
+    __syncwarp();  // every lane's; and tile i - 1's stage is read
     issue(i + kStages - 1, fill_stage, next_slots);
     next_slots = lookup(i + kStages);  // in flight during this iteration's products
-    const int t0 = first + i * stride;
-    const unsigned kt = ring + static_cast<unsigned>(stage * 2 * L::kTileBytes);
 
     // S^T: c[0] = (key gid, row 2tig), c[1] = (key gid, row 2tig+1),
     // c[2], c[3] = key gid + 8.
@@ -248,7 +345,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
       uint32_t ka[4];
-      LdMatrixX4<false>(ka, kt + k_ld + 32 * ks);
+      LdMatrixX4<false>(ka, k_frag(kt, ks));
       MmaBf16(acc[ks % kChains], ka[0], ka[1], ka[2], ka[3], qf[ks][0], qf[ks][1]);
     }
     float s[4];
@@ -306,12 +403,13 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
 #pragma unroll
     for (int mt = 0; mt < kKS; ++mt) {
       uint32_t va[4];
-      LdMatrixX4<true>(va, kt + v_ld + 32 * mt);
+      LdMatrixX4<true>(va, v_frag(kt, mt));
       MmaBf16(o[mt], va[0], va[1], va[2], va[3], b0, b1);
       MmaBf16(o[mt], va[0], va[1], va[2], va[3], br0, br1);
     }
     fill_stage = stage;
     stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (stage == 0) parity ^= 1u;
   }
 
   // Every warp is out of its key loop before the ring is reused.
@@ -347,8 +445,13 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                                wm_s, wl_s, wacc_s, merge_s);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const PagedAttentionArgs a) {
+// kTma (D == 128): splits whose tiles each lie in one page copy them with
+// TMA through kmap / vmap (the K and V caches' maps, MakeKvCacheTensorMap);
+// otherwise the maps are unused.
+template <int D, bool kTma>
+__global__ void __launch_bounds__(kMmaAttnThreads, 2)
+    MmaDecodeKernel(const PagedAttentionArgs a, const __grid_constant__ CUtensorMap kmap,
+                    const __grid_constant__ CUtensorMap vmap) {
   SYMTP_TRACE_KERNEL(kDecodeAttention);
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
   // Launched with PDL: the items, positions, block tables and the older keys
@@ -358,9 +461,9 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const Page
   const int kvh = blockIdx.y;
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool in_page) {
     if (in_page) {
-      MmaDecodeSplit<D, true>(a, item, kvh, split, kb, ke);
+      MmaDecodeSplit<D, true, kTma>(a, item, kvh, split, kb, ke, &kmap, &vmap);
     } else {
-      MmaDecodeSplit<D, false>(a, item, kvh, split, kb, ke);
+      MmaDecodeSplit<D, false, false>(a, item, kvh, split, kb, ke, &kmap, &vmap);
     }
   });
   // Blocks whose splits were empty wait too: this grid completes only after
@@ -368,18 +471,39 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaDecodeKernel(const Page
   GridDependencyWait();
 }
 
-template <int D>
-absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
+template <int D, bool kTma>
+absl::Status LaunchMmaDecodeKernel(const PagedAttentionArgs& a, const CUtensorMap& kmap,
+                                   const CUtensorMap& vmap, cudaStream_t stream) {
   const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(zgrid));
   constexpr size_t kSmem = MmaDecodeLayout<D>::kSmemBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      MmaDecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(MmaDecodeKernel<D, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
-  CUDA_RETURN_IF_ERROR(
-      LaunchDependent(MmaDecodeKernel<D>, grid, dim3(kMmaAttnThreads), kSmem, stream, a));
+  CUDA_RETURN_IF_ERROR(LaunchDependent(MmaDecodeKernel<D, kTma>, grid, dim3(kMmaAttnThreads), kSmem,
+                                       stream, a, kmap, vmap));
   return absl::OkStatus();
+}
+
+// Head dim 128 over 16-token pages (or a multiple) of a cache whose size is
+// known takes the TMA form; the rest the cp.async form.
+template <int D>
+absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    if (a.cache_slots > 0 && a.block_size % kMmaKeyTile == 0) {
+      SYMTP_ASSIGN_OR_RETURN(const CUtensorMap kmap,
+                             MakeKvCacheTensorMap(a.k_cache, a.cache_slots, a.num_kv_heads, D,
+                                                  kMmaKeyTile));
+      SYMTP_ASSIGN_OR_RETURN(const CUtensorMap vmap,
+                             MakeKvCacheTensorMap(a.v_cache, a.cache_slots, a.num_kv_heads, D,
+                                                  kMmaKeyTile));
+      return LaunchMmaDecodeKernel<D, true>(a, kmap, vmap, stream);
+    }
+  }
+  const CUtensorMap unused{};
+  return LaunchMmaDecodeKernel<D, false>(a, unused, unused, stream);
 }
 
 }  // namespace symtp::kernels::internal
