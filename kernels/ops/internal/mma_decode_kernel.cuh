@@ -234,7 +234,9 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   // Starts the copies of tile i into `stage` (an empty group past the last
   // tile, so that the waits count the same way). Rows past warp_end are
   // zero-filled (nothing is read; their addresses stay in the tile's page or
-  // point at the cache's base).
+  // point at the cache's base). kTma: lane 0 arms the stage's barrier with
+  // the tile's bytes and issues its four boxes (nothing past the last tile);
+  // rows past warp_end are copied and their V rows zeroed after the wait.
   auto issue = [&](int i, int stage, const RowSlots& p) {
     if constexpr (kTma) {
       if (i < ntiles && lane == 0) {
