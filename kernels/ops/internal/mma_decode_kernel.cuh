@@ -332,6 +332,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
                          : "memory");
           }
         }
+        FenceProxyAsyncShared();  // before the stage's refill by TMA
       }
     } else {
       CpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed
@@ -445,6 +446,11 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   __syncthreads();
   MergeSlicesAndStore<bf16, D>(a, item.token_begin, kvh, split, group, rows, kMmaAttnWarps, kRows,
                                wm_s, wl_s, wacc_s, merge_s);
+  // kTma: the epilogue's shared-memory writes (generic proxy) overlap the
+  // rings that a next split of this block refills by TMA (async proxy): each
+  // writer orders its writes before them here, ahead of the block barrier
+  // between splits.
+  if constexpr (kTma) FenceProxyAsyncShared();
 }
 
 // kTma (D == 128): splits whose tiles each lie in one page copy them with

@@ -37,8 +37,9 @@ __device__ __forceinline__ void MbarArriveExpectTx(unsigned bar, unsigned bytes)
 }
 
 // Orders this thread's earlier shared-memory accesses (generic proxy) before
-// later copies into the same memory (async proxy): the refill of a stage the
-// warp has read.
+// later copies into the same memory (async proxy): every thread that wrote
+// memory a copy will overwrite runs it before the barrier that precedes the
+// copy's issue; the issuing thread runs it before the copy.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
