@@ -496,7 +496,9 @@ absl::Status LaunchMmaDecodeKernel(const PagedAttentionArgs& a, const CUtensorMa
 }
 
 // Head dim 128 over 16-token pages (or a multiple) of a cache whose size is
-// known takes the TMA form; the rest the cp.async form.
+// known takes the TMA form; the rest the cp.async form. The two tensor maps
+// are encoded at every launch: a host-only call of about 60 ns each (H100
+// machine), and a captured graph keeps the launch's copy.
 template <int D>
 absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
   if constexpr (D == 128) {
