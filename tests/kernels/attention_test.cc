@@ -330,14 +330,15 @@ TEST_P(AttentionTest, DecodeTmaCopiesGiveTheSameBits) {
   const auto [dt, D, nq, nkv] = GetParam();
   for (const int bs : {16, 32, 8}) {
     AttnProblem p(dt, D, nq, nkv,
-                  {{0, 1}, {15, 1}, {16, 1}, {17, 1}, {255, 1}, {700, 1}, {1023, 1}, {130, 1}},
-                  21, /*pad_rows=*/1, bs);
+                  {{0, 1}, {15, 1}, {16, 1}, {17, 1}, {255, 1}, {700, 1}, {1023, 1}, {130, 1}}, 21,
+                  /*pad_rows=*/1, bs);
     p.PoisonPageTails();
     for (const int chunk : {64, 256, 1 << 20}) {
       SCOPED_TRACE(absl::StrCat("page ", bs, ", chunk ", chunk));
       const int splits = (p.max_ctx() + chunk - 1) / chunk;
       p.set_cache_slots_known(false);
-      const std::vector<float> copied = p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
+      const std::vector<float> copied =
+          p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
       p.set_cache_slots_known(true);
       const std::vector<float> tma = p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
       ASSERT_EQ(copied.size(), tma.size());
@@ -346,7 +347,8 @@ TEST_P(AttentionTest, DecodeTmaCopiesGiveTheSameBits) {
       // Blocks walking several splits (GpuModel's graphs) set their stage
       // barriers up again for each split: same bits.
       p.set_split_grid(3);
-      const std::vector<float> walked = p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
+      const std::vector<float> walked =
+          p.Run(splits, chunk, 1, stream(), DecodeKernel::kTensorCore);
       p.set_split_grid(0);
       EXPECT_EQ(0, std::memcmp(copied.data(), walked.data(), tma.size() * sizeof(float)));
     }

@@ -28,14 +28,16 @@
 // __syncwarp follows each cp.async wait (it also orders the previous
 // iteration's reads before the refill of their stage).
 //
-// Head dim 128 with every tile in one page (16-token pages) and the cache's
-// size known (PagedAttentionArgs::cache_slots) takes the TMA form instead:
-// lane 0 of each warp copies a tile's K and V as four boxes of 16 slots x 64
-// dims (tma.cuh) that complete on the stage's mbarrier, each box 16 dense
-// rows of 128 bytes in the 128-byte swizzle (chunk c of row r at chunk
-// c ^ (r % 8)), which keeps the ldmatrix rows in 8 different bank groups.
+// Head dim 128 with every tile in one page (pages of a multiple of 16
+// tokens) and the cache's size known (PagedAttentionArgs::cache_slots) takes
+// the TMA form instead: lane 0 of each warp copies a tile's K and V as four
+// boxes of 16 slots x 64 dims (tma.cuh) that complete on the stage's
+// mbarrier, each box 16 dense rows of 128 bytes in the 128-byte swizzle
+// (chunk c of row r at chunk c ^ (r % 8)), which keeps the ldmatrix rows in
+// 8 different bank groups.
 // One lane's box copies stream the cache faster than every lane's 16-byte
-// copies (bench/results/h100/kv_stream/). The math and its bits are the
+// copies (bench/results/h100/kv_stream/; the kernel 0.97-0.98x from batch
+// 64: bench/results/h100x2/attention_tma/). The math and its bits are the
 // same; the rows of a last, partial tile past the warp's keys, which the
 // cp.async form zero-fills, are copied too (they lie in the tile's page) and
 // their V rows zeroed in shared memory, so stale cache contents never reach
@@ -171,8 +173,8 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
   const unsigned ring = kTma ? tma_base + static_cast<unsigned>(warp * kStages * kStageBytes)
                              : smem_s + static_cast<unsigned>(warp * L::kWarpBytes);
   // kTma: stage s completes on the mbarrier at bars + 8 s.
-  const unsigned bars =
-      tma_base + static_cast<unsigned>(L::kTmaRingBytes) + static_cast<unsigned>(warp * kStages * 8);
+  const unsigned bars = tma_base + static_cast<unsigned>(L::kTmaRingBytes) +
+                        static_cast<unsigned>(warp * kStages * 8);
   if constexpr (kTma) {
     if (lane == 0) {
 #pragma unroll
@@ -258,9 +260,9 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
         elem[k] = kInPage ? static_cast<int64_t>(p.slot[0]) * slot_elems + k * row_step
                           : static_cast<int64_t>(p.slot[kInPage ? 0 : k]) * slot_elems;
       }
-      Copy::template Issue<L::kPitch>(
-          ring + static_cast<unsigned>(stage * kStageBytes) + copy_dst, L::kTileBytes,
-          k_lane, v_lane, elem, first + i * stride + crow, warp_end);
+      Copy::template Issue<L::kPitch>(ring + static_cast<unsigned>(stage * kStageBytes) + copy_dst,
+                                      L::kTileBytes, k_lane, v_lane, elem,
+                                      first + i * stride + crow, warp_end);
     }
     CpAsyncCommit();
   };
@@ -328,8 +330,7 @@ __device__ __forceinline__ void MmaDecodeSplit(const PagedAttentionArgs& a,
           if (r >= valid) {
             const unsigned addr = kt + L::kTmaTileBytes + (e & 8 ? L::kTmaHalfBytes : 0) +
                                   static_cast<unsigned>(r * 128 + (e & 7) * 16);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0)
-                         : "memory");
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
           }
         }
         FenceProxyAsyncShared();  // before the stage's refill by TMA
@@ -503,12 +504,12 @@ template <int D>
 absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
   if constexpr (D == 128) {
     if (a.cache_slots > 0 && a.block_size % kMmaKeyTile == 0) {
-      SYMTP_ASSIGN_OR_RETURN(const CUtensorMap kmap,
-                             MakeKvCacheTensorMap(a.k_cache, a.cache_slots, a.num_kv_heads, D,
-                                                  kMmaKeyTile));
-      SYMTP_ASSIGN_OR_RETURN(const CUtensorMap vmap,
-                             MakeKvCacheTensorMap(a.v_cache, a.cache_slots, a.num_kv_heads, D,
-                                                  kMmaKeyTile));
+      SYMTP_ASSIGN_OR_RETURN(
+          const CUtensorMap kmap,
+          MakeKvCacheTensorMap(a.k_cache, a.cache_slots, a.num_kv_heads, D, kMmaKeyTile));
+      SYMTP_ASSIGN_OR_RETURN(
+          const CUtensorMap vmap,
+          MakeKvCacheTensorMap(a.v_cache, a.cache_slots, a.num_kv_heads, D, kMmaKeyTile));
       return LaunchMmaDecodeKernel<D, true>(a, kmap, vmap, stream);
     }
   }

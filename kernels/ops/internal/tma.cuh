@@ -91,12 +91,12 @@ __device__ __forceinline__ void TmaLoad3D(unsigned dst, const CUtensorMap* map, 
 // bytes: the 128-byte swizzle's row, so a box lands as rows r of 128 bytes
 // whose 16-byte chunk c sits at chunk c ^ (r % 8)). `base` and the row
 // pitches must be 16-byte aligned; dim a multiple of 64.
-inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_t slots,
-                                                        int heads, int dim, int box_slots) {
-  using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                     const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                     const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_t slots, int heads,
+                                                        int dim, int box_slots) {
+  using EncodeTiledFn =
+      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   static const EncodeTiledFn encode = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
@@ -125,10 +125,10 @@ inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_
                                  static_cast<cuuint64_t>(heads) * dim * 2};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_slots)};
   const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base),
-                            dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrFormat(
         "cuTensorMapEncodeTiled (KV cache %p: %d slots x %d heads x %d dims, box %d slots) "
