@@ -135,11 +135,12 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
         "PagedAttention: max_item_tokens %d outside [1, %d]", a.max_item_tokens, max_tokens));
   }
   if (a.num_items < 0 || a.num_tokens < 0 || a.block_size <= 0 || a.block_table_stride <= 0 ||
-      a.q_row_stride < static_cast<int64_t>(a.num_q_heads) * a.head_dim) {
+      a.q_row_stride < static_cast<int64_t>(a.num_q_heads) * a.head_dim || a.cache_slots < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: bad shape items=%d tokens=%d block_size=%d table_stride=%d "
-        "q_row_stride=%d",
-        a.num_items, a.num_tokens, a.block_size, a.block_table_stride, a.q_row_stride));
+        "q_row_stride=%d cache_slots=%d",
+        a.num_items, a.num_tokens, a.block_size, a.block_table_stride, a.q_row_stride,
+        a.cache_slots));
   }
   if (a.num_splits < 1 || a.num_splits > 65535 ||
       (a.num_splits > 1 && a.split_chunk_dev == nullptr && a.split_chunk <= 0)) {

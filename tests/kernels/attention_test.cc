@@ -558,6 +558,18 @@ TEST_F(AttentionArgsTest, RejectsUnsupportedShapes) {
   a.max_item_tokens = 17;  // group 4: at most 16 tokens
   EXPECT_THAT(PagedAttention(a, DType::kF32, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("max_item")));
+  a.max_item_tokens = 1;
+  a.cache_slots = -16;
+  EXPECT_THAT(PagedAttention(a, DType::kF32, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("cache_slots")));
+  // A cache too large for a TMA tensor map (at most 2^32 rows): an error
+  // before anything is launched, not a wrong map.
+  a.head_dim = 128;
+  a.q_row_stride = 8 * 128;
+  a.decode_kernel = DecodeKernel::kTensorCore;
+  a.cache_slots = (int64_t{1} << 32) + 16;
+  EXPECT_THAT(PagedAttention(a, DType::kBF16, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("tensor map")));
 }
 
 }  // namespace

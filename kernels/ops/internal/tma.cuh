@@ -97,6 +97,13 @@ inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  if (slots < 1 || slots > (int64_t{1} << 32) || heads < 1 || dim % 64 != 0 ||
+      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV cache tensor map: %d slots x %d heads x %d dims at %p (1..2^32 slots, dims a "
+        "multiple of 64, 16-byte aligned)",
+        slots, heads, dim, base));
+  }
   static const EncodeTiledFn encode = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
@@ -110,13 +117,6 @@ inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_
   }();
   if (encode == nullptr) {
     return absl::UnavailableError("the CUDA driver has no cuTensorMapEncodeTiled");
-  }
-  if (slots < 1 || slots > (int64_t{1} << 32) || heads < 1 || dim % 64 != 0 ||
-      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "KV cache tensor map: %d slots x %d heads x %d dims at %p (1..2^32 slots, dims a "
-        "multiple of 64, 16-byte aligned)",
-        slots, heads, dim, base));
   }
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(heads),
