@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
         for (int v = 0; v < kWarps; ++v) u += part[2 * pair + 1][mm][v];
         g = internal::ToFloat(internal::FromFloat<bf16>(g));
         u = internal::ToFloat(internal::FromFloat<bf16>(u));
-        c[mm * ldc + (base >> 1) + pair] = internal::FromFloat<TOut>(g / (1.0f + expf(-g)) * u);
+        c[mm * ldc + (base >> 1) + pair] = internal::FromFloat<TOut>(internal::SiluTimes(g, u));
       }
     } else {
       for (int e = tid; e < (end - base) * kM; e += kT) {

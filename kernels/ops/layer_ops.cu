@@ -14,6 +14,7 @@ using internal::Aligned16;
 
 using internal::bf16;
 using internal::FromFloat;
+using internal::SiluTimes;
 using internal::ToFloat;
 
 // ---------------------------------------------------------------- kernels
@@ -170,7 +171,7 @@ __global__ void SiluMulVecKernel(const T* __restrict__ gate_up, T* __restrict__ 
     g.Load(__ldg(row + c));
     u.Load(__ldg(row + per_row + c));
 #pragma unroll
-    for (int k = 0; k < kN; ++k) g.v[k] = g.v[k] / (1.0f + expf(-g.v[k])) * u.v[k];
+    for (int k = 0; k < kN; ++k) g.v[k] = SiluTimes(g.v[k], u.v[k]);
     reinterpret_cast<uint4*>(out)[i] = g.Store();
   }
 }
@@ -186,8 +187,7 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
     const T* row = gate_up + r * 2 * ffn;
     const float g = ToFloat<T>(row[c]);
     const float u = ToFloat<T>(row[ffn + c]);
-    const float s = g / (1.0f + expf(-g));
-    out[i] = FromFloat<T>(s * u);
+    out[i] = FromFloat<T>(SiluTimes(g, u));
   }
 }
 

@@ -39,6 +39,13 @@ __device__ __forceinline__ bf16 FromFloat<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// SwiGLU's activation of one element in fp32, SiLU(gate) * up: the one
+// formula of SiluMul and of the gate/up GEMV's SwiGLU flush, whose outputs
+// must be the same bits.
+__device__ __forceinline__ float SiluTimes(float gate, float up) {
+  return gate / (1.0f + expf(-gate)) * up;
+}
+
 // The splitmix64 finalizer with its golden-ratio increment (MODEL.md "mix";
 // model::Mix64 on the host).
 __device__ __forceinline__ uint64_t Mix64(uint64_t x) {
