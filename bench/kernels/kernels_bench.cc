@@ -581,7 +581,9 @@ absl::Status BenchDecodeAttention(cudaStream_t s, const Ceilings& c, Json* js) {
             var.chunk > 0 ? var.chunk
                           : kernels::PlanDecodeSplitChunk(
                                 std::vector<int32_t>(batch, ctx), cf.nkv,
-                                std::max(1, kernels::TensorCoreDecodeBlocksPerSm(cf.d)) * num_sms,
+                                std::max(1, var.tma ? kernels::DecodePlanBlocksPerSm(cf.d, B)
+                                                    : kernels::TensorCoreDecodeBlocksPerSm(cf.d)) *
+                                    num_sms,
                                 /*min_chunk=*/256);
         const int blocks_per_seq = ctx / B;
         const int64_t blocks = static_cast<int64_t>(batch) * blocks_per_seq;

@@ -33,4 +33,9 @@ int TensorCoreDecodeBlocksPerSm(int head_dim) {
   return st.ok() ? blocks : 0;
 }
 
+int DecodePlanBlocksPerSm(int head_dim, int block_size) {
+  if (head_dim == 128 && block_size > 0 && block_size % internal::kMmaKeyTile == 0) return 1;
+  return TensorCoreDecodeBlocksPerSm(head_dim);
+}
+
 }  // namespace symtp::kernels

@@ -141,7 +141,7 @@ struct GpuModel::State {
   size_t esz = 2;
   int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
   int num_sms = 0;
-  int decode_blocks_per_sm = 1;  // kernels::TensorCoreDecodeBlocksPerSm at this head dim
+  int decode_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
   std::vector<int> graph_sizes;
@@ -791,7 +791,7 @@ absl::Status GpuModel::State::Init() {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: head_dim %d unsupported (32, 64, 128)", D));
   }
-  decode_blocks_per_sm = std::max(1, kernels::TensorCoreDecodeBlocksPerSm(D));
+  decode_blocks_per_sm = std::max(1, kernels::DecodePlanBlocksPerSm(D, cfg.block_size));
   if (kernels::MaxAttentionItemTokens(NHl, NKVl) < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));
