@@ -200,7 +200,8 @@ struct GpuModel::State {
   bool last_logits_copied = false;
   std::vector<kernels::AttentionItem> items_scratch;
 
-  using GraphKey = std::tuple<int, bool, int>;  // (padded batch, sampled, StepShape::shard_k)
+  // (padded batch, sampled, StepShape::shard_k, the decode attention splits)
+  using GraphKey = std::tuple<int, bool, int, bool>;
   std::map<GraphKey, cuda::GraphExec> graphs;
   std::map<GraphKey, int> seen;
   std::set<GraphKey> failed;
@@ -666,19 +667,25 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   // ---- run: graph replay, capture, or eager
   bool done = false;
   if (padded && opt.cuda_graphs && T > 0) {
-    const GraphKey key{P, sample, sh.shard_k};
+    // Steps whose attention the planner leaves whole get their own graph,
+    // without the split merge (one kernel boundary a layer fewer); a split
+    // one stored row is the same bits either way (Split0StoresRow).
+    const bool split = sh.splits > 1;
+    const GraphKey key{P, sample, sh.shard_k, split};
     auto it = graphs.find(key);
     if (it == graphs.end() && !failed.count(key) && seen[key]++ >= 1) {
       StepShape gsh = sh;
-      gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
-      // ... but launch only about the blocks the planner fills the SMs with
-      // at this batch (its resident slots over P x kv heads); the
-      // tensor-core kernel's blocks walk the rest of a step's splits (long
-      // outliers).
-      const int64_t pairs = static_cast<int64_t>(std::max(1, P)) * NKVl;
-      const int64_t slots = static_cast<int64_t>(decode_blocks_per_sm) * num_sms;
-      gsh.split_grid = static_cast<int>(
-          std::clamp<int64_t>((slots + pairs - 1) / pairs, 1, std::max(1, max_splits)));
+      if (split) {
+        gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
+        // ... but launch only about the blocks the planner fills the SMs with
+        // at this batch (its resident slots over P x kv heads); the
+        // tensor-core kernel's blocks walk the rest of a step's splits (long
+        // outliers).
+        const int64_t pairs = static_cast<int64_t>(std::max(1, P)) * NKVl;
+        const int64_t slots = static_cast<int64_t>(decode_blocks_per_sm) * num_sms;
+        gsh.split_grid = static_cast<int>(
+            std::clamp<int64_t>((slots + pairs - 1) / pairs, 1, std::max(1, max_splits)));
+      }
       absl::StatusOr<cuda::GraphExec> exec = Capture(gsh, stream);
       if (exec.ok()) {
         it = graphs.emplace(key, std::move(*exec)).first;

@@ -270,12 +270,20 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 // With fail_first_capture the graph model's first capture fails (after its
 // step is recorded): that batch shape must fall back to eager steps.
 // `seqs` decode rows (5 are padded to 8 in the graph and run cuBLASLt; at most
-// kernels::kGemvMaxRows run kernels::Gemv in bf16).
+// kernels::kGemvMaxRows run kernels::Gemv in bf16). With the split chunk of
+// Opts (64 keys) the longest prompts cross it after two decode steps, so the
+// padded batch runs first unsplit, then split: two graphs (GraphKey's split
+// flag), both checked against the eager steps; `stats` receives the graph
+// model's counters.
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
                   DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
-                  int seqs = 5, bool eager_without_gemv_swiglu = false) {
-  auto a = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, true, dk), nullptr);
+                  int seqs = 5, bool eager_without_gemv_swiglu = false, int split_chunk = 64,
+                  model::GraphStats* stats = nullptr) {
+  GpuModelOptions oa = Opts(dt, true, dk);
+  oa.attention_split_chunk = split_chunk;
+  auto a = GpuModel::Create(cfg, 0, 1, 0, oa, nullptr);
   GpuModelOptions ob = Opts(dt, false, dk);
+  ob.attention_split_chunk = split_chunk;
   ob.gemv_swiglu = !eager_without_gemv_swiglu;
   auto b = GpuModel::Create(cfg, 0, 1, 0, ob, nullptr);
   ASSERT_OK(a);
@@ -318,6 +326,7 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
     prev_rows.assign(rows.begin(), rows.end());
   }
   const auto st = a->graph_stats();
+  if (stats != nullptr) *stats = st;
   EXPECT_EQ(b->graph_stats().replays, 0);
   if (fail_first_capture) {
     // One decode shape in this run: it failed once and ran eagerly after.
@@ -355,8 +364,23 @@ TEST_F(GpuModelTest, SmallTwoLayersCudaGraphDecodeEqualsEagerBitwiseBf16) {
   GraphVsEager(Cfg("small", "layers=2"), DType::kBF16, stream());
 }
 TEST_F(GpuModelTest, FailedCaptureFallsBackToEagerStepsBitwiseBf16) {
+  // A 256-key chunk: no step splits, one decode graph shape.
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore,
-               /*fail_first_capture=*/true);
+               /*fail_first_capture=*/true, 5, false, /*split_chunk=*/256);
+}
+TEST_F(GpuModelTest, CudaGraphPerAttentionSplitDecisionBitwiseBf16) {
+  // The same padded batch unsplit (no merge kernel in its graph), then split:
+  // two captures, each replayed, every step bitwise the eager one.
+  for (DecodeKernel dk : {DecodeKernel::kTiled, DecodeKernel::kTensorCore}) {
+    model::GraphStats st;
+    GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), dk, false, 5, false, 64, &st);
+    EXPECT_EQ(st.captures, 2) << DecodeKernelName(dk);
+  }
+  // Contexts that never reach the chunk: one graph, never split.
+  model::GraphStats st;
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 5, false, 256,
+               &st);
+  EXPECT_EQ(st.captures, 1);
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
