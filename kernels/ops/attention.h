@@ -135,16 +135,13 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 
 // The split-K chunk for a decode step over sequences of these context lengths
 // (keys per sequence): at least min_chunk, and otherwise the chunk whose
-// (sequence, kv head, split) blocks fill the block_slots the decode kernel
-// holds resident at once (TensorCoreDecodeBlocksPerSm x SMs), spread evenly
-// over the longest context, never past them: a block pays a fixed cost (its
-// query, block table and epilogue, and the merge's share) per split, so
-// blocks beyond the slots (a second wave) cost more than the SMs they fill.
-// Returns a chunk >= max(context) (no split) when two splits would pass the
-// slots. Measured: at llama-8b TP=2 batch 32 (128 blocks of 4 warps, 2
-// resident on each of 132 SMs) two splits of 512 made the graph step 0.976x
-// of no split on H100 x2; at llama-8b TP=1 batch 256 (H200), no split ran at
-// 59% of the copy bandwidth and 4 splits of 256 at 41%.
+// (sequence, kv head, split) blocks fill the block_slots it is given
+// (GpuModel: DecodePlanBlocksPerSm x SMs), spread evenly over the longest
+// context, never past them: a block pays a fixed cost (its query, block
+// table and epilogue, and the merge's share) per split, so blocks beyond the
+// slots (a second wave) cost more than the SMs they fill. Returns a chunk >=
+// max(context) (no split) when two splits would pass the slots; GpuModel's
+// graph for such a step has no merge kernel.
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int block_slots,
                          int min_chunk);
 
@@ -157,8 +154,10 @@ int TensorCoreDecodeBlocksPerSm(int head_dim);
 // block_slots over the SMs): 1 where the tensor-core decode kernel copies its
 // K/V tiles by TMA (head dim 128, pages of a multiple of 16 slots, with
 // cache_slots set), else TensorCoreDecodeBlocksPerSm. With TMA copies one
-// block per SM over a whole context streamed faster than two splits of it,
-// merge included (llama-8b TP=2 batch 32 on H100: 30.7 against 33.5 us).
+// block per SM over a whole context reads it faster than two resident blocks
+// over its halves plus their merge (llama-8b TP=2 batch 32 on H100: 30.7
+// against 33.5 us); where the cp.async form needs both resident blocks to
+// stream, two splits filling them were the faster plan (the step 0.976x).
 int DecodePlanBlocksPerSm(int head_dim, int block_size);
 
 // Workspace of a split-K launch (fp32 partial outputs and softmax stats).

@@ -527,11 +527,16 @@ TEST(PlanDecodeSplitChunkTest, NeverPastTheSlotsAndCoversEveryContext) {
 class AttentionArgsTest : public testing::GpuTest {};
 
 // The planner's slots: the decode kernel's occupancy, at least one block
-// per SM for every supported head dim, none for an unsupported one.
+// per SM for every supported head dim, none for an unsupported one; one a
+// SM where the TMA form runs (head dim 128 over pages of a multiple of 16).
 TEST_F(AttentionArgsTest, DecodeKernelResidencyIsKnownForEveryHeadDim) {
   for (int d : {32, 64, 128}) EXPECT_GE(TensorCoreDecodeBlocksPerSm(d), 1) << d;
   EXPECT_GE(TensorCoreDecodeBlocksPerSm(32), TensorCoreDecodeBlocksPerSm(128));
   EXPECT_EQ(TensorCoreDecodeBlocksPerSm(96), 0);
+  EXPECT_EQ(DecodePlanBlocksPerSm(128, 16), 1);
+  EXPECT_EQ(DecodePlanBlocksPerSm(128, 32), 1);
+  EXPECT_EQ(DecodePlanBlocksPerSm(128, 8), TensorCoreDecodeBlocksPerSm(128));
+  EXPECT_EQ(DecodePlanBlocksPerSm(64, 16), TensorCoreDecodeBlocksPerSm(64));
 }
 
 TEST_F(AttentionArgsTest, RejectsUnsupportedShapes) {
