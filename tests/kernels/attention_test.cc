@@ -527,7 +527,7 @@ TEST(PlanDecodeSplitChunkTest, NeverPastTheSlotsAndCoversEveryContext) {
 class AttentionArgsTest : public testing::GpuTest {};
 
 // The planner's slots: the decode kernel's occupancy, at least one block
-// per SM for every supported head dim, none for an unsupported one; one a
+// per SM for every supported head dim, none for an unsupported one; one per
 // SM where the TMA form runs (head dim 128 over pages of a multiple of 16).
 TEST_F(AttentionArgsTest, DecodeKernelResidencyIsKnownForEveryHeadDim) {
   for (int d : {32, 64, 128}) EXPECT_GE(TensorCoreDecodeBlocksPerSm(d), 1) << d;
