@@ -34,7 +34,7 @@ int TensorCoreDecodeBlocksPerSm(int head_dim) {
 }
 
 int DecodePlanBlocksPerSm(int head_dim, int block_size) {
-  if (head_dim == 128 && block_size > 0 && block_size % internal::kMmaKeyTile == 0) return 1;
+  if (internal::MmaDecodeTmaShape(head_dim, block_size)) return 1;
   return TensorCoreDecodeBlocksPerSm(head_dim);
 }
 

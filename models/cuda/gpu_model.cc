@@ -141,7 +141,7 @@ struct GpuModel::State {
   size_t esz = 2;
   int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
   int num_sms = 0;
-  int decode_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
+  int plan_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
   std::vector<int> graph_sizes;
@@ -576,10 +576,10 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     for (int c : in.context_len) max_ctx = std::max(max_ctx, c);
     const bool balance = opt.attention_balance_splits && dt == DType::kBF16 &&
                          opt.attention_decode_kernel == kernels::DecodeKernel::kTensorCore;
-    const int chunk = balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl,
-                                                              decode_blocks_per_sm * num_sms,
-                                                              opt.attention_split_chunk)
-                              : opt.attention_split_chunk;
+    const int chunk =
+        balance ? kernels::PlanDecodeSplitChunk(in.context_len, NKVl, plan_blocks_per_sm * num_sms,
+                                                opt.attention_split_chunk)
+                : opt.attention_split_chunk;
     sh.split_chunk = chunk;
     sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
   } else {
@@ -678,11 +678,11 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
       if (split) {
         gsh.splits = max_splits;  // the partition depends only on the chunk: same bits
         // ... but launch only about the blocks the planner fills the SMs with
-        // at this batch (its resident slots over P x kv heads); the
+        // at this batch (its slots over P x kv heads); the
         // tensor-core kernel's blocks walk the rest of a step's splits (long
         // outliers).
         const int64_t pairs = static_cast<int64_t>(std::max(1, P)) * NKVl;
-        const int64_t slots = static_cast<int64_t>(decode_blocks_per_sm) * num_sms;
+        const int64_t slots = static_cast<int64_t>(plan_blocks_per_sm) * num_sms;
         gsh.split_grid = static_cast<int>(
             std::clamp<int64_t>((slots + pairs - 1) / pairs, 1, std::max(1, max_splits)));
       }
@@ -798,7 +798,7 @@ absl::Status GpuModel::State::Init() {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: head_dim %d unsupported (32, 64, 128)", D));
   }
-  decode_blocks_per_sm = std::max(1, kernels::DecodePlanBlocksPerSm(D, cfg.block_size));
+  plan_blocks_per_sm = std::max(1, kernels::DecodePlanBlocksPerSm(D, cfg.block_size));
   if (kernels::MaxAttentionItemTokens(NHl, NKVl) < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GpuModel: GQA group %d > 64", NKVl > 0 ? NHl / NKVl : 0));

@@ -496,14 +496,22 @@ absl::Status LaunchMmaDecodeKernel(const PagedAttentionArgs& a, const CUtensorMa
   return absl::OkStatus();
 }
 
-// Head dim 128 over 16-token pages (or a multiple) of a cache whose size is
-// known takes the TMA form; the rest the cp.async form. The two tensor maps
-// are encoded at every launch: a host-only call of about 60 ns each (H100
-// machine), and a captured graph keeps the launch's copy.
+// Whether a launch of this head dim over pages of `block_size` slots takes
+// the TMA form, given the cache's size (PagedAttentionArgs::cache_slots):
+// head dim 128 with every 16-key tile in one page. The launcher and the split
+// planner's slots (DecodePlanBlocksPerSm) both ask this.
+constexpr bool MmaDecodeTmaShape(int head_dim, int block_size) {
+  return head_dim == 128 && block_size > 0 && block_size % kMmaKeyTile == 0;
+}
+
+// The shapes of MmaDecodeTmaShape over a cache whose size is known take the
+// TMA form; the rest the cp.async form. The two tensor maps are encoded at
+// every launch: a host-only call of about 60 ns each (H100 machine), and a
+// captured graph keeps the launch's copy.
 template <int D>
 absl::Status LaunchMmaDecodeT(const PagedAttentionArgs& a, cudaStream_t stream) {
   if constexpr (D == 128) {
-    if (a.cache_slots > 0 && a.block_size % kMmaKeyTile == 0) {
+    if (a.cache_slots > 0 && MmaDecodeTmaShape(D, a.block_size)) {
       SYMTP_ASSIGN_OR_RETURN(
           const CUtensorMap kmap,
           MakeKvCacheTensorMap(a.k_cache, a.cache_slots, a.num_kv_heads, D, kMmaKeyTile));
