@@ -668,8 +668,9 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   bool done = false;
   if (padded && opt.cuda_graphs && T > 0) {
     // Steps whose attention the planner leaves whole get their own graph,
-    // without the split merge (one kernel boundary a layer fewer); a split
-    // one stored row is the same bits either way (Split0StoresRow).
+    // without the split merge (one kernel boundary a layer fewer); a row the
+    // attention stores itself is the same bits in either graph
+    // (Split0StoresRow).
     const bool split = sh.splits > 1;
     const GraphKey key{P, sample, sh.shard_k, split};
     auto it = graphs.find(key);
