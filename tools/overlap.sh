@@ -45,10 +45,14 @@ skips=(false)
 [[ $NOAR == 1 && $TP -gt 1 ]] && skips=(false true)
 failed=0
 for shape in $SHAPES; do
+  ov=$OVERRIDES
   case $shape in
     prefill*) n=${shape#prefill}
       wl=(--num-requests=6 --concurrency=1 --max-batch=1 --prompt-len=$n --output-len=1
-          --max-batched-tokens=$n --prefill-chunk=$n --warmup-steps=2) ;;
+          --max-batched-tokens=$n --prefill-chunk=$n --warmup-steps=2)
+      # The models' default max_seq_len (4096) has no room for a 4096-token
+      # prompt and its token.
+      ((n >= 4096)) && ov="${ov:+$ov,}max_seq_len=$((n + 16))" ;;
     decode*) b=${shape#decode}; ctx=${b#*@}; b=${b%@*}
       wl=(--steady-batch=$b --max-batch=$b --steady-context=$ctx --steady-steps=30 --warmup-steps=5
           --max-batched-tokens=8192 --prefill-chunk=8192) ;;
@@ -69,7 +73,7 @@ for shape in $SHAPES; do
         dir=$OUT/${shape}__${name}__skip${skip}__r$r
         echo "overlap: $shape arm=$name skip_allreduce=$skip repeat=$r" >&2
         # shellcheck disable=SC2086
-        run "$name" --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$OVERRIDES" $flags \
+        run "$name" --backend=cuda --tp="$TP" --model="$MODEL" --model-overrides="$ov" $flags \
           --bench-skip-allreduce=$skip --progress=false --out="$dir" "${wl[@]}" "${EXTRA[@]}" \
           >"$dir.out" 2>"$dir.log" || { echo "overlap: FAILED, see $dir.log" >&2; tail -3 "$dir.log" >&2; failed=1; }
         rm -f "$dir/tokens.jsonl" "$dir/prompts.jsonl"

@@ -695,12 +695,8 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
       std::iota(table.begin(), table.end(), 0);
       std::shuffle(table.begin(), table.end(), std::mt19937(n));
       std::iota(pos.begin(), pos.end(), 0);
-      const int per = kernels::MaxAttentionItemTokens(cf.nq, cf.nkv);
-      std::vector<kernels::AttentionItem> items;
-      kernels::BuildAttentionItems(std::vector<int32_t>{0, n}, per, &items);
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_tab, Upload(table));
       SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_pos, Upload(pos));
-      SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
       std::vector<uint16_t> hk(cache_elems), hv(cache_elems), hq(n * qstride);
       SYMTP_RETURN_IF_ERROR(Sync(s));
       CUDA_RETURN_IF_ERROR(
@@ -711,6 +707,11 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
       for (kernels::PrefillKernel pk :
            {kernels::PrefillKernel::kTiled, kernels::PrefillKernel::kTensorCore}) {
         const char* kname = kernels::PrefillKernelName(pk);
+        // Items as GpuModel cuts them for this kernel.
+        const int per = kernels::MaxAttentionItemTokens(cf.nq, cf.nkv, DType::kBF16, cf.d, pk);
+        std::vector<kernels::AttentionItem> items;
+        kernels::BuildAttentionItems(std::vector<int32_t>{0, n}, per, &items);
+        SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d_items, Upload(items));
         CUDA_RETURN_IF_ERROR(
             cudaMemsetAsync(out.get(), 0xff, static_cast<size_t>(n) * cf.nq * cf.d * 2, s));
         kernels::PagedAttentionArgs a = AttnArgs(cf, q, kc, vc, out, d_pos, d_tab, nblk, d_items,

@@ -73,6 +73,16 @@ int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads) {
   return group > 64 ? 0 : 64 / group;
 }
 
+int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads, DType dtype, int head_dim,
+                           PrefillKernel prefill_kernel) {
+  const int narrow = MaxAttentionItemTokens(num_q_heads, num_kv_heads);
+  if (narrow < 1 || dtype != DType::kBF16 || head_dim != 128 ||
+      prefill_kernel != PrefillKernel::kTensorCore) {
+    return narrow;
+  }
+  return internal::kMmaPrefillWideRows / (num_q_heads / num_kv_heads);
+}
+
 int PlanDecodeSplitChunk(absl::Span<const int32_t> context_lens, int num_kv_heads, int block_slots,
                          int min_chunk) {
   min_chunk = std::max(1, min_chunk);
@@ -129,7 +139,9 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: q heads %d not a multiple of kv heads %d", a.num_q_heads, a.num_kv_heads));
   }
-  const int max_tokens = MaxAttentionItemTokens(a.num_q_heads, a.num_kv_heads);
+  const int max_tokens = MaxAttentionItemTokens(
+      a.num_q_heads, a.num_kv_heads, dtype, a.head_dim,
+      internal::MmaAttentionAligned(a) ? a.prefill_kernel : PrefillKernel::kTiled);
   if (a.max_item_tokens < 1 || a.max_item_tokens > max_tokens) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: max_item_tokens %d outside [1, %d]", a.max_item_tokens, max_tokens));

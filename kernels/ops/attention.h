@@ -79,7 +79,8 @@ struct PagedAttentionArgs {
   const AttentionItem* items = nullptr;  // device array [num_items]
   int num_items = 0;
   // Upper bound on any item's num_tokens (host-known: it picks the kernel);
-  // at most MaxAttentionItemTokens(num_q_heads, num_kv_heads).
+  // at most MaxAttentionItemTokens(num_q_heads, num_kv_heads, dtype,
+  // head_dim, prefill_kernel).
   int max_item_tokens = 1;
   int num_tokens = 0;
   int num_q_heads = 0;
@@ -130,8 +131,14 @@ __device__ __forceinline__ int SplitChunk(const PagedAttentionArgs& a) {
 __device__ __forceinline__ bool Split0StoresRow(int pos, int chunk) { return pos < chunk; }
 #endif
 
-// Largest max_item_tokens the kernels take: 64 / (num_q_heads / num_kv_heads).
+// Largest max_item_tokens every kernel takes: 64 / (num_q_heads / num_kv_heads).
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
+// Largest max_item_tokens a launch with this dtype, head dim and prefill
+// kernel takes: 128 query rows an item for the bf16 tensor-core prefill
+// kernel at head dim 128 (its FlashAttention-2 layout: 32 rows a warp, each
+// K/V tile shared by 128 rows), 64 otherwise.
+int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads, DType dtype, int head_dim,
+                           PrefillKernel prefill_kernel);
 
 // The split-K chunk for a decode step over sequences of these context lengths
 // (keys per sequence): at least min_chunk, and otherwise the chunk whose
@@ -186,8 +193,11 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
 // Its launches with at most 8 query rows per item and kv head
 // (max_item_tokens x group <= 8) run this kernel (mma_decode_bf16.cu).
 absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
-// The others (more than 8 rows) run this kernel (mma_prefill_bf16.cu).
+// The others (more than 8 rows) run this kernel (mma_prefill_bf16.cu); at
+// head dim 128 it takes items of up to this many query rows (tokens x group),
+// 64 at the others.
 absl::Status LaunchMmaPrefillBF16(const PagedAttentionArgs& a, cudaStream_t stream);
+inline constexpr int kMmaPrefillWideRows = 128;
 }  // namespace internal
 
 }  // namespace symtp::kernels

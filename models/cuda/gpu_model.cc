@@ -583,7 +583,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     sh.split_chunk = chunk;
     sh.splits = std::min(max_splits, (max_ctx + chunk - 1) / chunk);
   } else {
-    int per = kernels::MaxAttentionItemTokens(NHl, NKVl);
+    int per = kernels::MaxAttentionItemTokens(NHl, NKVl, dt, D, opt.attention_prefill_kernel);
     int longest = 1;
     for (int s = 0; s < S; ++s) longest = std::max(longest, in.seq_start[s + 1] - in.seq_start[s]);
     per = std::min(per, longest);

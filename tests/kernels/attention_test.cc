@@ -378,16 +378,37 @@ TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
 
 // The tensor-core kernels' row shapes: rows = tokens x group of 1..64 (up to
 // 8 in the decode kernel, several tokens per item included; above that one to
-// four row groups of the prefill kernel), decode tokens of a prefill launch.
+// four row groups of the prefill kernel) and, at bf16 head dim 128, 65..128
+// (the prefill kernel's 32 rows a warp, items of up to 128 / group tokens,
+// some of them part-filled), decode tokens of a prefill launch.
 TEST_P(AttentionTest, TensorCorePrefillEveryItemSizeMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();
-  const int per = MaxAttentionItemTokens(nq, nkv);
-  AttnProblem p(dt, D, nq, nkv, {{0, 64}, {30, 33}, {200, 17}, {7, 1}, {64, 9}}, 15,
-                /*pad_rows=*/3);
+  const int per = MaxAttentionItemTokens(nq, nkv, dt, D, PrefillKernel::kTensorCore);
+  EXPECT_EQ(per, (dt == DType::kBF16 && D == 128 ? 128 : 64) / (nq / nkv));
+  AttnProblem p(dt, D, nq, nkv, {{0, 64}, {30, 33}, {200, 17}, {7, 1}, {64, 9}, {0, 150}, {5, 97}},
+                15, /*pad_rows=*/3);
   for (int items = 1; items <= per; items = items < 4 ? items + 1 : items * 2) {
     testing::CheckClose(
         p.Run(1, 256, items, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
         p.Reference(), Tol(), "tensor-core prefill, tokens per item " + std::to_string(items));
+  }
+  if (per > MaxAttentionItemTokens(nq, nkv)) {
+    // Items between the two limits, and the largest ones through the launch
+    // that GpuModel's graphs make (more blocks than items never happen;
+    // items past a launch's end are not read).
+    testing::CheckClose(
+        p.Run(1, 256, per - 1, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+        p.Reference(), Tol(), "tensor-core prefill, tokens per item " + std::to_string(per - 1));
+    // The tiled kernel cannot take them: a clear error, not a wrong answer.
+    PagedAttentionArgs a;
+    a.num_q_heads = nq;
+    a.num_kv_heads = nkv;
+    a.head_dim = D;
+    a.max_item_tokens = per;
+    a.prefill_kernel = PrefillKernel::kTiled;
+    a.block_table_stride = 1;
+    a.q_row_stride = static_cast<int64_t>(nq) * D;
+    EXPECT_EQ(PagedAttention(a, dt, stream()).code(), absl::StatusCode::kInvalidArgument);
   }
 }
 
@@ -422,7 +443,7 @@ TEST_P(AttentionTest, LongContextsWithoutSplitMatchReference) {
   const int per = MaxAttentionItemTokens(nq, nkv);
   for (const int bs : {16, 32}) {
     SCOPED_TRACE("block size " + std::to_string(bs));
-    AttnProblem p(dt, D, nq, nkv, {{9000, 1}, {4500, 1}, {0, 1}, {4100, 6}}, 40 + bs,
+    AttnProblem p(dt, D, nq, nkv, {{9000, 1}, {4500, 1}, {0, 1}, {4100, 6}, {4000, 70}}, 40 + bs,
                   /*pad_rows=*/0, bs);
     for (DecodeKernel dk : kDecodeKernels) {
       testing::CheckClose(p.Run(1, 1 << 20, 1, stream(), dk, PrefillKernel::kTensorCore),
@@ -431,6 +452,10 @@ TEST_P(AttentionTest, LongContextsWithoutSplitMatchReference) {
     testing::CheckClose(
         p.Run(1, 1 << 20, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
         p.Reference(), Tol(), "prefill items");
+    const int wide = MaxAttentionItemTokens(nq, nkv, dt, D, PrefillKernel::kTensorCore);
+    testing::CheckClose(
+        p.Run(1, 1 << 20, wide, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+        p.Reference(), Tol(), "prefill items of " + std::to_string(wide) + " tokens");
   }
 }
 
@@ -454,6 +479,10 @@ TEST_P(AttentionTest, GrowingScoresMatchReference) {
   testing::CheckClose(
       p.Run(1, 256, per, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
       p.Reference(), Tol(), "prefill items");
+  const int wide = MaxAttentionItemTokens(nq, nkv, dt, D, PrefillKernel::kTensorCore);
+  testing::CheckClose(
+      p.Run(1, 256, wide, stream(), DecodeKernel::kTensorCore, PrefillKernel::kTensorCore),
+      p.Reference(), Tol(), "prefill items of " + std::to_string(wide) + " tokens");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
