@@ -193,9 +193,9 @@ absl::Status LaunchMmaAttentionBF16(const PagedAttentionArgs& a, cudaStream_t st
 // Its launches with at most 8 query rows per item and kv head
 // (max_item_tokens x group <= 8) run this kernel (mma_decode_bf16.cu).
 absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t stream);
-// The others (more than 8 rows) run this kernel (mma_prefill_bf16.cu); at
-// head dim 128 it takes items of up to this many query rows (tokens x group),
-// 64 at the others.
+// The others (more than 8 rows) run this kernel (mma_prefill_bf16.cu), which
+// takes items of up to kMmaPrefillWideRows query rows (tokens x group) at
+// head dim 128 and 64 at the others.
 absl::Status LaunchMmaPrefillBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 inline constexpr int kMmaPrefillWideRows = 128;
 }  // namespace internal
