@@ -19,6 +19,7 @@ sampled tokens feed the next replay. Reported: the median of per-replay times
   torchrun --nproc_per_node=2 bench/torch/tp_decode.py --model llama-8b-shape \
       --layers 32 --batches 1,8,32 --context 1024 --json out.json
   torchrun --nproc_per_node=2 bench/torch/tp_decode.py --check   # correctness
+  python3 bench/torch/tp_decode.py --prefill-attention-only 2 --tokens 512,4096  # causal SDPA
 
 --check builds a small model (hidden 512, 2 layers) in fp32 from full weights
 that every rank slices, and compares the TP step's logits and tokens with rank
@@ -243,6 +244,37 @@ def attention_only(model, tp, batches, context):
     return rows
 
 
+def prefill_attention_only(model, tp, token_counts):
+    """torch's causal attention over one prompt from position 0 (one rank's
+    heads, contiguous q / k / v, GQA): the upper median of 20 event-timed calls
+    after 5, and TFLOP/s counting the causal half (symtp's kernels_bench
+    --sections prefill counts the same)."""
+    H, _, NH, NKV, _, _ = PRESETS[model]
+    d, nq, nkv = H // NH, NH // tp, max(1, NKV // tp)
+    rows = []
+    for n in token_counts:
+        q = torch.randn(1, nq, n, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, nkv, n, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        for _ in range(5):
+            run()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(20)]
+        for e0, e1 in ev:
+            e0.record()
+            run()
+            e1.record()
+            e1.synchronize()
+        us = 1e3 * sorted(e0.elapsed_time(e1) for e0, e1 in ev)[len(ev) // 2]
+        tflops = 4.0 * d * nq * n * (n + 1) / 2 / (us * 1e-6) / 1e12
+        rows.append({"tokens": n, "us": round(us, 2), "tflops": round(tflops, 1)})
+        print(f"torch sdpa causal {model} tp{tp} heads {nq}/{nkv} tokens={n}: "
+              f"{us:.1f} us, {tflops:.1f} TFLOP/s", flush=True)
+        del q, k, v
+    return rows
+
+
 def gemm_only(model, tp, batches):
     """torch.matmul on one rank's decode GEMMs (x @ W^T, bf16): time per call of
     20 captured in a CUDA graph, weights rotated through more than L2 holds."""
@@ -357,6 +389,10 @@ def main():
                     help="torch.compile the element-wise pieces between the GEMMs")
     ap.add_argument("--attention-only", type=int, default=0, metavar="TP",
                     help="time torch's decode attention alone for TP's per-rank heads (one GPU)")
+    ap.add_argument("--prefill-attention-only", type=int, default=0, metavar="TP",
+                    help="time torch's causal attention over one prompt of each of --tokens "
+                         "for TP's per-rank heads (one GPU)")
+    ap.add_argument("--tokens", default="512,4096", help="prompt lengths (--prefill-attention-only)")
     ap.add_argument("--gemm-only", type=int, default=0, metavar="TP",
                     help="time torch.matmul on TP's per-rank decode GEMMs (one GPU)")
     ap.add_argument("--json", default="")
@@ -380,6 +416,15 @@ def main():
                 with open(a.json, "w") as f:
                     json.dump({"model": a.model, "tp_shards": a.gemm_only, "torch": torch.__version__,
                                "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            return 0
+        if a.prefill_attention_only:
+            rows = prefill_attention_only(a.model, a.prefill_attention_only,
+                                          [int(x) for x in a.tokens.split(",")])
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"model": a.model, "tp_heads": a.prefill_attention_only,
+                               "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                               "rows": rows}, f, indent=1)
             return 0
         if a.attention_only:
             rows = attention_only(a.model, a.attention_only,
