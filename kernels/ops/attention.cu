@@ -139,9 +139,11 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: q heads %d not a multiple of kv heads %d", a.num_q_heads, a.num_kv_heads));
   }
-  const int max_tokens = MaxAttentionItemTokens(
-      a.num_q_heads, a.num_kv_heads, dtype, a.head_dim,
-      internal::MmaAttentionAligned(a) ? a.prefill_kernel : PrefillKernel::kTiled);
+  // The tensor-core kernels take only 16-byte aligned launches; the others
+  // run the tiled kernel, whose item limit then applies.
+  const bool aligned = internal::MmaAttentionAligned(a);
+  const int max_tokens = MaxAttentionItemTokens(a.num_q_heads, a.num_kv_heads, dtype, a.head_dim,
+                                                aligned ? a.prefill_kernel : PrefillKernel::kTiled);
   if (a.max_item_tokens < 1 || a.max_item_tokens > max_tokens) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: max_item_tokens %d outside [1, %d]", a.max_item_tokens, max_tokens));
@@ -175,7 +177,7 @@ absl::Status PagedAttention(const PagedAttentionArgs& a, DType dtype, cudaStream
   const bool tensor_core = dtype == DType::kBF16 &&
                            (decode ? a.decode_kernel == DecodeKernel::kTensorCore
                                    : a.prefill_kernel == PrefillKernel::kTensorCore) &&
-                           internal::MmaAttentionAligned(a);
+                           aligned;
   absl::Status st =
       tensor_core             ? internal::LaunchMmaAttentionBF16(a, stream)
       : dtype == DType::kF32  ? internal::LaunchPagedAttentionF32(a, stream)

@@ -619,9 +619,9 @@ absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream)
   const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(zgrid));
-  constexpr size_t kSmem = D == 128 && MmaPrefillWideLayout<D>::kSmemBytes > MmaPrefillLayout<D>::kSmemBytes
-                              ? MmaPrefillWideLayout<D>::kSmemBytes
-                              : MmaPrefillLayout<D>::kSmemBytes;
+  // One kernel holds both paths (head dim 128 takes 128-row items wide).
+  constexpr size_t kSmem = std::max(MmaPrefillLayout<D>::kSmemBytes,
+                                    D == 128 ? MmaPrefillWideLayout<D>::kSmemBytes : size_t{0});
   if (a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaAttnMaxRows &&
       (D != 128 || a.num_splits != 1 ||
        a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaPrefillWideRows)) {
