@@ -198,6 +198,10 @@ absl::Status LaunchMmaDecodeBF16(const PagedAttentionArgs& a, cudaStream_t strea
 // head dim 128 and 64 at the others.
 absl::Status LaunchMmaPrefillBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 inline constexpr int kMmaPrefillWideRows = 128;
+// Launches whose items have more than 64 rows (at most kMmaPrefillWideRows,
+// head dim 128, one split): FlashAttention-3's layout on wgmma (sm_90a,
+// wgmma_prefill_bf16.cu); LaunchMmaPrefillBF16 hands them over.
+absl::Status LaunchWgmmaPrefillBF16(const PagedAttentionArgs& a, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace symtp::kernels

@@ -17,9 +17,10 @@
 //     H200: at 8 warps per SM the kernel is latency-bound).
 //   - P enters P V as bf16 (as FlashAttention and cuDNN take it; the output
 //     is bf16 too), with the softmax scale folded into the exponent's FMA.
-// At head dim 128 items of 65-128 rows (what prefill at bf16 cuts,
-// MaxAttentionItemTokens) take MmaPrefillWide instead: 32 rows a warp.
-// Blocks take the items in reverse order (longest first under causal masks).
+// Launches with items of 65-128 rows (what prefill at bf16 head dim 128
+// cuts, MaxAttentionItemTokens) run the wgmma kernel instead
+// (wgmma_prefill_bf16.cu). Blocks take the items in reverse order (longest
+// first under causal masks).
 #pragma once
 
 #include "kernels/ops/internal/mma_decode_kernel.cuh"
@@ -307,295 +308,6 @@ __device__ __forceinline__ void MmaPrefillSplit(const PagedAttentionArgs& a,
                                wm_s, wl_s, wacc_s, merge_s);
 }
 
-// Items of 65-128 query rows (prefill at head dim 128: 128 / group tokens
-// an item, MaxAttentionItemTokens): FlashAttention-2's layout, each of the
-// 4 warps owning 32 rows (two row groups of 16) over all of the item's
-// keys, so every K or V fragment a warp loads from shared memory feeds two
-// products and each 64-key tile the block copies serves 128 rows. Q is
-// staged in shared memory once (its A fragments loaded per k-step by
-// ldmatrix: 32 rows of Q in registers would not fit beside O), K/V tiles
-// through a 2-stage ring, scores in halves of 32 keys, P as bf16 A
-// fragments straight from the score accumulators; no split (prefill
-// launches have one), so each thread normalizes and stores its own rows.
-template <int D>
-struct MmaPrefillWideLayout {
-  static constexpr int kTileKeys = 64;
-  static constexpr int kPitch = 2 * D + 16;
-  static constexpr int kTileBytes = kTileKeys * kPitch;  // K or V
-  static constexpr int kStages = 2;
-  static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kQBytes = kMmaPrefillWideRows * kPitch;
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kQBytes) + kStageBytes * kStages;
-};
-
-template <int D>
-__device__ __forceinline__ void MmaPrefillWide(const PagedAttentionArgs& a,
-                                               const AttentionItem& item, int kvh) {
-  using L = MmaPrefillWideLayout<D>;
-  constexpr int kKS = D / 16;  // k-steps of Q K^T; 16-dim column pairs of P V
-  constexpr int kNT = D / 8;   // n-tiles of P V
-  extern __shared__ __align__(16) unsigned char mma_smem[];
-  const unsigned q_s = static_cast<unsigned>(__cvta_generic_to_shared(mma_smem));
-  const unsigned ring = q_s + static_cast<unsigned>(L::kQBytes);
-
-  const int group = a.num_q_heads / a.num_kv_heads;
-  const int rows = item.num_tokens * group;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-
-  // Q rows [0, 128) of the item into shared memory (zeros past `rows`), in
-  // the first copy group.
-  for (int idx = threadIdx.x; idx < kMmaPrefillWideRows * (D / 8); idx += kMmaAttnThreads) {
-    const int r = idx / (D / 8), c = idx % (D / 8);
-    const bool ok = r < rows;
-    const bf16* src = static_cast<const bf16*>(a.q);
-    if (ok) {
-      src += (item.token_begin + r / group) * a.q_row_stride +
-             static_cast<int64_t>(kvh * group + r % group) * D + c * 8;
-    }
-    CpAsync16Shared(q_s + static_cast<unsigned>(r * L::kPitch + c * 16), src, ok);
-  }
-
-  // The block's keys: [0, key_end), key_end = the item's last position + 1.
-  int max_pos = -1;
-  for (int i = lane; i < item.num_tokens; i += 32)
-    max_pos = max(max_pos, a.positions[item.token_begin + i]);
-  const int ke = __reduce_max_sync(0xffffffffu, max_pos) + 1;
-
-  // This warp's rows: r(g, h) = 32 warp + 16 g + gid + 8 h; position -1 for
-  // rows past the item (every key masked).
-  int pos[2][2];
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 32 * warp + 16 * g + gid + 8 * h;
-      pos[g][h] = r < rows ? a.positions[item.token_begin + r / group] : -1;
-    }
-  }
-  const int warp_end =
-      __reduce_max_sync(0xffffffffu, max(max(pos[0][0], pos[0][1]), max(pos[1][0], pos[1][1]))) +
-      1;
-  int unmasked_end = 0x7fffffff;
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (32 * warp + 16 * g + gid + 8 * h < rows) unmasked_end = min(unmasked_end, pos[g][h] + 1);
-    }
-  }
-  unmasked_end = __reduce_min_sync(0xffffffffu, unmasked_end);
-
-  const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
-  const int bs = a.block_size;
-  const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * D;
-  const float scale = a.scale * 1.44269504088896341f;  // log2 e: base-2 scores
-  const int ntiles = (ke + L::kTileKeys - 1) / L::kTileKeys;
-
-  using Copy = KvLineCopy<D, kMmaAttnThreads, L::kTileKeys>;
-  constexpr int kLpr = Copy::kLpr, kRowsPerThread = Copy::kRows;
-  const int crow = threadIdx.x / kLpr, cpiece = threadIdx.x % kLpr;
-  const int64_t lane_elem = static_cast<int64_t>(kvh) * D + cpiece * 8;
-  const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + lane_elem;
-  const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + lane_elem;
-  const unsigned copy_dst = static_cast<unsigned>(crow * L::kPitch + cpiece * 16);
-  struct RowSlots {
-    int slot[kRowsPerThread];
-  };
-  auto lookup = [&](int i) -> RowSlots {
-    RowSlots r{};
-    if (i < ntiles) Copy::LookupSlots(table, bs, i * L::kTileKeys + crow, ke, r.slot);
-    return r;
-  };
-  auto issue = [&](int i, int stage, const RowSlots& p) {
-    if (i < ntiles) {
-      int64_t elem[kRowsPerThread];
-#pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) elem[k] = static_cast<int64_t>(p.slot[k]) * slot_elems;
-      Copy::template Issue<L::kPitch>(ring + static_cast<unsigned>(stage * L::kStageBytes) + copy_dst,
-                                      L::kTileBytes, k_lane, v_lane, elem, i * L::kTileKeys + crow,
-                                      ke);
-    }
-    CpAsyncCommit();
-  };
-
-  // ldmatrix row addresses (lane i: matrix i / 8, row i % 8). Q, for A: rows
-  // 0-15 of a row group, dims 0-7 (lanes 0-15) and 8-15 (lanes 16-31). K and
-  // V as in MmaPrefillSplit.
-  const int mi = lane >> 3, ri = lane & 7;
-  const unsigned q_ld =
-      q_s + static_cast<unsigned>((32 * warp + (lane & 15)) * L::kPitch + 16 * (lane >> 4));
-  const unsigned k_ld = static_cast<unsigned>((8 * (mi >> 1) + ri) * L::kPitch + 16 * (mi & 1));
-  const unsigned v_ld =
-      static_cast<unsigned>((8 * (mi & 1) + ri) * L::kPitch + 16 * (mi >> 1)) + L::kTileBytes;
-
-  float m[2][2], l[2][2];
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    m[g][0] = m[g][1] = -INFINITY;
-    l[g][0] = l[g][1] = 0.f;
-  }
-  // o[g][j][e]: row (e < 2 ? gid : gid + 8) of row group g, head dim
-  // 8j + 2tig + (e & 1).
-  float o[2][kNT][4];
-  ZeroFragments(o[0]);
-  ZeroFragments(o[1]);
-
-  issue(0, 0, lookup(0));  // with Q's copies
-  RowSlots next_slots = lookup(1);
-  for (int i = 0; i < ntiles; ++i) {
-    CpAsyncWait<0>();  // this thread's copies of tile i (and Q) have landed
-    __syncthreads();   // everyone's; and tile i - 1's stage is read
-    issue(i + 1, (i + 1) & 1, next_slots);
-    next_slots = lookup(i + 2);
-    const unsigned tile = ring + static_cast<unsigned>((i & 1) * L::kStageBytes);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int t0 = i * L::kTileKeys + 32 * half;
-      if (t0 >= warp_end) break;  // warp-uniform
-      const unsigned kt = tile + static_cast<unsigned>(32 * half * L::kPitch);
-      // S = Q K^T over 32 keys: s[g][u][nt][e] is row (e < 2 ? gid : gid + 8)
-      // of group g, key t0 + 16u + 8nt + 2tig + (e & 1).
-      float s[2][2][2][4];
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        ZeroFragments(s[g][0]);
-        ZeroFragments(s[g][1]);
-      }
-#pragma unroll
-      for (int ks = 0; ks < kKS; ++ks) {
-        uint32_t qa[2][4];
-        LdMatrixX4<false>(qa[0], q_ld + 32 * ks);
-        LdMatrixX4<false>(qa[1], q_ld + 16 * L::kPitch + 32 * ks);
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          uint32_t kb4[4];
-          LdMatrixX4<false>(kb4, kt + static_cast<unsigned>(16 * u * L::kPitch) + k_ld + 32 * ks);
-#pragma unroll
-          for (int g = 0; g < 2; ++g) {
-            MmaBf16(s[g][u][0], qa[g][0], qa[g][1], qa[g][2], qa[g][3], kb4[0], kb4[1]);
-            MmaBf16(s[g][u][1], qa[g][0], qa[g][1], qa[g][2], qa[g][3], kb4[2], kb4[3]);
-          }
-        }
-      }
-      if (t0 + 32 > unmasked_end) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = t0 + 16 * u + 8 * nt + 2 * tig + (e & 1);
-                if (key > pos[g][e >> 1]) s[g][u][nt][e] = -INFINITY;
-              }
-            }
-          }
-        }
-      }
-      // Row maxima (base-2 units) over the quad; lazy rescaling as in
-      // MmaPrefillSplit.
-      float mx[2][2];
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float v = -INFINITY;
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            v = fmaxf(v, fmaxf(fmaxf(s[g][u][0][2 * h], s[g][u][0][2 * h + 1]),
-                               fmaxf(s[g][u][1][2 * h], s[g][u][1][2 * h + 1])));
-          }
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-          mx[g][h] = v * scale;
-        }
-      }
-      if (__any_sync(0xffffffffu, mx[0][0] > m[0][0] + kLazyLog2 || mx[0][1] > m[0][1] + kLazyLog2 ||
-                                      mx[1][0] > m[1][0] + kLazyLog2 ||
-                                      mx[1][1] > m[1][1] + kLazyLog2)) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const float2 al = MoveReferenceMaxima(mx[g][0], mx[g][1], m[g][0], m[g][1], l[g][0], l[g][1]);
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            o[g][j][0] *= al.x;
-            o[g][j][1] *= al.x;
-            o[g][j][2] *= al.y;
-            o[g][j][3] *= al.y;
-          }
-        }
-      }
-      // P = 2^(s scale - m) (0 for masked keys and for rows with no max yet).
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const float ms0 = m[g][0] == -INFINITY ? 0.f : -m[g][0];
-        const float ms1 = m[g][1] == -INFINITY ? 0.f : -m[g][1];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[g][u][nt][e] = Exp2Approx(fmaf(s[g][u][nt][e], scale, e < 2 ? ms0 : ms1));
-            }
-            l[g][0] += s[g][u][nt][0] + s[g][u][nt][1];
-            l[g][1] += s[g][u][nt][2] + s[g][u][nt][3];
-          }
-        }
-      }
-      // O += P V (FlashAttention-2 register reuse: S's accumulators are P's
-      // A fragments).
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        uint32_t pa[2][4];
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          pa[g][0] = PackBf16x2(s[g][u][0][0], s[g][u][0][1]);
-          pa[g][1] = PackBf16x2(s[g][u][0][2], s[g][u][0][3]);
-          pa[g][2] = PackBf16x2(s[g][u][1][0], s[g][u][1][1]);
-          pa[g][3] = PackBf16x2(s[g][u][1][2], s[g][u][1][3]);
-        }
-        const unsigned vt = kt + static_cast<unsigned>(16 * u * L::kPitch);
-#pragma unroll
-        for (int dp = 0; dp < kKS; ++dp) {
-          uint32_t vb[4];
-          LdMatrixX4<true>(vb, vt + v_ld + 32 * dp);
-#pragma unroll
-          for (int g = 0; g < 2; ++g) {
-            MmaBf16(o[g][2 * dp], pa[g][0], pa[g][1], pa[g][2], pa[g][3], vb[0], vb[1]);
-            MmaBf16(o[g][2 * dp + 1], pa[g][0], pa[g][1], pa[g][2], pa[g][3], vb[2], vb[3]);
-          }
-        }
-      }
-    }
-  }
-  CpAsyncWait<0>();
-
-  // Each thread's rows, normalized, as bf16 pairs.
-  const int64_t out_ld = static_cast<int64_t>(a.num_q_heads) * D;
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lh = l[g][h];
-      lh += __shfl_xor_sync(0xffffffffu, lh, 1);
-      lh += __shfl_xor_sync(0xffffffffu, lh, 2);
-      const int r = 32 * warp + 16 * g + gid + 8 * h;
-      if (r >= rows) continue;
-      const float inv = lh > 0.f ? 1.f / lh : 0.f;
-      bf16* dst = static_cast<bf16*>(a.out) + (item.token_begin + r / group) * out_ld +
-                  static_cast<int64_t>(kvh * group + r % group) * D + 2 * tig;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            PackBf16x2(o[g][j][2 * h] * inv, o[g][j][2 * h + 1] * inv);
-      }
-    }
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaPrefillKernel(const PagedAttentionArgs a) {
   static_assert(D == 32 || D == 64 || D == 128, "head_dim");
@@ -603,12 +315,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaPrefillKernel(const Pag
   // starting the longest blocks first keeps the grid's tail short.
   const AttentionItem item = a.items[gridDim.x - 1 - blockIdx.x];
   const int kvh = blockIdx.y;
-  if constexpr (D == 128) {
-    if (item.num_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaAttnMaxRows) {
-      MmaPrefillWide<D>(a, item, kvh);
-      return;
-    }
-  }
   ForEachBlockSplit(a, item, [&](int split, int kb, int ke, bool) {
     MmaPrefillSplit<D>(a, item, kvh, split, kb, ke);
   });
@@ -619,18 +325,19 @@ absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream)
   const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
   const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(zgrid));
-  // One kernel holds both paths (head dim 128 takes 128-row items wide).
-  constexpr size_t kSmem = std::max(MmaPrefillLayout<D>::kSmemBytes,
-                                    D == 128 ? MmaPrefillWideLayout<D>::kSmemBytes : size_t{0});
-  if (a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaAttnMaxRows &&
-      (D != 128 || a.num_splits != 1 ||
-       a.max_item_tokens * (a.num_q_heads / a.num_kv_heads) > kMmaPrefillWideRows)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedAttention (tensor-core prefill): %d query rows per item need head dim 128, one split "
-        "and at most %d rows (head dim %d, %d splits)",
-        a.max_item_tokens * (a.num_q_heads / a.num_kv_heads), kMmaPrefillWideRows, D,
-        a.num_splits));
+  const int item_rows = a.max_item_tokens * (a.num_q_heads / a.num_kv_heads);
+  if (item_rows > kMmaAttnMaxRows) {
+    // Items of 65-128 rows (head dim 128): the wgmma kernel takes the launch.
+    if constexpr (D == 128) {
+      return LaunchWgmmaPrefillBF16(a, stream);
+    } else {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PagedAttention (tensor-core prefill): %d query rows per item need head dim 128 (head "
+          "dim %d)",
+          item_rows, D));
+    }
   }
+  constexpr size_t kSmem = MmaPrefillLayout<D>::kSmemBytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
       MmaPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   CUDA_RETURN_IF_ERROR(attr);
