@@ -135,8 +135,8 @@ __device__ __forceinline__ bool Split0StoresRow(int pos, int chunk) { return pos
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads);
 // Largest max_item_tokens a launch with this dtype, head dim and prefill
 // kernel takes: 128 query rows an item for the bf16 tensor-core prefill
-// kernel at head dim 128 (its FlashAttention-2 layout: 32 rows a warp, each
-// K/V tile shared by 128 rows), 64 otherwise.
+// at head dim 128 (the wgmma kernel: two warpgroups of 64 rows, each K/V
+// tile shared by 128 rows), 64 otherwise.
 int MaxAttentionItemTokens(int num_q_heads, int num_kv_heads, DType dtype, int head_dim,
                            PrefillKernel prefill_kernel);
 

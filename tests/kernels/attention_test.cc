@@ -379,8 +379,9 @@ TEST_P(AttentionTest, PrefillAndChunkedPrefillMatchReference) {
 // The tensor-core kernels' row shapes: rows = tokens x group of 1..64 (up to
 // 8 in the decode kernel, several tokens per item included; above that one to
 // four row groups of the prefill kernel) and, at bf16 head dim 128, 65..128
-// (the prefill kernel's 32 rows a warp, items of up to 128 / group tokens,
-// some of them part-filled), decode tokens of a prefill launch.
+// (the wgmma prefill kernel's two warpgroups of 64 rows, items of up to
+// 128 / group tokens, some of them part-filled, some leaving the second
+// warpgroup no rows), decode tokens of a prefill launch.
 TEST_P(AttentionTest, TensorCorePrefillEveryItemSizeMatchesReference) {
   const auto [dt, D, nq, nkv] = GetParam();
   const int per = MaxAttentionItemTokens(nq, nkv, dt, D, PrefillKernel::kTensorCore);
