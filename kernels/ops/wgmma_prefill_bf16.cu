@@ -24,13 +24,13 @@
 namespace symtp::kernels::internal {
 namespace {
 
-constexpr int kWgThreads = 256;                  // two warpgroups
-constexpr int kD = 128;                          // head dim
-constexpr int kTileKeys = 64;                    // keys per tile
-constexpr int kHalfBytes = 64 * 128;             // 64 rows x 64 bf16
-constexpr int kMatBytes = 2 * kHalfBytes;        // 64 rows x 128 bf16
-constexpr int kQBytes = 2 * kMatBytes;           // 128 rows of Q
-constexpr int kStageBytes = 2 * kMatBytes;       // one tile of K and of V
+constexpr int kWgThreads = 256;             // two warpgroups
+constexpr int kD = 128;                     // head dim
+constexpr int kTileKeys = 64;               // keys per tile
+constexpr int kHalfBytes = 64 * 128;        // 64 rows x 64 bf16
+constexpr int kMatBytes = 2 * kHalfBytes;   // 64 rows x 128 bf16
+constexpr int kQBytes = 2 * kMatBytes;      // 128 rows of Q
+constexpr int kStageBytes = 2 * kMatBytes;  // one tile of K and of V
 constexpr int kStages = 4;
 // Tiles copied ahead: a stage holds tile t's K (S), one holds tile t - 1's
 // V (the P V in flight), the rest are in flight.
@@ -80,13 +80,13 @@ __device__ __forceinline__ void WgmmaQK(float (&d)[32], uint64_t da, uint64_t db
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -96,18 +96,20 @@ __device__ __forceinline__ void WgmmaPV(float (&d)[64], const uint32_t (&a)[4], 
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
@@ -185,8 +187,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedA
   const int32_t* table = a.block_tables + static_cast<int64_t>(item.seq) * a.block_table_stride;
   const int bs = a.block_size;
   const int64_t slot_elems = static_cast<int64_t>(a.num_kv_heads) * kD;
-  const bf16* k_lane = static_cast<const bf16*>(a.k_cache) + static_cast<int64_t>(kvh) * kD + cchunk * 8;
-  const bf16* v_lane = static_cast<const bf16*>(a.v_cache) + static_cast<int64_t>(kvh) * kD + cchunk * 8;
+  const bf16* k_lane =
+      static_cast<const bf16*>(a.k_cache) + static_cast<int64_t>(kvh) * kD + cchunk * 8;
+  const bf16* v_lane =
+      static_cast<const bf16*>(a.v_cache) + static_cast<int64_t>(kvh) * kD + cchunk * 8;
   auto issue = [&](int t) {
     if (t < ntiles) {
       const unsigned stage = ring + static_cast<unsigned>((t % kStages) * kStageBytes);
@@ -194,7 +198,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedA
       for (int k = 0; k < 2; ++k) {
         const int row = crow + 32 * k, key = t * kTileKeys + row;
         const bool ok = key < ke;
-        const int64_t elem = ok ? static_cast<int64_t>(table[key / bs] * bs + key % bs) * slot_elems : 0;
+        const int64_t elem =
+            ok ? static_cast<int64_t>(table[key / bs] * bs + key % bs) * slot_elems : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const unsigned off = Swizzled(row, cchunk + 8 * h);
@@ -266,7 +271,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedA
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[4 * j + e] = Exp2Approx(fmaf(s[4 * j + e], scale, e < 2 ? ms0 : ms1));
+      for (int e = 0; e < 4; ++e)
+        s[4 * j + e] = Exp2Approx(fmaf(s[4 * j + e], scale, e < 2 ? ms0 : ms1));
       l[0] += s[4 * j] + s[4 * j + 1];
       l[1] += s[4 * j + 2] + s[4 * j + 3];
     }
