@@ -20,6 +20,7 @@
 //     kernels (mma_common.cuh); rows normalized and stored from registers.
 // Blocks take the items longest first (the launch's last item first).
 #include "kernels/ops/internal/mma_common.cuh"
+#include "kernels/ops/internal/tma.cuh"
 
 namespace symtp::kernels::internal {
 namespace {
@@ -111,10 +112,6 @@ __device__ __forceinline__ void WgmmaPV(float (&d)[64], const uint32_t (&a)[4], 
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedAttentionArgs a) {
@@ -305,7 +302,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedA
   for (int t = 0; t < kAhead; ++t) issue(t);
   for (int t = 0; t < ntiles; ++t) {
     CpAsyncWait<kAhead - 1>();  // this thread's copies of tile t (and Q) have landed
-    FenceProxyAsync();          // ... visible to wgmma's reads
+    FenceProxyAsyncShared();    // ... visible to wgmma's reads
     __syncthreads();            // everyone's; tile t - 2's stage is no longer read
     issue(t + kAhead);
     if (t < wg_tiles) {  // warpgroup-uniform
