@@ -189,6 +189,24 @@ class Decoder:
         return logits
 
 
+def event_times_ms(run, calls, warmup, sync_each=False):
+    """run() `warmup` times, then `calls` times between CUDA events; each
+    call's milliseconds (sync_each: the host waits for every call before
+    issuing the next)."""
+    for _ in range(warmup):
+        run()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(calls)]
+    for a, b in ev:
+        a.record()
+        run()
+        b.record()
+        if sync_each:
+            b.synchronize()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in ev]
+
+
 def timed(dec, steps, warmup, graph):
     if graph:
         s = torch.cuda.Stream()
@@ -203,16 +221,7 @@ def timed(dec, steps, warmup, graph):
         run = g.replay
     else:
         run = dec.step
-    for _ in range(warmup):
-        run()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(steps)]
-    for a, b in ev:
-        a.record()
-        run()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return statistics.median(event_times_ms(run, steps, warmup))
 
 
 def attention_only(model, tp, batches, context):
@@ -226,16 +235,7 @@ def attention_only(model, tp, batches, context):
         k = torch.randn(b, nkv, context, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         run = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-        for _ in range(5):
-            run()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(30)]
-        for e0, e1 in ev:
-            e0.record()
-            run()
-            e1.record()
-        torch.cuda.synchronize()
-        us = 1e3 * statistics.median(e0.elapsed_time(e1) for e0, e1 in ev)
+        us = 1e3 * statistics.median(event_times_ms(run, 30, 5))
         gbps = 2.0 * b * nkv * context * d * 2 / (us * 1e-6) / 1e9
         rows.append({"batch": b, "us": round(us, 2), "kv_gbps": round(gbps, 1)})
         print(f"torch sdpa {model} tp{tp} heads {nq}/{nkv} batch={b} context={context}: "
@@ -257,16 +257,8 @@ def prefill_attention_only(model, tp, token_counts):
         k = torch.randn(1, nkv, n, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        for _ in range(5):
-            run()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(20)]
-        for e0, e1 in ev:
-            e0.record()
-            run()
-            e1.record()
-            e1.synchronize()
-        us = 1e3 * sorted(e0.elapsed_time(e1) for e0, e1 in ev)[len(ev) // 2]
+        ms = sorted(event_times_ms(run, 20, 5, sync_each=True))
+        us = 1e3 * ms[len(ms) // 2]
         tflops = 4.0 * d * nq * n * (n + 1) / 2 / (us * 1e-6) / 1e12
         rows.append({"tokens": n, "us": round(us, 2), "tflops": round(tflops, 1)})
         print(f"torch sdpa causal {model} tp{tp} heads {nq}/{nkv} tokens={n}: "

@@ -322,9 +322,6 @@ __global__ void __launch_bounds__(kMmaAttnThreads, 2) MmaPrefillKernel(const Pag
 
 template <int D>
 absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream) {
-  const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
-  const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
-                  static_cast<unsigned>(zgrid));
   const int item_rows = a.max_item_tokens * (a.num_q_heads / a.num_kv_heads);
   if (item_rows > kMmaAttnMaxRows) {
     // Items of 65-128 rows (head dim 128): the wgmma kernel takes the launch.
@@ -337,6 +334,9 @@ absl::Status LaunchMmaPrefillT(const PagedAttentionArgs& a, cudaStream_t stream)
           item_rows, D));
     }
   }
+  const int zgrid = a.split_grid > 0 ? std::min(a.split_grid, a.num_splits) : a.num_splits;
+  const dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(zgrid));
   constexpr size_t kSmem = MmaPrefillLayout<D>::kSmemBytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
       MmaPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
