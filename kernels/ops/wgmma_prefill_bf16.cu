@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) WgmmaPrefillKernel(const PagedA
       FenceOperands(o);
       rescale();
       pack_p();
-    } else if (t == wg_tiles) {
+    } else if (t == wg_tiles && t > 0) {  // the last P V (a warpgroup without rows has none)
       WgmmaFence();
       issue_pv(t - 1);
       WgmmaCommit();
