@@ -267,6 +267,15 @@ def prefill_attention_only(model, tp, token_counts):
     return rows
 
 
+def write_rows(path, head, rows):
+    """The one-GPU modes' JSON (when --json names a file): `head`, then the
+    torch version, the device and the rows."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({**head, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                       "rows": rows}, f, indent=1)
+
+
 def gemm_only(model, tp, batches):
     """torch.matmul on one rank's decode GEMMs (x @ W^T, bf16): time per call of
     20 captured in a CUDA graph, weights rotated through more than L2 holds."""
@@ -404,28 +413,18 @@ def main():
             return 0 if ok else 1
         if a.gemm_only:
             rows = gemm_only(a.model, a.gemm_only, [int(x) for x in a.batches.split(",")])
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"model": a.model, "tp_shards": a.gemm_only, "torch": torch.__version__,
-                               "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            write_rows(a.json, {"model": a.model, "tp_shards": a.gemm_only}, rows)
             return 0
         if a.prefill_attention_only:
             rows = prefill_attention_only(a.model, a.prefill_attention_only,
                                           [int(x) for x in a.tokens.split(",")])
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"model": a.model, "tp_heads": a.prefill_attention_only,
-                               "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-                               "rows": rows}, f, indent=1)
+            write_rows(a.json, {"model": a.model, "tp_heads": a.prefill_attention_only}, rows)
             return 0
         if a.attention_only:
             rows = attention_only(a.model, a.attention_only,
                                   [int(x) for x in a.batches.split(",")], a.context)
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump({"model": a.model, "tp_heads": a.attention_only,
-                               "context": a.context, "torch": torch.__version__,
-                               "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            write_rows(a.json, {"model": a.model, "tp_heads": a.attention_only,
+                                "context": a.context}, rows)
             return 0
         cfg = PRESETS[a.model]
         layers = a.layers or cfg[1]
