@@ -46,6 +46,7 @@ enum Kind : uint32_t {
   kSampleShardCandidates,
   kSampleFromCandidates,
   kAllReduceTwoShot,
+  kFusedNormCopy,
 };
 
 // Sets one compiled module's ring pointers (each translation unit with traced

@@ -48,6 +48,10 @@ struct ResidualNorm {
 // + rank) * lines + L) * 16; the call's epoch is epoch[0] + 1, read after the
 // producer's grid-dependency wait (the counters change only in the
 // all-reduce kernels before it).
+// Flags of the copy exchange (DeviceComm::CopySend): one per (layer, op,
+// chunk) of a step, so a step may use at most this many.
+inline constexpr int kCopyExchangeFlags = 2048;
+
 struct LLPush {
   static constexpr int kMaxRanks = 8;
   char* dst[kMaxRanks] = {};
@@ -85,6 +89,26 @@ class DeviceComm {
   virtual bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const {
     (void)norm, (void)dtype, (void)push;
     return false;
+  }
+  // Copy exchange of a large row-parallel output in row chunks, sent by the
+  // copy engines beside the next chunk's GEMM and summed by the residual +
+  // RMSNorm kernel (the custom all-reduce's; contract in custom_allreduce.h):
+  // capacity per op in bytes, 0 where this communicator has none.
+  virtual size_t CopyExchangeBytes() const { return 0; }
+  virtual absl::Status CopyBeginStep(cudaStream_t stream) {
+    (void)stream;
+    return absl::UnimplementedError("this communicator has no copy exchange");
+  }
+  virtual absl::Status CopySend(const void* data, size_t offset_bytes, size_t bytes, int op,
+                                int flag, cudaStream_t stream) {
+    (void)data, (void)offset_bytes, (void)bytes, (void)op, (void)flag, (void)stream;
+    return absl::UnimplementedError("this communicator has no copy exchange");
+  }
+  virtual absl::Status CopyReceiveResidualNorm(const void* data, int64_t row0, int op, int flag,
+                                               const ResidualNorm& norm, DType dtype,
+                                               cudaStream_t stream) {
+    (void)data, (void)row0, (void)op, (void)flag, (void)norm, (void)dtype, (void)stream;
+    return absl::UnimplementedError("this communicator has no copy exchange");
   }
   // recv[r * count + i] = rank r's send[i].
   virtual absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,

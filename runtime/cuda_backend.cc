@@ -104,6 +104,12 @@ class CudaBackend : public Backend, public BatchBroadcast {
           o.custom.two_shot_min_bytes =
               static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
         }
+        if (opts.exchange_chunk_rows > 0 &&
+            opts.max_batched_tokens >= 2 * opts.exchange_chunk_rows) {
+          // Receive slots for a whole step's rows.
+          o.custom.copy_bytes = static_cast<size_t>(opts.max_batched_tokens) * cfg.hidden *
+                                DTypeSize(opts.dtype);
+        }
         SYMTP_ASSIGN_OR_RETURN(
             auto d, kernels::AllReduceDispatcher::Create(rank, opts.tp, b->device_, std::move(nccl),
                                                          &exchange, boot, o));
@@ -127,6 +133,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     }
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
+    mo.exchange_chunk_rows = opts.exchange_chunk_rows;
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.comm_stream_high_priority = opts.comm_priority == CommPriority::kHigh;

@@ -30,7 +30,8 @@ KINDS = {1: "Gemv", 2: "FusedNormLL", 3: "FusedNormLL128", 4: "FusedNormStaged",
          5: "AllReduceLL", 6: "AllReduceLL128", 7: "AllReduceStaged", 8: "AddRmsNorm",
          9: "RopeKv", 10: "DecodeAttention", 11: "MergeSplits", 12: "SiluMul",
          13: "Embedding", 14: "GatherRows", 15: "ForwardTokens", 16: "Sample",
-         17: "SampleShardCandidates", 18: "SampleFromCandidates", 19: "AllReduceTwoShot"}
+         17: "SampleShardCandidates", 18: "SampleFromCandidates", 19: "AllReduceTwoShot",
+         20: "FusedNormCopy"}
 REC = struct.Struct("<IIIIQQQ")
 
 

@@ -162,6 +162,8 @@ const char* TagName(uint32_t tag) {
       return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kStaged);
     case allreduce_internal::kTagTwoShot:
       return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kTwoShot);
+    case allreduce_internal::kTagCopy:
+      return CustomAllReduce::ProtocolName(CustomAllReduce::Protocol::kCopy);
   }
   return "?";
 }
@@ -212,7 +214,13 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   const size_t ll128_bytes =
       2 * static_cast<size_t>(size) * ll128_lines * allreduce_internal::kLL128LineBytes;
   const size_t stage_offset = RoundUp(ll128_offset + ll128_bytes, 4096);
-  total_bytes_ = stage_offset + 2 * static_cast<size_t>(size - 1) * max_bytes_;
+  const size_t copy_flags_offset =
+      RoundUp(stage_offset + 2 * static_cast<size_t>(size - 1) * max_bytes_, 4096);
+  copy_bytes_ = RoundUp(options.copy_bytes, 256);
+  const size_t copy_flags_bytes =
+      copy_bytes_ > 0 ? allreduce_internal::kCopyFlags * allreduce_internal::kMaxRanks * 4 : 0;
+  const size_t copy_offset = RoundUp(copy_flags_offset + copy_flags_bytes, 4096);
+  total_bytes_ = copy_offset + 2 * static_cast<size_t>(size - 1) * copy_bytes_;
 
   // Phase 1 (local): allocate, initialise, export.
   Hello hello{};
@@ -243,6 +251,7 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
       image[allreduce_internal::kFlagsOffset / 4 + i] = e0;
       image[allreduce_internal::kScatterFlagsOffset / 4 + i] = e0;
     }
+    image[allreduce_internal::kCopyEpochOffset / 4] = e0;
     for (size_t i = 0; i < kMaxBlocks; ++i) {
       image[allreduce_internal::kEpochStagedOffset / 4 + i] = e0;
       image[allreduce_internal::kEpochLLOffset / 4 + i] = e0;
@@ -259,6 +268,11 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
     }
     CUDA_RETURN_IF_ERROR(
         cudaMemcpy(buffer_, image.data(), image.size() * 4, cudaMemcpyHostToDevice));
+    if (copy_flags_bytes > 0) {  // the copy exchange's flags hold the initial epoch
+      const std::vector<uint32_t> flags(copy_flags_bytes / 4, e0);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(buffer_ + copy_flags_offset, flags.data(), copy_flags_bytes,
+                                      cudaMemcpyHostToDevice));
+    }
     void* host = nullptr;
     CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(HostWords), cudaHostAllocMapped));
     memset(host, 0, sizeof(HostWords));
@@ -367,6 +381,9 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   args_.two_shot_chunk_bytes = two_shot.chunk_bytes;
   args_.two_shot_scatter_blocks = two_shot.scatter;
   args_.two_shot_reduce_blocks = two_shot.reduce;
+  args_.copy_flags_offset = copy_flags_offset;
+  args_.copy_offset = copy_offset;
+  args_.copy_bytes = copy_bytes_;
 
   // Phase 3: write-and-verify probe through the mappings.
   SYMTP_RETURN_IF_ERROR(Probe(exchange, deadline, hellos[0].nonce));
@@ -481,6 +498,8 @@ const char* CustomAllReduce::ProtocolName(Protocol protocol) {
       return "staged";
     case Protocol::kTwoShot:
       return "two-shot";
+    case Protocol::kCopy:
+      return "copy";
   }
   return "?";
 }
@@ -565,6 +584,80 @@ absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const Resi
                                             norm.rows, norm.hidden,   norm.eps,    norm.pushed};
   CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchFusedNorm(
       norm.pushed ? Protocol::kLL : FusedProtocolFor(bytes), args_, f, dtype, stream));
+  return absl::OkStatus();
+}
+
+static_assert(allreduce_internal::kCopyFlags == kCopyExchangeFlags);
+
+absl::Status CustomAllReduce::CopyBeginStep(cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR(Sticky());
+  if (copy_bytes_ == 0) {
+    return absl::FailedPreconditionError("custom all-reduce: created without a copy exchange");
+  }
+  CUDA_RETURN_IF_ERROR(allreduce_internal::LaunchCopyBeginStep(args_, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CustomAllReduce::CheckCopy(size_t offset_bytes, size_t bytes, int op, int flag) const {
+  if (copy_bytes_ == 0 || op < 0 || op > 1 || flag < 0 ||
+      flag >= allreduce_internal::kCopyFlags || offset_bytes % 16 != 0 ||
+      offset_bytes + bytes > copy_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy exchange: op ", op, ", flag ", flag, " (< ", allreduce_internal::kCopyFlags,
+        "), bytes [", offset_bytes, ", ", offset_bytes + bytes, ") of a capacity of ", copy_bytes_,
+        " (16-byte aligned offset)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CustomAllReduce::CopySend(const void* data, size_t offset_bytes, size_t bytes, int op,
+                                       int flag, cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR(Sticky());
+  SYMTP_RETURN_IF_ERROR(CheckCopy(offset_bytes, bytes, op, flag));
+  const char* epoch = buffer_ + allreduce_internal::kCopyEpochOffset;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    // This rank's slot at p: src slot rank - (rank > p) of op's region.
+    const size_t slot = static_cast<size_t>(op) * (size_ - 1) + (rank_ - (rank_ > p ? 1 : 0));
+    char* dst = peers_[p] + args_.copy_offset + slot * copy_bytes_ + offset_bytes;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, data, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  // The flags after all the data: in stream order, each copy completes
+  // (its writes performed at the peer) before the next starts.
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    char* dst = peers_[p] + args_.copy_flags_offset +
+                (static_cast<size_t>(flag) * allreduce_internal::kMaxRanks + rank_) * 4;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, epoch, 4, cudaMemcpyDeviceToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CustomAllReduce::CopyReceiveResidualNorm(const void* data, int64_t row0, int op,
+                                                      int flag, const ResidualNorm& norm,
+                                                      DType dtype, cudaStream_t stream) {
+  SYMTP_RETURN_IF_ERROR(Sticky());
+  const size_t row_bytes = static_cast<size_t>(norm.hidden) * DTypeSize(dtype);
+  SYMTP_RETURN_IF_ERROR(
+      CheckCopy(static_cast<size_t>(row0) * row_bytes, norm.rows * row_bytes, op, flag));
+  const size_t unit_elems = 16 / DTypeSize(dtype);
+  if ((dtype != DType::kF32 && dtype != DType::kBF16) || norm.rows < 0 || norm.hidden <= 0 ||
+      norm.hidden % unit_elems != 0 ||
+      norm.hidden / unit_elems > static_cast<size_t>(allreduce_internal::kFusedMaxUnits) ||
+      norm.pushed || !Aligned16(data) || !Aligned16(norm.residual) || !Aligned16(norm.weight) ||
+      !Aligned16(norm.out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy exchange + RMSNorm: cannot run rows=", norm.rows, " hidden=", norm.hidden,
+        " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers)"));
+  }
+  if (norm.rows == 0) return absl::OkStatus();
+  allreduce_internal::FusedNormArgs f{data,      norm.residual, norm.weight, norm.out,
+                                      norm.rows, norm.hidden,   norm.eps,    false};
+  f.copy_op = op;
+  f.copy_flag = flag;
+  f.copy_row0 = row0;
+  CUDA_RETURN_IF_ERROR(
+      allreduce_internal::LaunchFusedNorm(Protocol::kCopy, args_, f, dtype, stream));
   return absl::OkStatus();
 }
 

@@ -112,6 +112,9 @@ class CustomAllReduce {
     size_t two_shot_chunk_bytes = 0;
     int two_shot_scatter_blocks = 0;
     int two_shot_reduce_blocks = 0;
+    // Receive capacity of the copy exchange per op and peer (0: none); scratch
+    // grows by 2 x (size - 1) x this.
+    size_t copy_bytes = 0;
     // Initial value of every epoch counter (tests start near 2^32 to wrap).
     uint32_t initial_epoch = 0;
   };
@@ -191,6 +194,34 @@ class CustomAllReduce {
   // (comm.h, LLPush).
   bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const;
 
+  // Copy exchange: the all-reduce of a large row-parallel output in row
+  // chunks, each sent by the copy engines (no SMs) while the GEMM of the next
+  // chunk runs, and summed by the kernel that applies the residual add and
+  // RMSNorm to it. Per step, on every rank in the same order:
+  //   CopyBeginStep(main)                 advances the step epoch
+  //   CopySend(chunk, op, flag, side)     after the chunk's producer (an event
+  //                                       edge from main into side): its bytes
+  //                                       into every peer's slot of op, then the
+  //                                       step epoch into every peer's flag
+  //   CopyReceiveResidualNorm(.., main)   after the same rank's CopySend of
+  //                                       that (op, flag) completed (an event
+  //                                       edge from side back into main): waits
+  //                                       for every peer's flag, sums in rank
+  //                                       order, residual + RMSNorm
+  // A flag is used once per step; a slot's bytes are rewritten only after every
+  // rank consumed them (the callers' data dependencies: a chunk of op 0 is
+  // resent only after the next attention, which needs every rank's op 1
+  // chunks of the layer before, which follow their op 0 receives). Op is 0 or
+  // 1, flag < kCopyFlags, offsets 16-byte aligned within copy_bytes.
+  size_t copy_bytes() const { return copy_bytes_; }
+  absl::Status CopyBeginStep(cudaStream_t stream);
+  absl::Status CopySend(const void* data, size_t offset_bytes, size_t bytes, int op, int flag,
+                        cudaStream_t stream);
+  // `data`: this rank's rows of the chunk; `row0` the chunk's first row in
+  // the op's slots (its offset in CopySend / the row bytes).
+  absl::Status CopyReceiveResidualNorm(const void* data, int64_t row0, int op, int flag,
+                                       const ResidualNorm& norm, DType dtype, cudaStream_t stream);
+
   // OK while healthy; DeadlineExceeded naming the peer after a kernel timed
   // out; Aborted after Abort(). Cheap (reads host-mapped memory).
   absl::Status Poll();
@@ -204,6 +235,7 @@ class CustomAllReduce {
   absl::Status Probe(PeerExchange* exchange, Deadline deadline, uint32_t nonce);
   // ProducerPush's condition (the LL region holds ll_max_bytes_).
   bool PushFits(const ResidualNorm& norm, DType dtype) const;
+  absl::Status CheckCopy(size_t offset_bytes, size_t bytes, int op, int flag) const;
   absl::Status Sticky();
   // LL up to ll_limit, then LL128 up to ll128_max_bytes_, then STAGED.
   Protocol ProtocolUpTo(size_t bytes, size_t ll_limit) const;
@@ -217,6 +249,7 @@ class CustomAllReduce {
   size_t ll128_max_bytes_ = 0;
   size_t two_shot_min_bytes_ = ~size_t{0};
   size_t total_bytes_ = 0;
+  size_t copy_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   char* buffer_ = nullptr;                   // own cudaMalloc
   char* peers_[allreduce_internal::kMaxRanks] = {};  // opened IPC mappings (nullptr for self)

@@ -27,6 +27,13 @@
 //                                  [parity 2][src slot N-1][bytes] (src's slot
 //                                  is src - (src > owner)), written by the
 //                                  peers (remote stores), read by the owner
+//   [copy_flags_offset, +kCopyFlags*kMaxRanks*4) copy exchange flags
+//                                  [flag][src] u32, written by the peers'
+//                                  copy engines (the sender's step epoch),
+//                                  polled by the owner
+//   [copy_offset, +2*(N-1)*copy_bytes) copy exchange receive slots
+//                                  [op 2][src slot N-1][bytes], written by the
+//                                  peers' copy engines, read by the owner
 #pragma once
 
 #include <cstddef>
@@ -48,8 +55,13 @@ inline constexpr size_t kEpochLLOffset = kEpochStagedOffset + kMaxBlocks * 4;
 inline constexpr size_t kEpochLL128Offset = kEpochLLOffset + kMaxBlocks * 4;
 inline constexpr size_t kErrorOffset = kEpochLL128Offset + kMaxBlocks * 4;  // u64, device copy
 inline constexpr size_t kScatterFlagsOffset = kErrorOffset + 16;
+// Copy exchange: the step epoch (owner-only; CopyBeginStep advances it, the
+// copy engine sends it to the peers after each chunk's data).
+inline constexpr size_t kCopyEpochOffset = kScatterFlagsOffset + kMaxBlocks * kMaxRanks * 4;
+// Flags of the copy exchange: one per (layer, op, chunk) of a step.
+inline constexpr int kCopyFlags = 2048;
 inline constexpr size_t kSignalBytes = 32 * 1024;
-static_assert(kScatterFlagsOffset + kMaxBlocks * kMaxRanks * 4 <= kSignalBytes);
+static_assert(kCopyEpochOffset + 16 <= kSignalBytes);
 inline constexpr size_t kLLLineBytes = 16;  // carries 8 data bytes
 inline constexpr size_t kLL128LineBytes = 128;
 inline constexpr size_t kLL128DataBytes = 120;  // then the 8-byte flag {epoch, epoch}
@@ -63,7 +75,13 @@ inline constexpr int kLL128Threads = 512;
 //   [63:56] code  [55:48] peer rank  [47:40] protocol  [39:32] block
 //   [31:0]  epoch of the call
 enum ErrorCode : uint32_t { kErrNone = 0, kErrTimeout = 1, kErrAborted = 2 };
-enum ProtocolTag : uint32_t { kTagStaged = 1, kTagLL = 2, kTagLL128 = 3, kTagTwoShot = 4 };
+enum ProtocolTag : uint32_t {
+  kTagStaged = 1,
+  kTagLL = 2,
+  kTagLL128 = 3,
+  kTagTwoShot = 4,
+  kTagCopy = 5
+};
 
 SYMTP_AR_HD inline uint64_t PackError(uint32_t code, uint32_t peer, uint32_t protocol,
                                       uint32_t block, uint32_t epoch) {
@@ -95,6 +113,10 @@ struct DeviceArgs {
   size_t two_shot_chunk_bytes;
   int two_shot_scatter_blocks;
   int two_shot_reduce_blocks;
+  // Copy exchange (0 bytes: none): receive slots of copy_bytes per (op, src).
+  size_t copy_flags_offset;
+  size_t copy_offset;
+  size_t copy_bytes;
 };
 
 }  // namespace symtp::kernels::allreduce_internal

@@ -1038,6 +1038,8 @@ cudaError_t LaunchTyped(Protocol protocol, const DeviceArgs& a, void* data, size
     case Protocol::kLL128:
       return internal::LaunchDependent(LL128Kernel<T, N>, dim3(a.ll128_blocks), dim3(kLL128Threads),
                                        0, stream, a, data, count);
+    case Protocol::kCopy:  // receive side of the copy exchange only (fused_norm_kernels.cuh)
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -12,7 +12,9 @@
 
 namespace symtp::kernels::allreduce_internal {
 
-enum class Protocol { kStaged, kLL, kLL128, kTwoShot };
+// kCopy: the copy exchange's receive side (the fused residual + RMSNorm over
+// chunks the peers' copy engines delivered); no plain all-reduce form.
+enum class Protocol { kStaged, kLL, kLL128, kTwoShot, kCopy };
 
 // All-reduce (sum, in place) of `count` elements at `data` with the given
 // protocol, one-shot or two-shot; a.size must be 2, 4 or 8. Only enqueues.
@@ -33,6 +35,9 @@ cudaError_t LaunchAllReduceF16(Protocol protocol, const DeviceArgs& a, void* dat
 // peer s, mismatches in the own staging region written by s (`in_bad[s]`) and,
 // reading through the IPC mapping, in the region this rank wrote at s
 // (`out_bad[s]`). `counts` is device memory of 2 * kMaxRanks ints, zeroed.
+// Copy exchange: advances this rank's step epoch (one thread).
+cudaError_t LaunchCopyBeginStep(const DeviceArgs& a, cudaStream_t stream);
+
 cudaError_t LaunchProbeWrite(const DeviceArgs& a, uint32_t words, uint32_t nonce,
                              cudaStream_t stream);
 cudaError_t LaunchProbeVerify(const DeviceArgs& a, uint32_t words, uint32_t nonce, int* counts,

@@ -204,6 +204,26 @@ absl::Status AllReduceDispatcher::AllReduceResidualNorm(void* data, const Residu
   return custom_->AllReduceResidualNorm(data, norm, dtype, stream);
 }
 
+absl::Status AllReduceDispatcher::CopyBeginStep(cudaStream_t stream) {
+  if (!custom_) return DeviceComm::CopyBeginStep(stream);
+  return custom_->CopyBeginStep(stream);
+}
+
+absl::Status AllReduceDispatcher::CopySend(const void* data, size_t offset_bytes, size_t bytes,
+                                           int op, int flag, cudaStream_t stream) {
+  if (!custom_) return DeviceComm::CopySend(data, offset_bytes, bytes, op, flag, stream);
+  return custom_->CopySend(data, offset_bytes, bytes, op, flag, stream);
+}
+
+absl::Status AllReduceDispatcher::CopyReceiveResidualNorm(const void* data, int64_t row0, int op,
+                                                          int flag, const ResidualNorm& norm,
+                                                          DType dtype, cudaStream_t stream) {
+  if (!custom_) {
+    return DeviceComm::CopyReceiveResidualNorm(data, row0, op, flag, norm, dtype, stream);
+  }
+  return custom_->CopyReceiveResidualNorm(data, row0, op, flag, norm, dtype, stream);
+}
+
 absl::Status AllReduceDispatcher::AllGather(const void* send, void* recv, size_t count,
                                             DType dtype, cudaStream_t stream) {
   return fallback_->AllGather(send, recv, count, dtype, stream);

@@ -81,6 +81,14 @@ class AllReduceDispatcher : public DeviceComm {
   bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const override;
   absl::Status AllReduceResidualNorm(void* data, const ResidualNorm& norm, DType dtype,
                                      cudaStream_t stream) override;
+  // The custom path's copy exchange (none without the custom path).
+  size_t CopyExchangeBytes() const override { return custom_ ? custom_->copy_bytes() : 0; }
+  absl::Status CopyBeginStep(cudaStream_t stream) override;
+  absl::Status CopySend(const void* data, size_t offset_bytes, size_t bytes, int op, int flag,
+                        cudaStream_t stream) override;
+  absl::Status CopyReceiveResidualNorm(const void* data, int64_t row0, int op, int flag,
+                                       const ResidualNorm& norm, DType dtype,
+                                       cudaStream_t stream) override;
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype,
                          cudaStream_t stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,

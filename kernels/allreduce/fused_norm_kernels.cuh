@@ -370,6 +370,70 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
   if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLL128Offset)[b] = e;
 }
 
+// ---------------------------------------------------------------------------
+// COPY transport (the receive side of the copy exchange): every peer's copy
+// engine put its chunk into this rank's receive slot for (op, peer) and then
+// its step epoch into flags[copy_flag][peer]; wait for every peer's flag to
+// reach this rank's step epoch, reduce from own rows and the slots. Nothing
+// is sent here. Any grid: block b owns rows b, b + G, ...
+// ---------------------------------------------------------------------------
+template <int N>
+__device__ __forceinline__ const char* CopySlot(const DeviceArgs& a, int op, int src) {
+  const int slot = src - (src > a.rank);
+  return a.base[a.rank] + a.copy_offset +
+         (static_cast<size_t>(op) * (N - 1) + static_cast<size_t>(slot)) * a.copy_bytes;
+}
+
+template <typename T, int N, int kPer>
+__global__ void __launch_bounds__(1024) CopyNormKernel(DeviceArgs a, FusedNormArgs f) {
+  SYMTP_TRACE_KERNEL(kFusedNormCopy);
+  internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
+  internal::AllowDependentLaunch();
+  constexpr int kN = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  __shared__ int s_fail;
+  const int b = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int me = a.rank;
+  const int nunits = f.hidden / kN;
+  const uint32_t e =
+      *reinterpret_cast<const volatile uint32_t*>(BaseOf<N>(a, me) + kCopyEpochOffset);
+  if (tid == 0) s_fail = 0;
+  RowInputs<kPer> rin;
+  if (b < f.rows) LoadRowInputs<T, kPer>(f, b, rin);
+  __syncthreads();
+  if (tid < N && tid != me &&
+      !WaitFlag<N>(a, a.copy_flags_offset, f.copy_flag, tid, e, b, kTagCopy)) {
+    s_fail = 1;
+  }
+  __syncthreads();
+  if (s_fail) return;
+  const size_t row_bytes = static_cast<size_t>(f.hidden) * sizeof(T);
+  const char* src[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    src[r] = r == me ? static_cast<const char*>(f.data)
+                     : CopySlot<N>(a, f.copy_op, r) + f.copy_row0 * row_bytes;
+  }
+  for (int64_t row = b; row < f.rows; row += gridDim.x) {
+    if (row != b) LoadRowInputs<T, kPer>(f, row, rin);
+    uint4 sum[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int u = tid + j * blockDim.x;
+      if (u >= nunits) continue;
+      uint32_t in[N][4];
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        const uint4 v = LdCg16(src[r] + (row * nunits + u) * 16);
+        in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
+      }
+      sum[j] = SumUnits<T, N>(in);
+    }
+    NormRow<T, kPer>(f, row, sum, rin, scratch);
+  }
+}
+
 template <typename T, int N, int kPer>
 cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const FusedNormArgs& f,
                              int threads, cudaStream_t stream) {
@@ -383,6 +447,13 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
     case Protocol::kLL128:
       return internal::LaunchDependent(LL128NormKernel<T, N, kPer>, dim3(a.ll128_blocks),
                                        dim3(threads), 0, stream, a, f);
+    case Protocol::kCopy: {
+      // Enough blocks to fill the GPU a few times over; each waits for the
+      // flags once.
+      const int blocks = static_cast<int>(std::min<int64_t>(f.rows, 1024));
+      return internal::LaunchDependent(CopyNormKernel<T, N, kPer>, dim3(std::max(blocks, 1)),
+                                       dim3(threads), 0, stream, a, f);
+    }
     case Protocol::kTwoShot:  // no fused form: FusedProtocolFor never picks it
       break;
   }

@@ -21,6 +21,11 @@ struct FusedNormArgs {
   int hidden;
   float eps;
   bool pushed;  // LL only: the producer sent `data` to every rank (LLPush)
+  // kCopy only: the exchange's op (0 or 1), flag, and the chunk's first row
+  // in the op's receive slots.
+  int copy_op = 0;
+  int copy_flag = 0;
+  int64_t copy_row0 = 0;
 };
 
 // 16-byte units of a row the fused kernels can hold (two per thread).

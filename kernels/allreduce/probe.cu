@@ -56,6 +56,17 @@ cudaError_t LaunchProbeWrite(const DeviceArgs& a, uint32_t words, uint32_t nonce
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void CopyBeginStepKernel(DeviceArgs a) {
+  ++*reinterpret_cast<uint32_t*>(a.base[a.rank] + kCopyEpochOffset);
+}
+}  // namespace
+
+cudaError_t LaunchCopyBeginStep(const DeviceArgs& a, cudaStream_t stream) {
+  CopyBeginStepKernel<<<1, 1, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchProbeVerify(const DeviceArgs& a, uint32_t words, uint32_t nonce, int* counts,
                               cudaStream_t stream) {
   ProbeVerifyKernel<<<a.size, 256, 0, stream>>>(a, words, nonce, counts);

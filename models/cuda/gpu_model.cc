@@ -30,6 +30,8 @@ namespace {
 using kernels::DType;
 
 constexpr size_t kAlign = 256;
+// Row chunks of the copy exchange per row-parallel output, at most.
+constexpr int kMaxExchangeChunks = 8;
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Offsets of named sub-buffers inside one allocation.
@@ -150,6 +152,9 @@ struct GpuModel::State {
   kernels::CublasLtHandle gemm;
   cuda::Stream side;
   std::vector<cuda::Event> ev_gemm, ev_ar;
+  // Copy exchange: [op * kMaxExchangeChunks + chunk], chunk ready on the main
+  // stream (edge in) and its send complete on the side stream (edge out).
+  std::vector<cuda::Event> ev_chunk_ready, ev_chunk_sent;
   cuda::Event step_done;
   cuda::Event staging_done[2];
   bool staging_used[2] = {false, false};
@@ -232,6 +237,12 @@ struct GpuModel::State {
   // where the communicator can).
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
                            const void* norm_weight, cudaStream_t s);
+  // Row chunks of this step's copy exchange (1: the step runs RowParallel).
+  int ExchangeChunks(int rows) const;
+  // Layer l from its O projection to the next layer's QKV GEMM (none after
+  // the last layer), chunk by chunk over the copy exchange.
+  absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
+                                cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
                     cudaStream_t s, int sm_count_target = 0);
   // Whether Gemm runs `g` on kernels::Gemv rather than cuBLASLt.
@@ -377,6 +388,78 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
   return apply_norm();
 }
 
+int GpuModel::State::ExchangeChunks(int rows) const {
+  if (opt.exchange_chunk_rows <= 0 || comm == nullptr || tp <= 1 || opt.bench_skip_allreduce ||
+      rows < 2 * opt.exchange_chunk_rows ||
+      comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz) {
+    return 1;
+  }
+  return std::min(kMaxExchangeChunks, rows / opt.exchange_chunk_rows);
+}
+
+absl::Status GpuModel::State::ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
+                                               cudaStream_t s) {
+  const LayerPtrs& w = L[l];
+  const void* next_qkv = l + 1 < cfg.layers ? L[l + 1].wqkv : nullptr;
+  // Chunks of whole 64-row tiles; the last may be short.
+  const int per = ((rows + chunks - 1) / chunks + 63) / 64 * 64;
+  const int n_chunks = (rows + per - 1) / per;
+  auto rows_of = [&](int c) { return std::min(per, rows - c * per); };
+  auto flag = [&](int op, int c) { return (l * 2 + op) * kMaxExchangeChunks + c; };
+  const size_t row_bytes = static_cast<size_t>(H) * esz;
+  // Edge in: the side stream waits for exactly this chunk's GEMM; its send
+  // records the edge out that the chunk's receive waits for.
+  auto send = [&](int op, int c) -> absl::Status {
+    const int e = op * kMaxExchangeChunks + c;
+    const size_t off = static_cast<size_t>(c) * per * row_bytes;
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_chunk_ready[e].get(), s));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_chunk_ready[e].get(), 0));
+    SYMTP_RETURN_IF_ERROR_CTX(
+        comm->CopySend(Offset(proj, off), off, rows_of(c) * row_bytes, op, flag(op, c), side.get()),
+        absl::StrCat("layer ", l, " copy exchange send, op ", op, " chunk ", c));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_chunk_sent[e].get(), side.get()));
+    return absl::OkStatus();
+  };
+  auto receive = [&](int op, int c, const void* norm_weight) -> absl::Status {
+    const int e = op * kMaxExchangeChunks + c;
+    const size_t off = static_cast<size_t>(c) * per * row_bytes;
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_chunk_sent[e].get(), 0));
+    const kernels::ResidualNorm norm{Offset(x, off), norm_weight, Offset(h, off), rows_of(c), H,
+                                     cfg.rms_eps};
+    return Annotate(comm->CopyReceiveResidualNorm(Offset(proj, off), static_cast<int64_t>(c) * per,
+                                                  op, flag(op, c), norm, dt, s),
+                    absl::StrCat("layer ", l, " copy exchange + RMSNorm, op ", op, " chunk ", c));
+  };
+  for (int c = 0; c < n_chunks; ++c) {
+    const size_t r0 = static_cast<size_t>(c) * per;
+    SYMTP_RETURN_IF_ERROR(Gemm(Offset(attn, r0 * QW * esz), w.wo, Offset(proj, r0 * row_bytes),
+                               rows_of(c), H, QW, dt, s));
+    SYMTP_RETURN_IF_ERROR(send(0, c));
+  }
+  for (int c = 0; c < n_chunks; ++c) {
+    const size_t r0 = static_cast<size_t>(c) * per;
+    SYMTP_RETURN_IF_ERROR(receive(0, c, w.mlp_norm));
+    if (next_norm == nullptr) continue;  // nothing reads this step's last MLP
+    void* gu_c = Offset(gu, r0 * 2 * FL * esz);
+    void* act_c = Offset(act, r0 * FL * esz);
+    SYMTP_RETURN_IF_ERROR(Gemm(Offset(h, r0 * row_bytes), w.wgu, gu_c, rows_of(c), 2 * FL, H, dt, s));
+    SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu_c, act_c, rows_of(c), FL, dt, s));
+    SYMTP_RETURN_IF_ERROR(
+        Gemm(act_c, w.wdown, Offset(proj, r0 * row_bytes), rows_of(c), H, FL, dt, s));
+    SYMTP_RETURN_IF_ERROR(send(1, c));
+  }
+  if (next_norm == nullptr) return absl::OkStatus();
+  for (int c = 0; c < n_chunks; ++c) {
+    const size_t r0 = static_cast<size_t>(c) * per;
+    SYMTP_RETURN_IF_ERROR(receive(1, c, next_norm));
+    if (next_qkv != nullptr) {
+      SYMTP_RETURN_IF_ERROR(Gemm(Offset(h, r0 * row_bytes), next_qkv, Offset(qkv, r0 * QKVW * esz),
+                                 rows_of(c), QKVW, H, dt, s));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   const int rows = sh.rows;
   const float eps = cfg.rms_eps;
@@ -386,14 +469,18 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   }
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
+  const int chunks = ExchangeChunks(rows);
+  if (chunks > 1) SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
   for (int l = 0; l < cfg.layers; ++l) {
     const LayerPtrs& w = L[l];
     if (l == 0) {  // later layers' attention norm ran with the previous all-reduce
       SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, nullptr, w.attn_norm, h, rows, H, eps, dt, s));
       SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     }
-    SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
-    SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    if (l == 0 || chunks <= 1) {  // a chunked layer ran the next one's QKV GEMM
+      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
+    }
     SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
                                                     rows, rope, cfg.max_seq_len, w.k_cache,
                                                     w.v_cache, dt, s));
@@ -427,6 +514,13 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     a.prefill_kernel = opt.attention_prefill_kernel;
     SYMTP_RETURN_IF_ERROR_CTX(kernels::PagedAttention(a, dt, s), absl::StrCat("layer ", l));
     SYMTP_RETURN_IF_ERROR(Mark(kClsAttn, s));
+    if (chunks > 1) {
+      const void* next_norm =
+          l + 1 < cfg.layers ? L[l + 1].attn_norm : sh.num_sampled > 0 ? final_norm : nullptr;
+      SYMTP_RETURN_IF_ERROR(ChunkedLayerTail(l, rows, chunks, next_norm, s));
+      SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
+      continue;
+    }
     SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
     const kernels::GemmArgs gu_args =
@@ -817,6 +911,14 @@ absl::Status GpuModel::State::Init() {
                         opt.max_batch_tokens, opt.max_seqs, opt.num_buckets,
                         opt.attention_split_chunk, opt.max_sampled_rows));
   }
+  if (opt.exchange_chunk_rows < 0 ||
+      (opt.exchange_chunk_rows > 0 &&
+       cfg.layers * 2 * kMaxExchangeChunks > kernels::kCopyExchangeFlags)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GpuModel: exchange_chunk_rows %d: negative, or %d layers x 2 x %d chunks past the copy "
+        "exchange's %d flags",
+        opt.exchange_chunk_rows, cfg.layers, kMaxExchangeChunks, kernels::kCopyExchangeFlags));
+  }
   max_tokens = opt.max_batch_tokens;
   max_seqs = opt.max_seqs;
   max_sampled = opt.max_sampled_rows > 0 ? opt.max_sampled_rows : max_seqs;
@@ -981,6 +1083,14 @@ absl::Status GpuModel::State::Init() {
     SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
     ev_gemm.push_back(std::move(e1));
     ev_ar.push_back(std::move(e2));
+  }
+  if (opt.exchange_chunk_rows > 0) {
+    for (int i = 0; i < 2 * kMaxExchangeChunks; ++i) {
+      SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
+      SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
+      ev_chunk_ready.push_back(std::move(e1));
+      ev_chunk_sent.push_back(std::move(e2));
+    }
   }
   SYMTP_ASSIGN_OR_RETURN(step_done, cuda::Event::Create());
   for (auto& e : staging_done) {

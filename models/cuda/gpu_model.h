@@ -64,6 +64,16 @@ struct GpuModelOptions {
   int max_batch_tokens = 2048;
   int max_seqs = 256;
   int max_sampled_rows = 0;
+  // Steps of at least 2 x exchange_chunk_rows rows (TP > 1, a communicator
+  // with a copy exchange large enough, kernels::DeviceComm::
+  // CopyExchangeBytes) split each layer's row-parallel outputs into
+  // rows / exchange_chunk_rows row chunks (at most kMaxExchangeChunks): chunk
+  // c's all-reduce is a copy-engine send beside chunk c + 1's GEMM, and the
+  // layer runs chunk by chunk from the O projection to the next layer's QKV
+  // GEMM, so only the attention waits for all chunks. Chunks must be large
+  // enough for their GEMMs to stay compute bound: each reads the weights
+  // again. 0: off.
+  int exchange_chunk_rows = 0;
   // K of the bucketed row-parallel all-reduce (1: no overlap).
   int num_buckets = 1;
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an

@@ -468,6 +468,119 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
   });
 }
 
+// The copy exchange (CopySend on a side stream, CopyReceiveResidualNorm on
+// the main stream, event edges both ways) over row chunks of one message
+// gives bitwise the fused all-reduce + residual + RMSNorm of the whole
+// message: new residual and normalized output, bf16 and f32, two steps in a
+// row (each advancing the epoch, the flags reused) with other data each
+// step, identical on every rank; a flag or range outside the exchange is
+// refused.
+TEST_F(AllReduceGpuTest, CopyExchangeMatchesFusedResidualNorm) {
+  RunOnEveryTp(120'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+    CustomAllReduce::Options opt;
+    opt.copy_bytes = size_t{4} << 20;
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+                                                            Deadline::AfterMs(kSetupMs), opt));
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream main_stream, cuda::Stream::Create());
+    SYMTP_ASSIGN_OR_RETURN(cuda::Stream side_stream, cuda::Stream::Create());
+    const cudaStream_t s = main_stream.get(), side = side_stream.get();
+    constexpr float kEps = 1e-5f;
+    struct Shape {
+      DType t;
+      int64_t rows;
+      int hidden;
+      int chunks;
+    };
+    const Shape shapes[] = {{DType::kBF16, 256, 4096, 4}, {DType::kBF16, 200, 4104, 3},
+                            {DType::kF32, 130, 4096, 2}};
+    for (const Shape& sh : shapes) {
+      for (int step = 0; step < 2; ++step) {
+        const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
+        const size_t row_bytes = static_cast<size_t>(sh.hidden) * DTypeSize(sh.t);
+        const size_t bytes = n * DTypeSize(sh.t);
+        const std::string what = absl::StrCat("copy exchange ", DTypeName(sh.t), " ", sh.rows,
+                                              "x", sh.hidden, " in ", sh.chunks, " chunks, step ",
+                                              step);
+        const uint64_t seed = SeedOf(sh.t, n, 123 + step);
+        const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
+        const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
+        const kt::HostArray weight = kt::RandomInput(sh.t, sh.hidden, seed + 2, 0);
+        std::vector<cuda::DeviceBuffer> b;
+        for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes, row_bytes}) {
+          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
+          b.push_back(std::move(d));
+        }
+        // b: data1 res1 out1 (copy exchange) | data2 res2 out2 (fused) | weight
+        for (int k : {0, 3}) {
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
+          CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(b[k + 1].get(), residual.data(), bytes, cudaMemcpyHostToDevice, s));
+        }
+        CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
+        SYMTP_RETURN_IF_ERROR_CTX(ar->CopyBeginStep(s), what);
+        const int64_t per = (sh.rows + sh.chunks - 1) / sh.chunks;
+        std::vector<cuda::Event> ready, sent;
+        for (int c = 0; c < sh.chunks; ++c) {
+          SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
+          SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
+          ready.push_back(std::move(e1));
+          sent.push_back(std::move(e2));
+        }
+        auto off = [&](int c) { return static_cast<size_t>(c) * per * row_bytes; };
+        auto rows_of = [&](int c) { return std::min<int64_t>(per, sh.rows - c * per); };
+        const int op = step;  // both ops' slots
+        for (int c = 0; c < sh.chunks; ++c) {
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(ready[c].get(), s));
+          CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ready[c].get(), 0));
+          SYMTP_RETURN_IF_ERROR_CTX(
+              ar->CopySend(static_cast<char*>(b[0].get()) + off(c), off(c), rows_of(c) * row_bytes,
+                           op, 5 + c, side),
+              what);
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(sent[c].get(), side));
+        }
+        for (int c = sh.chunks - 1; c >= 0; --c) {  // any order of receives
+          CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, sent[c].get(), 0));
+          const ResidualNorm norm{static_cast<char*>(b[1].get()) + off(c), b[6].get(),
+                                  static_cast<char*>(b[2].get()) + off(c), rows_of(c), sh.hidden,
+                                  kEps};
+          SYMTP_RETURN_IF_ERROR_CTX(
+              ar->CopyReceiveResidualNorm(static_cast<char*>(b[0].get()) + off(c), c * per, op,
+                                          5 + c, norm, sh.t, s),
+              what);
+        }
+        const ResidualNorm fused{b[4].get(), b[6].get(), b[5].get(), sh.rows, sh.hidden, kEps};
+        SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[3].get(), fused, sh.t, s), what);
+        SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
+        SYMTP_RETURN_IF_ERROR(ar->Poll());
+        std::vector<kt::HostArray> got;
+        for (int k : {1, 2, 4, 5}) {
+          kt::HostArray h(sh.t, n);
+          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k].get(), bytes, cudaMemcpyDeviceToHost));
+          got.push_back(std::move(h));
+        }
+        const kt::HostArray sum = kt::ReferenceSum(sh.t, n, seed, size);
+        size_t res_wrong = 0, diff = 0;
+        for (size_t k = 0; k < n; ++k) {
+          const uint32_t want = kt::FromF32(sh.t, kt::ToF32(sh.t, residual.bits(k)) + sum.at(k));
+          res_wrong += got[0].bits(k) != want;
+          diff += got[0].bits(k) != got[2].bits(k) || got[1].bits(k) != got[3].bits(k);
+        }
+        CHECK_OR_RETURN(res_wrong == 0, what, ": ", res_wrong, " residual elements wrong");
+        CHECK_OR_RETURN(diff == 0, what, ": ", diff, " elements differ from the fused kernel's");
+        SYMTP_RETURN_IF_ERROR(SameOnAllRanks(ex, size, kt::HashOf(got[1]), what));
+      }
+    }
+    // Outside the exchange: a flag past kCopyFlags, a range past copy_bytes, op 2.
+    char* p = nullptr;
+    CHECK_OR_RETURN(!ar->CopySend(p, 0, 16, 0, kCopyExchangeFlags, s).ok(), "flag past the end");
+    CHECK_OR_RETURN(!ar->CopySend(p, ar->copy_bytes() - 16, 32, 0, 0, s).ok(), "range past the end");
+    CHECK_OR_RETURN(!ar->CopySend(p, 0, 16, 2, 0, s).ok(), "op 2");
+    return ar->Poll();
+  });
+}
+
 // A row-parallel GEMV that sends its output to the peers as LL lines
 // (GemvPush) followed by the fused all-reduce + RMSNorm that only receives
 // (norm.pushed) gives bitwise what Gemv followed by the fused call gives, at
