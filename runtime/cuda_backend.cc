@@ -104,8 +104,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
           o.custom.two_shot_min_bytes =
               static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
         }
-        if (opts.exchange_chunk_rows > 0 &&
-            opts.max_batched_tokens >= 2 * opts.exchange_chunk_rows) {
+        if (opts.exchange_min_rows > 0 && opts.max_batched_tokens >= opts.exchange_min_rows) {
           // Receive slots for a whole step's rows.
           o.custom.copy_bytes = static_cast<size_t>(opts.max_batched_tokens) * cfg.hidden *
                                 DTypeSize(opts.dtype);
@@ -133,7 +132,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     }
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
-    mo.exchange_chunk_rows = opts.exchange_chunk_rows;
+    mo.exchange_min_rows = opts.exchange_min_rows;
     mo.num_buckets = opts.buckets;
     mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
     mo.comm_stream_high_priority = opts.comm_priority == CommPriority::kHigh;

@@ -309,7 +309,7 @@ SYMTP_FLAG(gemv_allreduce_push, gemv_allreduce_push, "cuda bf16, TP > 1: a row-p
 SYMTP_FLAG(gemv_swiglu, gemv_swiglu, "cuda bf16: where the MLP's gate/up GEMM runs the GEMV, it applies SwiGLU's activation as it writes (no SiLU kernel; false: the GEMV then the SiLU kernel)", Switch);
 SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
 SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);
-SYMTP_FLAG(exchange_chunk_rows, exchange_chunk_rows, "cuda, TP > 1, custom all-reduce: a step of at least twice this many rows splits each row-parallel output into row chunks of about this size (at most 8), each sent to the peers by the copy engines while the next chunk computes and summed by the residual + RMSNorm kernel; 0: off", Int<0, (1 << 20)>);
+SYMTP_FLAG(exchange_min_rows, exchange_min_rows, "cuda, TP > 1, custom all-reduce: steps of at least this many rows (prefill) split each row-parallel output into two row chunks, the first sent to the peers by the copy engines while the second computes, each summed by the residual + RMSNorm kernel (0: off; steps of 512 rows lost with it)", Int<0, (1 << 20)>);
 SYMTP_FLAG(buckets, buckets, "all-reduce buckets per row-parallel layer (1: no overlap)", Int<1, 64>);
 SYMTP_FLAG(gemm_sm_margin, gemm_sm_margin, "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)", Int<0, 128>);
 SYMTP_FLAG(comm_priority, comm_priority, "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)", Choice<CommPriority>);

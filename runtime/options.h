@@ -99,7 +99,7 @@ struct JobOptions {
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.
-  int exchange_chunk_rows = 0;  // rows per chunk of the copy exchange (0: off)
+  int exchange_min_rows = 2048;  // fewest rows of a step that uses the copy exchange (0: off)
   int buckets = 1;
   int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
   CommPriority comm_priority = CommPriority::kNormal;  // the bucketed all-reduce's stream priority

@@ -30,8 +30,9 @@ namespace {
 using kernels::DType;
 
 constexpr size_t kAlign = 256;
-// Row chunks of the copy exchange per row-parallel output, at most.
-constexpr int kMaxExchangeChunks = 8;
+// Row chunks of the copy exchange per row-parallel output (GpuModelOptions::
+// exchange_min_rows: more chunks hid less than two).
+constexpr int kMaxExchangeChunks = 2;
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Offsets of named sub-buffers inside one allocation.
@@ -389,19 +390,20 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
 }
 
 int GpuModel::State::ExchangeChunks(int rows) const {
-  if (opt.exchange_chunk_rows <= 0 || comm == nullptr || tp <= 1 || opt.bench_skip_allreduce ||
-      rows < 2 * opt.exchange_chunk_rows ||
+  if (opt.exchange_min_rows <= 0 || comm == nullptr || tp <= 1 || opt.bench_skip_allreduce ||
+      rows < opt.exchange_min_rows || rows < 2 ||
       comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz) {
     return 1;
   }
-  return std::min(kMaxExchangeChunks, rows / opt.exchange_chunk_rows);
+  return kMaxExchangeChunks;
 }
 
 absl::Status GpuModel::State::ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
                                                cudaStream_t s) {
   const LayerPtrs& w = L[l];
   const void* next_qkv = l + 1 < cfg.layers ? L[l + 1].wqkv : nullptr;
-  // Chunks of whole 64-row tiles; the last may be short.
+  // Chunks of whole 64-row tiles; the last may be short (or, at fewer than
+  // 65 rows, absent).
   const int per = ((rows + chunks - 1) / chunks + 63) / 64 * 64;
   const int n_chunks = (rows + per - 1) / per;
   auto rows_of = [&](int c) { return std::min(per, rows - c * per); };
@@ -911,13 +913,13 @@ absl::Status GpuModel::State::Init() {
                         opt.max_batch_tokens, opt.max_seqs, opt.num_buckets,
                         opt.attention_split_chunk, opt.max_sampled_rows));
   }
-  if (opt.exchange_chunk_rows < 0 ||
-      (opt.exchange_chunk_rows > 0 &&
+  if (opt.exchange_min_rows < 0 ||
+      (opt.exchange_min_rows > 0 &&
        cfg.layers * 2 * kMaxExchangeChunks > kernels::kCopyExchangeFlags)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "GpuModel: exchange_chunk_rows %d: negative, or %d layers x 2 x %d chunks past the copy "
+        "GpuModel: exchange_min_rows %d: negative, or %d layers x 2 x %d chunks past the copy "
         "exchange's %d flags",
-        opt.exchange_chunk_rows, cfg.layers, kMaxExchangeChunks, kernels::kCopyExchangeFlags));
+        opt.exchange_min_rows, cfg.layers, kMaxExchangeChunks, kernels::kCopyExchangeFlags));
   }
   max_tokens = opt.max_batch_tokens;
   max_seqs = opt.max_seqs;
@@ -1084,7 +1086,7 @@ absl::Status GpuModel::State::Init() {
     ev_gemm.push_back(std::move(e1));
     ev_ar.push_back(std::move(e2));
   }
-  if (opt.exchange_chunk_rows > 0) {
+  if (opt.exchange_min_rows > 0) {
     for (int i = 0; i < 2 * kMaxExchangeChunks; ++i) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());

@@ -64,16 +64,17 @@ struct GpuModelOptions {
   int max_batch_tokens = 2048;
   int max_seqs = 256;
   int max_sampled_rows = 0;
-  // Steps of at least 2 x exchange_chunk_rows rows (TP > 1, a communicator
-  // with a copy exchange large enough, kernels::DeviceComm::
-  // CopyExchangeBytes) split each layer's row-parallel outputs into
-  // rows / exchange_chunk_rows row chunks (at most kMaxExchangeChunks): chunk
-  // c's all-reduce is a copy-engine send beside chunk c + 1's GEMM, and the
-  // layer runs chunk by chunk from the O projection to the next layer's QKV
-  // GEMM, so only the attention waits for all chunks. Chunks must be large
-  // enough for their GEMMs to stay compute bound: each reads the weights
-  // again. 0: off.
-  int exchange_chunk_rows = 0;
+  // Steps of at least exchange_min_rows rows (TP > 1, a communicator with a
+  // copy exchange large enough, kernels::DeviceComm::CopyExchangeBytes)
+  // split each layer's row-parallel outputs into two row chunks: chunk 0's
+  // all-reduce is a copy-engine send beside chunk 1's GEMM, and the layer
+  // runs chunk by chunk from the O projection to the next layer's QKV GEMM,
+  // so only the attention waits for both. Each chunk's GEMMs read the
+  // weights again, so the chunks must stay compute bound: on H100 x2
+  // (llama-8b, TP 2) two chunks gained from 2048 rows on and lost at 512,
+  // and more chunks gained less (bench/results/h100x2/copy_exchange/).
+  // 0: off.
+  int exchange_min_rows = 2048;
   // K of the bucketed row-parallel all-reduce (1: no overlap).
   int num_buckets = 1;
   // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an

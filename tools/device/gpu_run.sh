@@ -103,11 +103,11 @@ if has launch; then
       timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --tp=$tp $W --out="$d" >"$d.log" 2>&1
       echo "cuda fp32 tp=$tp allreduce=$ar exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
     done
-    # The copy exchange on every step of 64 rows or more (chunks of 32 rows, rounded up to 64).
+    # The copy exchange on every step of 64 rows or more.
     if (( tp > 1 )); then
       d=$R/launch/cuda_fp32_tp${tp}_exchange
-      timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=custom --exchange-chunk-rows=32 --tp=$tp $W --out="$d" >"$d.log" 2>&1
-      echo "cuda fp32 tp=$tp --exchange-chunk-rows=32 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+      timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=custom --exchange-min-rows=64 --tp=$tp $W --out="$d" >"$d.log" 2>&1
+      echo "cuda fp32 tp=$tp --exchange-min-rows=64 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
     fi
   done
   d=$R/launch/cuda_bf16_tp${TP_MAX}
