@@ -130,6 +130,32 @@ __device__ __forceinline__ uint4 SumUnits(const uint32_t (&in)[N][4]) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// Rows b, b + G, ... (G = the grid) of the block: each rank's partials from
+// src[rank] (rows of f.hidden elements), summed in rank order, then the
+// residual add and RMSNorm. `rin` holds row b's inputs on entry.
+template <typename T, int N, int kPer>
+__device__ __forceinline__ void NormRowsFrom(const FusedNormArgs& f, const char* const (&src)[N],
+                                             RowInputs<kPer>& rin, float* scratch) {
+  const int nunits = f.hidden / (16 / static_cast<int>(sizeof(T)));
+  for (int64_t row = blockIdx.x; row < f.rows; row += gridDim.x) {
+    if (row != blockIdx.x) LoadRowInputs<T, kPer>(f, row, rin);
+    uint4 sum[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int u = threadIdx.x + j * blockDim.x;
+      if (u >= nunits) continue;
+      uint32_t in[N][4];
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        const uint4 v = LdCg16(src[r] + (row * nunits + u) * 16);
+        in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
+      }
+      sum[j] = SumUnits<T, N>(in);
+    }
+    NormRow<T, kPer>(f, row, sum, rin, scratch);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // STAGED transport: push own rows into every peer's staging slot, flag every
 // peer, wait for every peer's flag, reduce from own rows and own slots.
@@ -180,23 +206,7 @@ __global__ void __launch_bounds__(1024) StagedNormKernel(DeviceArgs a, FusedNorm
         stage[r] = r == me ? static_cast<const char*>(f.data)
                            : my_base + StageSlot<N>(a, parity, me, r);
       }
-      for (int64_t row = b; row < f.rows; row += gridDim.x) {
-        if (row != b) LoadRowInputs<T, kPer>(f, row, rin);
-        uint4 sum[kPer];
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          const int u = tid + j * blockDim.x;
-          if (u >= nunits) continue;
-          uint32_t in[N][4];
-#pragma unroll
-          for (int r = 0; r < N; ++r) {
-            const uint4 v = LdCg16(stage[r] + (row * nunits + u) * 16);
-            in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
-          }
-          sum[j] = SumUnits<T, N>(in);
-        }
-        NormRow<T, kPer>(f, row, sum, rin, scratch);
-      }
+      NormRowsFrom<T, N, kPer>(f, stage, rin, scratch);
     }
   }
   __syncthreads();
@@ -389,13 +399,11 @@ __global__ void __launch_bounds__(1024) CopyNormKernel(DeviceArgs a, FusedNormAr
   SYMTP_TRACE_KERNEL(kFusedNormCopy);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();
-  constexpr int kN = 16 / sizeof(T);
   __shared__ float scratch[32];
   __shared__ int s_fail;
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
   const int me = a.rank;
-  const int nunits = f.hidden / kN;
   const uint32_t e =
       *reinterpret_cast<const volatile uint32_t*>(BaseOf<N>(a, me) + kCopyEpochOffset);
   if (tid == 0) s_fail = 0;
@@ -415,23 +423,7 @@ __global__ void __launch_bounds__(1024) CopyNormKernel(DeviceArgs a, FusedNormAr
     src[r] = r == me ? static_cast<const char*>(f.data)
                      : CopySlot<N>(a, f.copy_op, r) + f.copy_row0 * row_bytes;
   }
-  for (int64_t row = b; row < f.rows; row += gridDim.x) {
-    if (row != b) LoadRowInputs<T, kPer>(f, row, rin);
-    uint4 sum[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int u = tid + j * blockDim.x;
-      if (u >= nunits) continue;
-      uint32_t in[N][4];
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        const uint4 v = LdCg16(src[r] + (row * nunits + u) * 16);
-        in[r][0] = v.x, in[r][1] = v.y, in[r][2] = v.z, in[r][3] = v.w;
-      }
-      sum[j] = SumUnits<T, N>(in);
-    }
-    NormRow<T, kPer>(f, row, sum, rin, scratch);
-  }
+  NormRowsFrom<T, N, kPer>(f, src, rin, scratch);
 }
 
 template <typename T, int N, int kPer>
