@@ -617,17 +617,14 @@ absl::Status CustomAllReduce::CopySend(const void* data, size_t offset_bytes, si
   const char* epoch = buffer_ + allreduce_internal::kCopyEpochOffset;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    // This rank's slot at p: src slot rank - (rank > p) of op's region.
-    const size_t slot = static_cast<size_t>(op) * (size_ - 1) + (rank_ - (rank_ > p ? 1 : 0));
-    char* dst = peers_[p] + args_.copy_offset + slot * copy_bytes_ + offset_bytes;
+    char* dst = peers_[p] + allreduce_internal::CopySlotOffset(args_, op, p, rank_) + offset_bytes;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, data, bytes, cudaMemcpyDeviceToDevice, stream));
   }
   // The flags after all the data: in stream order, each copy completes
   // (its writes performed at the peer) before the next starts.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    char* dst = peers_[p] + args_.copy_flags_offset +
-                (static_cast<size_t>(flag) * allreduce_internal::kMaxRanks + rank_) * 4;
+    char* dst = peers_[p] + allreduce_internal::CopyFlagOffset(args_, flag, rank_);
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, epoch, 4, cudaMemcpyDeviceToDevice, stream));
   }
   return absl::OkStatus();

@@ -119,4 +119,14 @@ struct DeviceArgs {
   size_t copy_bytes;
 };
 
+// Copy exchange: where rank `src`'s bytes of `op` land in rank `owner`'s
+// buffer (src's slot is src - (src > owner)), and src's flag `flag` there.
+SYMTP_AR_HD inline size_t CopySlotOffset(const DeviceArgs& a, int op, int owner, int src) {
+  const size_t slot = static_cast<size_t>(op) * (a.size - 1) + (src - (src > owner ? 1 : 0));
+  return a.copy_offset + slot * a.copy_bytes;
+}
+SYMTP_AR_HD inline size_t CopyFlagOffset(const DeviceArgs& a, int flag, int src) {
+  return a.copy_flags_offset + (static_cast<size_t>(flag) * kMaxRanks + src) * 4;
+}
+
 }  // namespace symtp::kernels::allreduce_internal

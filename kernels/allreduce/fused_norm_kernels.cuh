@@ -387,13 +387,6 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
 // reach this rank's step epoch, reduce from own rows and the slots. Nothing
 // is sent here. Any grid: block b owns rows b, b + G, ...
 // ---------------------------------------------------------------------------
-template <int N>
-__device__ __forceinline__ const char* CopySlot(const DeviceArgs& a, int op, int src) {
-  const int slot = src - (src > a.rank);
-  return a.base[a.rank] + a.copy_offset +
-         (static_cast<size_t>(op) * (N - 1) + static_cast<size_t>(slot)) * a.copy_bytes;
-}
-
 template <typename T, int N, int kPer>
 __global__ void __launch_bounds__(1024) CopyNormKernel(DeviceArgs a, FusedNormArgs f) {
   SYMTP_TRACE_KERNEL(kFusedNormCopy);
@@ -421,7 +414,7 @@ __global__ void __launch_bounds__(1024) CopyNormKernel(DeviceArgs a, FusedNormAr
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     src[r] = r == me ? static_cast<const char*>(f.data)
-                     : CopySlot<N>(a, f.copy_op, r) + f.copy_row0 * row_bytes;
+                     : BaseOf<N>(a, me) + CopySlotOffset(a, f.copy_op, me, r) + f.copy_row0 * row_bytes;
   }
   NormRowsFrom<T, N, kPer>(f, src, rin, scratch);
 }

@@ -194,6 +194,48 @@ std::vector<size_t> SpecCounts(DType t) {
   return {1, 3, 1023, 4097, (64 << 10) / es, (256 << 10) / es, ((1 << 20) - 2) / es};
 }
 
+// Inputs of two residual + RMSNorm calls to compare, on the device:
+// b = data1 res1 out1 | data2 res2 out2 | weight, both data this rank's
+// RandomInput(seed), both residuals the replicated RandomInput(seed + 1), the
+// weight RandomInput(seed + 2) (uploaded on `s`).
+struct NormPair {
+  DType t;
+  size_t n;
+  kt::HostArray residual, weight;
+  std::vector<cuda::DeviceBuffer> b;
+};
+
+absl::StatusOr<NormPair> UploadNormPair(DType t, int64_t rows, int hidden, uint64_t seed, int rank,
+                                        cudaStream_t s) {
+  NormPair p{t, static_cast<size_t>(rows) * hidden, kt::RandomInput(t, rows * hidden, seed + 1, 0),
+             kt::RandomInput(t, hidden, seed + 2, 0), {}};
+  const kt::HostArray input = kt::RandomInput(t, p.n, seed, rank);
+  const size_t bytes = p.n * DTypeSize(t);
+  for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes, p.weight.bytes()}) {
+    SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
+    p.b.push_back(std::move(d));
+  }
+  for (int k : {0, 3}) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(p.b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(p.b[k + 1].get(), p.residual.data(), bytes, cudaMemcpyHostToDevice, s));
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(p.b[6].get(), p.weight.data(), p.weight.bytes(), cudaMemcpyHostToDevice, s));
+  return p;
+}
+
+// {res1, out1, res2, out2} of a NormPair, after its calls completed.
+absl::StatusOr<std::vector<kt::HostArray>> DownloadNormPair(const NormPair& p) {
+  std::vector<kt::HostArray> got;
+  for (int k : {1, 2, 4, 5}) {
+    kt::HostArray h(p.t, p.n);
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), p.b[k].get(), h.bytes(), cudaMemcpyDeviceToHost));
+    got.push_back(std::move(h));
+  }
+  return got;
+}
+
 class AllReduceGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -394,24 +436,12 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
                          CustomAllReduce::ProtocolName(ar->FusedProtocolFor(bytes)),
                          wide_ll ? " (LL limits 1 MiB)" : "");
         const uint64_t seed = SeedOf(sh.t, n, 99);
-        const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
-        const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
-        const kt::HostArray weight = kt::RandomInput(sh.t, sh.hidden, seed + 2, 0);
-        std::vector<cuda::DeviceBuffer> b;
-        for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes,
-                               static_cast<size_t>(sh.hidden) * DTypeSize(sh.t)}) {
-          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
-          b.push_back(std::move(d));
-        }
+        SYMTP_ASSIGN_OR_RETURN(const NormPair pair,
+                               UploadNormPair(sh.t, sh.rows, sh.hidden, seed, rank, s));
+        const kt::HostArray& residual = pair.residual;
+        const kt::HostArray& weight = pair.weight;
+        const std::vector<cuda::DeviceBuffer>& b = pair.b;
         // b: data1 res1 out1 (fused) | data2 res2 out2 (two kernels) | weight
-        for (int k : {0, 3}) {
-          CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
-          CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(b[k + 1].get(), residual.data(), bytes, cudaMemcpyHostToDevice, s));
-        }
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
         const ResidualNorm fused{b[1].get(), b[6].get(), b[2].get(), sh.rows, sh.hidden, kEps};
         CHECK_OR_RETURN(ar->FusesResidualNorm(fused, sh.t), what, ": not fusable");
         SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[0].get(), fused, sh.t, s), what);
@@ -421,12 +451,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
                                   what);
         SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
         SYMTP_RETURN_IF_ERROR(ar->Poll());
-        std::vector<kt::HostArray> got;
-        for (int k : {1, 2, 4, 5}) {
-          kt::HostArray h(sh.t, n);
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k].get(), bytes, cudaMemcpyDeviceToHost));
-          got.push_back(std::move(h));
-        }
+        SYMTP_ASSIGN_OR_RETURN(const std::vector<kt::HostArray> got, DownloadNormPair(pair));
         const kt::HostArray sum = kt::ReferenceSum(sh.t, n, seed, size);
         size_t res_wrong = 0, out_diff = 0, out_far = 0;
         for (int64_t r = 0; r < sh.rows; ++r) {
@@ -497,28 +522,15 @@ TEST_F(AllReduceGpuTest, CopyExchangeMatchesFusedResidualNorm) {
       for (int step = 0; step < 2; ++step) {
         const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
         const size_t row_bytes = static_cast<size_t>(sh.hidden) * DTypeSize(sh.t);
-        const size_t bytes = n * DTypeSize(sh.t);
         const std::string what = absl::StrCat("copy exchange ", DTypeName(sh.t), " ", sh.rows,
                                               "x", sh.hidden, " in ", sh.chunks, " chunks, step ",
                                               step);
         const uint64_t seed = SeedOf(sh.t, n, 123 + step);
-        const kt::HostArray input = kt::RandomInput(sh.t, n, seed, rank);
-        const kt::HostArray residual = kt::RandomInput(sh.t, n, seed + 1, 0);  // replicated
-        const kt::HostArray weight = kt::RandomInput(sh.t, sh.hidden, seed + 2, 0);
-        std::vector<cuda::DeviceBuffer> b;
-        for (size_t bytes_i : {bytes, bytes, bytes, bytes, bytes, bytes, row_bytes}) {
-          SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer d, cuda::DeviceBuffer::Create(bytes_i));
-          b.push_back(std::move(d));
-        }
+        SYMTP_ASSIGN_OR_RETURN(const NormPair pair,
+                               UploadNormPair(sh.t, sh.rows, sh.hidden, seed, rank, s));
+        const kt::HostArray& residual = pair.residual;
+        const std::vector<cuda::DeviceBuffer>& b = pair.b;
         // b: data1 res1 out1 (copy exchange) | data2 res2 out2 (fused) | weight
-        for (int k : {0, 3}) {
-          CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(b[k].get(), input.data(), bytes, cudaMemcpyHostToDevice, s));
-          CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(b[k + 1].get(), residual.data(), bytes, cudaMemcpyHostToDevice, s));
-        }
-        CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(b[6].get(), weight.data(), weight.bytes(), cudaMemcpyHostToDevice, s));
         SYMTP_RETURN_IF_ERROR_CTX(ar->CopyBeginStep(s), what);
         const int64_t per = (sh.rows + sh.chunks - 1) / sh.chunks;
         std::vector<cuda::Event> ready, sent;
@@ -554,12 +566,7 @@ TEST_F(AllReduceGpuTest, CopyExchangeMatchesFusedResidualNorm) {
         SYMTP_RETURN_IF_ERROR_CTX(ar->AllReduceResidualNorm(b[3].get(), fused, sh.t, s), what);
         SYMTP_RETURN_IF_ERROR_CTX(SyncStream(s, Deadline::AfterMs(30'000)), what);
         SYMTP_RETURN_IF_ERROR(ar->Poll());
-        std::vector<kt::HostArray> got;
-        for (int k : {1, 2, 4, 5}) {
-          kt::HostArray h(sh.t, n);
-          CUDA_RETURN_IF_ERROR(cudaMemcpy(h.data(), b[k].get(), bytes, cudaMemcpyDeviceToHost));
-          got.push_back(std::move(h));
-        }
+        SYMTP_ASSIGN_OR_RETURN(const std::vector<kt::HostArray> got, DownloadNormPair(pair));
         const kt::HostArray sum = kt::ReferenceSum(sh.t, n, seed, size);
         size_t res_wrong = 0, diff = 0;
         for (size_t k = 0; k < n; ++k) {
