@@ -133,9 +133,6 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.exchange_min_rows = opts.exchange_min_rows;
-    mo.num_buckets = opts.buckets;
-    mo.bucket_gemm_sm_margin = opts.gemm_sm_margin;
-    mo.comm_stream_high_priority = opts.comm_priority == CommPriority::kHigh;
     const bool tiled = opts.attention == Attention::kTiled;
     mo.attention_decode_kernel = tiled ? kernels::DecodeKernel::kTiled : kernels::DecodeKernel::kTensorCore;
     mo.attention_prefill_kernel = tiled ? kernels::PrefillKernel::kTiled : kernels::PrefillKernel::kTensorCore;
@@ -248,9 +245,10 @@ class CudaBackend : public Backend, public BatchBroadcast {
 
   std::string Describe() const override {
     return absl::StrFormat(
-        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), buckets %d, graphs %s",
+        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d, "
+        "graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(), opts_.buckets, opts_.cuda_graphs ? "on" : "off");
+        model_->num_kv_blocks(), opts_.exchange_min_rows, opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 

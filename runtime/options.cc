@@ -310,9 +310,6 @@ SYMTP_FLAG(gemv_swiglu, gemv_swiglu, "cuda bf16: where the MLP's gate/up GEMM ru
 SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
 SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);
 SYMTP_FLAG(exchange_min_rows, exchange_min_rows, "cuda, TP > 1, custom all-reduce: steps of at least this many rows (prefill) split each row-parallel output into two row chunks, the first sent to the peers by the copy engines while the second computes, each summed by the residual + RMSNorm kernel (0: off; steps of 512 rows lost with it)", Int<0, (1 << 20)>);
-SYMTP_FLAG(buckets, buckets, "all-reduce buckets per row-parallel layer (1: no overlap)", Int<1, 64>);
-SYMTP_FLAG(gemm_sm_margin, gemm_sm_margin, "with --buckets > 1: SMs the GEMMs beside an all-reduce leave free for it (0: none)", Int<0, 128>);
-SYMTP_FLAG(comm_priority, comm_priority, "with --buckets > 1: stream priority of the all-reduce side stream (high: scheduled before GEMM blocks)", Choice<CommPriority>);
 SYMTP_FLAG(bench_skip_allreduce, bench_skip_allreduce, "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)", Switch);
 SYMTP_TOPIC(timeouts, "Timeouts");
 SYMTP_FLAG(step_timeout_ms, step_timeout_ms, "deadline of any wait inside a step", I64<1, (int64_t{1} << 40)>);

@@ -32,8 +32,6 @@ enum class Mode { kV1, kV0 };  // v1: scheduler process, diffs; v0: rank 0 sched
 SYMTP_NAMES(Mode, {kV1, "v1"}, {kV0, "v0"})
 enum class AllReduce { kAuto, kNccl, kCustom };
 SYMTP_NAMES(AllReduce, {kAuto, "auto"}, {kNccl, "nccl"}, {kCustom, "custom"})
-enum class CommPriority { kNormal, kHigh };
-SYMTP_NAMES(CommPriority, {kNormal, "normal"}, {kHigh, "high"})
 enum class Attention { kTiled, kTensorCore };
 SYMTP_NAMES(Attention, {kTiled, "tiled"}, {kTensorCore, "tensor-core"})
 enum class LengthKind { kFixed, kUniform, kNormal, kLognormal };
@@ -100,9 +98,6 @@ struct JobOptions {
 
   // CUDA backend.
   int exchange_min_rows = 2048;  // fewest rows of a step that uses the copy exchange (0: off)
-  int buckets = 1;
-  int gemm_sm_margin = 0;  // SMs the bucketed GEMMs leave to the all-reduce beside them
-  CommPriority comm_priority = CommPriority::kNormal;  // the bucketed all-reduce's stream priority
   bool cuda_graphs = true;
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   AllReduce allreduce = AllReduce::kAuto;

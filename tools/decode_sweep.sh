@@ -5,7 +5,7 @@
 #   tools/decode_sweep.sh [--models "llama-8b-shape llama-70b-shape"] [--overrides layers=4]
 #       [--tps "1 2"] [--batches "1 8 32 128 256 512"] [--graphs "true false"] [--context 1024]
 #       [--steps 30] [--backend cuda] [--attention "tensor-core"] [--out out/decode]
-#       [--extra "--buckets=4"]   (more launcher flags for every run)
+#       [--extra "--allreduce=nccl"]   (more launcher flags for every run)
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Launcher flags measured side by side (GPU), e.g. the all-reduce overlap: for
-# each shape, one job per arm (default: --buckets=1 and --buckets=4), the arms alternating
+# each shape, one job per arm (default: the copy exchange off and at its
+# default threshold), the arms alternating
 # within each repeat, all in one build on one machine. Reports the GPU forward
 # time per step (CUDA events; median over the measured steps, then over the
 # repeats), each arm against the first, and with --noar the share of the
@@ -12,7 +13,7 @@
 # beside decode rows, 32 running).
 #   tools/overlap.sh [--tp 2] [--model llama-8b-shape] [--overrides layers=32]
 #       [--shapes "decode32@1024 decode256@1024 prefill4096 mixed"] [--repeats 2]
-#       [--arms "k1=--buckets=1 k4=--buckets=4,--gemm-sm-margin=16"]
+#       [--arms "off=--exchange-min-rows=0 on=--exchange-min-rows=1024"]
 #       [--noar] [--out DIR]   (an arm is NAME=FLAGS, FLAGS comma-separated)
 #       [-- more launcher flags for every run]
 # Uses $SYMTP_BIN when set (the device run script), else tools/launch.sh;
@@ -21,9 +22,9 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TP=2 MODEL=llama-8b-shape OVERRIDES=layers=32 OUT=out/overlap REPEATS=2 NOAR=0
 SHAPES="decode32@1024 decode64@1024 decode128@1024 decode256@1024 decode512@1024 prefill512 prefill4096 mixed"
-ARMS="k1=--buckets=1 k4=--buckets=4"
+ARMS="off=--exchange-min-rows=0 on="
 EXTRA=()
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case $1 in
     --tp) TP=$2; shift 2;; --model) MODEL=$2; shift 2;; --overrides) OVERRIDES=$2; shift 2;;

@@ -23,7 +23,6 @@ struct PlanKey {
   DType in_dtype = DType::kBF16, out_dtype = DType::kBF16;
   uint64_t workspace_bytes = 0;
   int align_a = 0, align_w = 0, align_c = 0;  // pointer alignment in bytes (power of two <= 256)
-  int sm_count_target = 0;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -105,13 +104,6 @@ absl::StatusOr<Plan> BuildPlan(cublasLtHandle_t h, const PlanKey& key, const Gem
   s = check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)),
             "set TRANSB");
   if (!s.ok()) return fail(s);
-  if (g.sm_count_target > 0) {
-    const int32_t sms = g.sm_count_target;
-    s = check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
-                                             sizeof(sms)),
-              "set SM_COUNT_TARGET");
-    if (!s.ok()) return fail(s);
-  }
   s = check(cublasLtMatrixLayoutCreate(&p.w, in, static_cast<uint64_t>(g.k),
                                        static_cast<uint64_t>(g.n), ldw),
             "layout W");
@@ -187,7 +179,6 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
   key.align_a = AlignmentOf(g.a);
   key.align_w = AlignmentOf(g.w);
   key.align_c = AlignmentOf(g.c);
-  key.sm_count_target = g.sm_count_target;
   auto it = st->plans.find(key);
   if (it == st->plans.end()) {
     SYMTP_ASSIGN_OR_RETURN(Plan plan, BuildPlan(st->handle, key, g));

@@ -58,9 +58,6 @@ struct GemmArgs {
   DType out_dtype = DType::kBF16;  // C: in_dtype, or kF32 with bf16 inputs
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // > 0: ask cuBLASLt to run on at most this many SMs (leaves the rest to a
-  // kernel running beside it, e.g. an all-reduce on a side stream).
-  int sm_count_target = 0;
 };
 
 // Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a
@@ -104,8 +101,8 @@ inline constexpr int64_t kGemvMaxK = 16384;
 // strides multiples of 8, A and W 16-byte aligned.
 bool GemvSupports(const GemmArgs& args);
 
-// Enqueues C = A · Wᵀ on `stream` (workspace and sm_count_target are
-// ignored). InvalidArgument when !GemvSupports(args).
+// Enqueues C = A · Wᵀ on `stream` (the workspace is ignored).
+// InvalidArgument when !GemvSupports(args).
 absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
 
 // Gemv that also sends C, once each block has written its part, to every

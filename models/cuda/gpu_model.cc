@@ -151,10 +151,10 @@ struct GpuModel::State {
   size_t weight_bytes = 0, kv_bytes = 0;
 
   kernels::CublasLtHandle gemm;
+  // The copy exchange's sends run on `side`. Events [op * kMaxExchangeChunks
+  // + chunk]: the chunk ready on the main stream (edge in) and its send
+  // complete on the side stream (edge out).
   cuda::Stream side;
-  std::vector<cuda::Event> ev_gemm, ev_ar;
-  // Copy exchange: [op * kMaxExchangeChunks + chunk], chunk ready on the main
-  // stream (edge in) and its send complete on the side stream (edge out).
   std::vector<cuda::Event> ev_chunk_ready, ev_chunk_sent;
   cuda::Event step_done;
   cuda::Event staging_done[2];
@@ -178,7 +178,6 @@ struct GpuModel::State {
   void* attn_ws = nullptr;
   size_t attn_ws_bytes = 0;
   void* gemm_ws = nullptr;
-  void* bucket_tmp = nullptr;  // [rows, H] split in column buckets (num_buckets > 1)
 
   // Device inputs.
   int32_t *d_tokens = nullptr, *d_positions = nullptr, *d_slots = nullptr, *d_prev_row = nullptr,
@@ -245,10 +244,10 @@ struct GpuModel::State {
   absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
                                 cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
-                    cudaStream_t s, int sm_count_target = 0);
+                    cudaStream_t s);
   // Whether Gemm runs `g` on kernels::Gemv rather than cuBLASLt.
   bool TakesGemv(const kernels::GemmArgs& g) const {
-    return g.m <= opt.gemv_max_rows && g.sm_count_target == 0 && kernels::GemvSupports(g);
+    return g.m <= opt.gemv_max_rows && kernels::GemvSupports(g);
   }
   absl::Status Mark(int cls, cudaStream_t s);
   // StepShape::shard_k for a step that samples with `params` on the device.
@@ -274,12 +273,11 @@ std::vector<int> DefaultGraphSizes() {
 }  // namespace
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
-                                   DType out_dt, cudaStream_t s, int sm_count_target) {
+                                   DType out_dt, cudaStream_t s) {
   const bool ws = m >= opt.gemm_workspace_min_rows;
   kernels::GemmArgs g = kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, ws ? gemm_ws : nullptr,
                                                     ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
-  g.sm_count_target = sm_count_target;
   if (TakesGemv(g)) return kernels::Gemv(g, s);
   return kernels::Gemm(gemm, g, s);
 }
@@ -311,19 +309,12 @@ int GpuModel::State::ShardedSamplingSlots(absl::Span<const SamplingParams> param
 
 absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, void* out, int rows,
                                           const void* norm_weight, cudaStream_t s) {
-  // A size-1 comm is still called (identity): exercises the bucketing on one GPU.
   const bool reduce = comm != nullptr && !opt.bench_skip_allreduce;
-  const int nb = comm != nullptr ? opt.num_buckets : 1;
-  // The residual add + RMSNorm after the sum: fused into the all-reduce when
-  // the communicator takes this shape, else its own kernel.
-  const kernels::ResidualNorm norm{x, norm_weight, h, rows, H, cfg.rms_eps};
-  auto apply_norm = [&]() -> absl::Status {
-    if (norm_weight == nullptr) return absl::OkStatus();
-    return kernels::AddRmsNorm(x, out, norm_weight, h, rows, H, cfg.rms_eps, dt, s);
-  };
-  if (nb <= 1) {
-    if (reduce && norm_weight != nullptr && opt.fuse_allreduce_norm &&
-        comm->FusesResidualNorm(norm, dt)) {
+  if (reduce && norm_weight != nullptr && opt.fuse_allreduce_norm) {
+    // The residual add + RMSNorm after the sum, fused into the all-reduce
+    // where the communicator takes this shape.
+    const kernels::ResidualNorm norm{x, norm_weight, h, rows, H, cfg.rms_eps};
+    if (comm->FusesResidualNorm(norm, dt)) {
       // Where the GEMM is a GEMV and the communicator allows it, the GEMV
       // sends its output itself and the fused kernel only receives (the
       // GEMV reads neither x nor h, which the fused kernel may write while
@@ -341,52 +332,14 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
       return Annotate(comm->AllReduceResidualNorm(out, pushed, dt, s),
                       "row-parallel all-reduce + residual + RMSNorm");
     }
-    SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
-    if (reduce) {
-      SYMTP_RETURN_IF_ERROR_CTX(comm->AllReduceSum(out, static_cast<size_t>(rows) * H, dt, s),
-                                "row-parallel all-reduce");
-    }
-    return apply_norm();
   }
-  // Buckets split the output columns (the hidden dimension), not the tokens:
-  // bucket b computes out[:, n0:n1] from the weight rows n0..n1, so the
-  // weights are read once in total (a token split re-reads all of them per
-  // bucket, which costs more than it hides in weight-bound decode). Each
-  // bucket lands contiguous in bucket_tmp, is all-reduced there on the side
-  // stream while the next bucket's GEMM runs, and is copied into its columns
-  // of `out` on the side stream. With bench_skip_allreduce the split and the
-  // copies stay and only the all-reduce is left out (t_K,noAR).
-  const int per = ((H + nb - 1) / nb + 7) / 8 * 8;
-  int last = -1;
-  for (int b = 0; b < nb; ++b) {
-    const int n0 = b * per;
-    if (n0 >= H) break;
-    const int n1 = std::min(H, n0 + per);
-    const int width = n1 - n0;
-    void* tb = Offset(bucket_tmp, static_cast<size_t>(rows) * n0 * esz);
-    const int sms = b > 0 && reduce && opt.bucket_gemm_sm_margin > 0
-                        ? std::max(1, num_sms - opt.bucket_gemm_sm_margin)
-                        : 0;
-    SYMTP_RETURN_IF_ERROR(
-        Gemm(in, Offset(w, static_cast<size_t>(n0) * k * esz), tb, rows, width, k, dt, s, sms));
-    // Edge in: the side stream waits for exactly this bucket's GEMM.
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_gemm[b].get(), s));
-    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_gemm[b].get(), 0));
-    if (reduce) {
-      SYMTP_RETURN_IF_ERROR_CTX(
-          comm->AllReduceSum(tb, static_cast<size_t>(rows) * width, dt, side.get()),
-          absl::StrCat("row-parallel all-reduce, bucket ", b));
-    }
-    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(Offset(out, static_cast<size_t>(n0) * esz), H * esz, tb,
-                                           width * esz, width * esz, rows, cudaMemcpyDeviceToDevice,
-                                           side.get()));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_ar[b].get(), side.get()));
-    last = b;
+  SYMTP_RETURN_IF_ERROR(Gemm(in, w, out, rows, H, k, dt, s));
+  if (reduce) {
+    SYMTP_RETURN_IF_ERROR_CTX(comm->AllReduceSum(out, static_cast<size_t>(rows) * H, dt, s),
+                              "row-parallel all-reduce");
   }
-  // Edge out: the side stream runs the buckets in order, so the consumer
-  // waiting for the last one waits for all.
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_ar[last].get(), 0));
-  return apply_norm();
+  if (norm_weight == nullptr) return absl::OkStatus();
+  return kernels::AddRmsNorm(x, out, norm_weight, h, rows, H, cfg.rms_eps, dt, s);
 }
 
 int GpuModel::State::ExchangeChunks(int rows) const {
@@ -905,13 +858,13 @@ absl::Status GpuModel::State::Init() {
     return absl::InvalidArgumentError(absl::StrFormat("GpuModel: gemv_max_rows %d outside [0, %d]",
                                                       opt.gemv_max_rows, kernels::kGemvMaxRows));
   }
-  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.num_buckets < 1 ||
-      opt.bucket_gemm_sm_margin < 0 || opt.attention_split_chunk < 16 || opt.max_sampled_rows < 0) {
+  if (opt.max_batch_tokens < 1 || opt.max_seqs < 1 || opt.attention_split_chunk < 16 ||
+      opt.max_sampled_rows < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("GpuModel: bad options max_batch_tokens=%d max_seqs=%d num_buckets=%d "
+        absl::StrFormat("GpuModel: bad options max_batch_tokens=%d max_seqs=%d "
                         "attention_split_chunk=%d max_sampled_rows=%d",
-                        opt.max_batch_tokens, opt.max_seqs, opt.num_buckets,
-                        opt.attention_split_chunk, opt.max_sampled_rows));
+                        opt.max_batch_tokens, opt.max_seqs, opt.attention_split_chunk,
+                        opt.max_sampled_rows));
   }
   if (opt.exchange_min_rows < 0 ||
       (opt.exchange_min_rows > 0 &&
@@ -995,7 +948,6 @@ absl::Status GpuModel::State::Init() {
         max_splits > 1 ? kernels::PagedAttentionWorkspaceBytes(max_seqs, NHl, D, max_splits) : 0;
     const size_t o_aws = c.Take(attn_ws_bytes);
     const size_t o_gws = c.Take(opt.gemm_workspace_bytes);
-    const size_t o_bt = opt.num_buckets > 1 ? c.Take(T * H * esz) : 0;
     SYMTP_ASSIGN_OR_RETURN(acts, cuda::DeviceBuffer::Create(c.size()));
     x = At<void>(acts, o_x);
     h = At<void>(acts, o_h);
@@ -1011,7 +963,6 @@ absl::Status GpuModel::State::Init() {
     sampled = At<int32_t>(acts, o_smp);
     attn_ws = attn_ws_bytes ? At<void>(acts, o_aws) : nullptr;
     gemm_ws = At<void>(acts, o_gws);
-    bucket_tmp = opt.num_buckets > 1 ? At<void>(acts, o_bt) : nullptr;
     CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(sampled, 0, static_cast<size_t>(max_sampled) * sizeof(int32_t), s));
   }
@@ -1071,22 +1022,8 @@ absl::Status GpuModel::State::Init() {
   }
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
-  int side_priority = 0;
-  if (opt.comm_stream_high_priority) {
-    // The greatest priority is the numerically lowest: the block scheduler
-    // then prefers the all-reduce's CTAs whenever a GEMM's CTAs retire.
-    int least = 0, greatest = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    side_priority = greatest;
-  }
-  SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create(side_priority));
-  for (int b = 0; b < opt.num_buckets; ++b) {
-    SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
-    SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
-    ev_gemm.push_back(std::move(e1));
-    ev_ar.push_back(std::move(e2));
-  }
   if (opt.exchange_min_rows > 0) {
+    SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create());
     for (int i = 0; i < 2 * kMaxExchangeChunks; ++i) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());

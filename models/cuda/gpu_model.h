@@ -18,14 +18,13 @@
 //      next step can read directly) and copies tokens / logits to pinned host
 //      memory asynchronously, then records the step's done-event.
 //
-// Row-parallel layers are one function that splits the output (hidden)
-// columns into K buckets (GpuModelOptions::num_buckets), so the weights are
-// read once whatever K: bucket i's GEMM runs on `stream` into a contiguous
-// bucket buffer, its all-reduce and the copy into its columns on a side
-// stream that waits on the GEMM's event; `stream` waits on the last bucket's
-// event before anything reads the result. No
-// device-wide synchronization anywhere in a step; at most K all-reduces in
-// flight. K = 1 is the no-overlap baseline.
+// Row-parallel layers (wo, w_down) run their GEMM, then the all-reduce with
+// the residual add and the next RMSNorm fused where the communicator can. A
+// step of at least GpuModelOptions::exchange_min_rows rows instead runs them
+// in row chunks (the mission's buckets): chunk c's all-reduce is a
+// copy-engine send on a side stream, entered and left by CUDA events, while
+// chunk c+1's GEMM runs on `stream`. No device-wide synchronization anywhere
+// in a step.
 //
 // Thread-compatibility: one thread drives a GpuModel. Every call makes
 // `device` current on the calling thread.
@@ -75,20 +74,11 @@ struct GpuModelOptions {
   // and more chunks gained less (bench/results/h100x2/copy_exchange/).
   // 0: off.
   int exchange_min_rows = 2048;
-  // K of the bucketed row-parallel all-reduce (1: no overlap).
-  int num_buckets = 1;
-  // With K > 1: the GEMMs of buckets 1..K-1 (those that run beside an
-  // all-reduce) are asked to leave this many SMs free for it (0: all SMs).
-  int bucket_gemm_sm_margin = 0;
   // Run each row-parallel all-reduce together with the residual add and
   // RMSNorm after it as one kernel where the communicator can
   // (DeviceComm::FusesResidualNorm: the custom all-reduce's sizes); false:
   // the all-reduce, then AddRmsNorm.
   bool fuse_allreduce_norm = true;
-  // Create the bucketed all-reduce's side stream with the device's greatest
-  // stream priority (false: default priority, as the committed overlap
-  // results were measured).
-  bool comm_stream_high_priority = false;
   // Decode batches (one token per sequence, every sequence sampled in
   // order) of up to the largest graph batch size are padded to the next
   // graph batch size (eager too, so graph and eager compute the same bits);
@@ -148,7 +138,7 @@ struct GpuModelOptions {
   // batch 1 / 4: 0.985 / 0.966x at TP 4; bench/results/h100x2/gemv_swiglu/).
   bool gemv_swiglu = true;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
-  // TP > 1) to measure how much of them the bucketing hides. With it, a
+  // TP > 1) to measure how much of them the copy exchange hides. With it, a
   // TP > 1 shard may also run alone (no DeviceComm: one rank's kernels on
   // one GPU, e.g. to time its GEMM shapes); it then samples from its own
   // vocabulary shard, skipping the LM-head all-gather.

@@ -59,17 +59,15 @@ class GemmTest : public testing::GpuTest {
     testing::FinishHostCopies();
   }
 
-  void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad,
-             int sm_count_target = 0) {
-    CheckStrided(M, N, K, K + pad, K + pad, N + pad, in, out, sm_count_target);
+  void Check(int64_t M, int64_t N, int64_t K, DType in, DType out, int64_t pad) {
+    CheckStrided(M, N, K, K + pad, K + pad, N + pad, in, out);
   }
 
   void CheckStrided(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldw, int64_t ldc,
-                    DType in, DType out, int sm_count_target) {
+                    DType in, DType out) {
     SCOPED_TRACE(::testing::Message()
                  << "M=" << M << " N=" << N << " K=" << K << " " << DTypeName(in) << "->"
-                 << DTypeName(out) << " lda/ldw/ldc=" << lda << "/" << ldw << "/" << ldc
-                 << " sm_count_target=" << sm_count_target);
+                 << DTypeName(out) << " lda/ldw/ldc=" << lda << "/" << ldw << "/" << ldc);
     std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * lda), M * 31 + K);
     std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * ldw), N * 17 + K);
     testing::RoundTo(&a, in);
@@ -80,7 +78,6 @@ class GemmTest : public testing::GpuTest {
     GemmArgs g = StridedArgs(da, dw, dc, M, N, K, lda, ldw, ldc, in, out);
     g.workspace = ws_.get();
     g.workspace_bytes = ws_.bytes();
-    g.sm_count_target = sm_count_target;
     ASSERT_OK(Gemm(handle_, g, stream()));
     Sync();
     const std::vector<float> c = dc.Download();
@@ -121,14 +118,6 @@ TEST_F(GemmTest, PlansAreCachedAndZeroRowsIsNoop) {
   EXPECT_EQ(handle_.cached_plans(), n);
   EXPECT_OK(Gemm(handle_, nullptr, nullptr, nullptr, 0, 128, 128, DType::kBF16, ws_.get(),
                  ws_.bytes(), stream()));
-}
-
-// GemmArgs::sm_count_target (the bucketed all-reduce's GEMMs leave SMs to
-// it) plans its own algorithm and still computes the product.
-TEST_F(GemmTest, SmCountTargetMatchesReference) {
-  for (int sms : {8, 100}) Check(64, 512, 1024, DType::kBF16, DType::kBF16, 0, sms);
-  Check(64, 512, 1024, DType::kBF16, DType::kBF16, 0);
-  EXPECT_EQ(handle_.cached_plans(), 3u);
 }
 
 TEST_F(GemmTest, RejectsBadArguments) {

@@ -1,8 +1,8 @@
 // TP = 2 across two processes, as deployed: the parent spawns this binary
 // twice (fresh processes: CUDA does not survive fork), one rank per GPU,
 // joined by an NcclComm whose id travels through a file named after the
-// parent's pid. Each rank runs prefill + greedy decode with device sampling,
-// 2 all-reduce buckets and CUDA graphs, and writes its logits and tokens;
+// parent's pid. Each rank runs prefill + greedy decode with device sampling
+// and CUDA graphs, and writes its logits and tokens;
 // the parent checks that both ranks agree bitwise and match the CPU
 // reference at TP = 1 (fp32). Then each rank runs the same steps with mixed
 // greedy / top-k / top-p device sampling and no logits copy, once sampling
@@ -60,7 +60,6 @@ void RunRank(int rank) {
   o.num_kv_blocks = kBlocks;
   o.max_batch_tokens = 128;
   o.max_seqs = 8;
-  o.num_buckets = 2;
   o.cuda_graphs = true;
   auto m = GpuModel::Create(cfg, rank, 2, rank, o, comm->get());
   ASSERT_OK(m);

@@ -8,7 +8,7 @@
 #   KERNELS_ARGS passes kernels_bench flags (e.g. "--sections gemm");
 #   DECODE_MODELS / DECODE_OVERRIDES / DECODE_ATTENTION / DECODE_GRAPHS / DECODE_TPS shape the
 #   decode sweep (e.g. DECODE_MODELS=llama-8b-shape DECODE_OVERRIDES=layers=32; DECODE_BATCHES,
-#   DECODE_EXTRA="--buckets=4" for launcher flags); FAULT_TP the kill test. The all-reduce
+#   DECODE_EXTRA="--allreduce=nccl" for launcher flags); FAULT_TP the kill test. The all-reduce
 #   bench, the end-to-end launches, the decode sweep, the report and the kill test run every
 #   TP degree (1, 2, 4, 8) the machine's GPUs allow, or the largest of them.
 # From the development machine, with the `device` tool:

@@ -32,7 +32,7 @@ for plan in ${PLANS:-}; do
   i=$((i + 1))
   if (( $(left) < ${MIN_LEFT_S:-60} )); then log "skip $plan: too little time left"; continue; fi
   log "overlap $plan"
-  arms_var=ARMS_$i; arms=${!arms_var:-${ARMS:-k1=--buckets=1 k4=--buckets=4}}
+  arms_var=ARMS_$i; arms=${!arms_var:-${ARMS:-off=--exchange-min-rows=0 on=}}
   timeout $(( $(left) - 10 )) tools/overlap.sh --tp "$tp" --model "$model" --overrides "$ov" \
     --shapes "${shapes//,/ }" --repeats "${REPEATS:-1}" --arms "$arms" \
     ${NOAR:+--noar} --out "$OUT/ov$i" -- ${EXTRA:-} 2>"$OUT/ov$i.err" | tail -n +3
