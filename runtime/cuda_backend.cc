@@ -27,6 +27,16 @@
 namespace symtp::runtime {
 namespace {
 
+// --exchange-min-rows resolved: -1 picks by TP. The copy exchange sends each
+// chunk to every peer (one-shot), so its bytes grow with TP - 1: it hides
+// part of the all-reduce at TP 2 and loses at TP 4 (llama-8b prefill on
+// H100 x2 / x4: bench/results/h100x2/copy_exchange/,
+// bench/results/h100x4/copy_exchange/).
+int ExchangeMinRows(const JobOptions& opts) {
+  if (opts.exchange_min_rows >= 0) return opts.exchange_min_rows;
+  return opts.tp == 2 ? 2048 : 0;
+}
+
 // PeerExchange over the control block's exchange area: every worker writes
 // its bytes into its row, a barrier, everyone copies all rows, a barrier.
 class ShmPeerExchange : public kernels::PeerExchange {
@@ -104,7 +114,8 @@ class CudaBackend : public Backend, public BatchBroadcast {
           o.custom.two_shot_min_bytes =
               static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
         }
-        if (opts.exchange_min_rows > 0 && opts.max_batched_tokens >= opts.exchange_min_rows) {
+        const int exchange_min_rows = ExchangeMinRows(opts);
+        if (exchange_min_rows > 0 && opts.max_batched_tokens >= exchange_min_rows) {
           // Receive slots for a whole step's rows.
           o.custom.copy_bytes = static_cast<size_t>(opts.max_batched_tokens) * cfg.hidden *
                                 DTypeSize(opts.dtype);
@@ -132,7 +143,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     }
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
-    mo.exchange_min_rows = opts.exchange_min_rows;
+    mo.exchange_min_rows = ExchangeMinRows(opts);
     const bool tiled = opts.attention == Attention::kTiled;
     mo.attention_decode_kernel = tiled ? kernels::DecodeKernel::kTiled : kernels::DecodeKernel::kTensorCore;
     mo.attention_prefill_kernel = tiled ? kernels::PrefillKernel::kTiled : kernels::PrefillKernel::kTensorCore;
@@ -248,7 +259,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
         "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d, "
         "graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(), opts_.exchange_min_rows, opts_.cuda_graphs ? "on" : "off");
+        model_->num_kv_blocks(), ExchangeMinRows(opts_), opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 

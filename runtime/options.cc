@@ -309,7 +309,7 @@ SYMTP_FLAG(gemv_allreduce_push, gemv_allreduce_push, "cuda bf16, TP > 1: a row-p
 SYMTP_FLAG(gemv_swiglu, gemv_swiglu, "cuda bf16: where the MLP's gate/up GEMM runs the GEMV, it applies SwiGLU's activation as it writes (no SiLU kernel; false: the GEMV then the SiLU kernel)", Switch);
 SYMTP_FLAG(fuse_allreduce_norm, fuse_allreduce_norm, "run each row-parallel all-reduce with the residual add and RMSNorm after it as one kernel where the custom all-reduce takes the message (false: two kernels)", Switch);
 SYMTP_FLAG(crossover_bytes, crossover_bytes, "custom all-reduce below this size", I64<0, (int64_t{1} << 40)>);
-SYMTP_FLAG(exchange_min_rows, exchange_min_rows, "cuda, TP > 1, custom all-reduce: steps of at least this many rows (prefill) split each row-parallel output into two row chunks, the first sent to the peers by the copy engines while the second computes, each summed by the residual + RMSNorm kernel (0: off; steps of 512 rows lost with it)", Int<0, (1 << 20)>);
+SYMTP_FLAG(exchange_min_rows, exchange_min_rows, "cuda, TP > 1, custom all-reduce: steps of at least this many rows (prefill) split each row-parallel output into two row chunks, the first sent to the peers by the copy engines while the second computes, each summed by the residual + RMSNorm kernel (0: off; -1: 2048 at TP 2, off at TP 4 and 8, where its (TP-1) copies of each chunk lose; steps of 512 rows lost with it)", Int<-1, (1 << 20)>);
 SYMTP_FLAG(bench_skip_allreduce, bench_skip_allreduce, "benchmark only: skip the row-parallel all-reduces (wrong tokens at TP>1)", Switch);
 SYMTP_TOPIC(timeouts, "Timeouts");
 SYMTP_FLAG(step_timeout_ms, step_timeout_ms, "deadline of any wait inside a step", I64<1, (int64_t{1} << 40)>);

@@ -97,7 +97,7 @@ struct JobOptions {
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.
-  int exchange_min_rows = 2048;  // fewest rows of a step that uses the copy exchange (0: off)
+  int exchange_min_rows = -1;  // fewest rows of a step that uses the copy exchange (0: off, -1: by TP)
   bool cuda_graphs = true;
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   AllReduce allreduce = AllReduce::kAuto;
