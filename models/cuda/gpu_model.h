@@ -72,7 +72,8 @@ struct GpuModelOptions {
   // weights again, so the chunks must stay compute bound: on H100 x2
   // (llama-8b, TP 2) two chunks gained from 2048 rows on and lost at 512,
   // and more chunks gained less (bench/results/h100x2/copy_exchange/).
-  // 0: off.
+  // Each chunk goes to every peer, so at TP 4 it lost (the runtime leaves it
+  // off there: bench/results/h100x4/copy_exchange_tp4/). 0: off.
   int exchange_min_rows = 2048;
   // Run each row-parallel all-reduce together with the residual add and
   // RMSNorm after it as one kernel where the communicator can
