@@ -31,7 +31,7 @@ namespace {
 // chunk to every peer (one-shot), so its bytes grow with TP - 1: it hides
 // part of the all-reduce at TP 2 and loses at TP 4 (llama-8b prefill on
 // H100 x2 / x4: bench/results/h100x2/copy_exchange/,
-// bench/results/h100x4/copy_exchange/).
+// bench/results/h100x4/copy_exchange_tp4/).
 int ExchangeMinRows(const JobOptions& opts) {
   if (opts.exchange_min_rows >= 0) return opts.exchange_min_rows;
   return opts.tp == 2 ? 2048 : 0;

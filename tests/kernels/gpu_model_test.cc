@@ -518,7 +518,7 @@ TEST_F(GpuModelTest, RowParallelThroughOneRankNccl) {
     ASSERT_OK(g->Forward(*batch, stream()));
     ASSERT_OK(g->WaitForStep(Deadline::AfterMs(60'000)));
     testing::CheckClose(HostLogits(*g), testing::ToDouble(want), 1e-4,
-                        absl::StrCat("step ", step).c_str());
+                        absl::StrCat("step ", step));
     std::vector<int32_t> next(batch->sample_index.size());
     for (size_t i = 0; i < next.size(); ++i) {
       next[i] = model::ArgMax(absl::MakeConstSpan(want.data() + i * cfg.vocab, cfg.vocab));
