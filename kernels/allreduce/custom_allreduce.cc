@@ -548,20 +548,25 @@ absl::Status CustomAllReduce::AllReduceSumWith(Protocol protocol, void* data, si
 
 namespace {
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The shapes every fused residual + RMSNorm kernel (fused_norm_kernels.cuh)
+// takes: f32 / bf16, rows of whole 16-byte units (at most kFusedMaxUnits),
+// 16-byte aligned residual, weight and output.
+bool NormShapeFits(const ResidualNorm& norm, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
+  const size_t unit_elems = 16 / DTypeSize(dtype);
+  return norm.rows >= 0 && norm.hidden > 0 && norm.hidden % unit_elems == 0 &&
+         norm.hidden / unit_elems <= static_cast<size_t>(allreduce_internal::kFusedMaxUnits) &&
+         Aligned16(norm.residual) && Aligned16(norm.weight) && Aligned16(norm.out);
+}
 }  // namespace
 
 bool CustomAllReduce::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
-  if (dtype != DType::kF32 && dtype != DType::kBF16) return false;
-  const size_t unit_elems = 16 / DTypeSize(dtype);
-  if (norm.rows < 0 || norm.hidden <= 0 || norm.hidden % unit_elems != 0 ||
-      norm.hidden / unit_elems > static_cast<size_t>(allreduce_internal::kFusedMaxUnits)) {
-    return false;
-  }
+  if (!NormShapeFits(norm, dtype)) return false;
   const size_t bytes = static_cast<size_t>(norm.rows) * norm.hidden * DTypeSize(dtype);
   // Where the plain all-reduce is two-shot, it and AddRmsNorm run instead of
   // the one-shot fused kernel.
-  return bytes <= max_bytes_ && ProtocolFor(bytes) != Protocol::kTwoShot &&
-         Aligned16(norm.residual) && Aligned16(norm.weight) && Aligned16(norm.out);
+  return bytes <= max_bytes_ && ProtocolFor(bytes) != Protocol::kTwoShot;
 }
 
 absl::Status CustomAllReduce::AllReduceResidualNorm(const void* data, const ResidualNorm& norm,
@@ -637,12 +642,7 @@ absl::Status CustomAllReduce::CopyReceiveResidualNorm(const void* data, int64_t 
   const size_t row_bytes = static_cast<size_t>(norm.hidden) * DTypeSize(dtype);
   SYMTP_RETURN_IF_ERROR(
       CheckCopy(static_cast<size_t>(row0) * row_bytes, norm.rows * row_bytes, op, flag));
-  const size_t unit_elems = 16 / DTypeSize(dtype);
-  if ((dtype != DType::kF32 && dtype != DType::kBF16) || norm.rows < 0 || norm.hidden <= 0 ||
-      norm.hidden % unit_elems != 0 ||
-      norm.hidden / unit_elems > static_cast<size_t>(allreduce_internal::kFusedMaxUnits) ||
-      norm.pushed || !Aligned16(data) || !Aligned16(norm.residual) || !Aligned16(norm.weight) ||
-      !Aligned16(norm.out)) {
+  if (!NormShapeFits(norm, dtype) || norm.pushed || !Aligned16(data)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "copy exchange + RMSNorm: cannot run rows=", norm.rows, " hidden=", norm.hidden,
         " dtype=", DTypeName(dtype), " (f32/bf16, 16-byte rows and pointers)"));

@@ -30,14 +30,14 @@ cudaError_t LaunchAllReduceBF16(Protocol protocol, const DeviceArgs& a, void* da
 cudaError_t LaunchAllReduceF16(Protocol protocol, const DeviceArgs& a, void* data, size_t count,
                                cudaStream_t stream);
 
+// Copy exchange: advances this rank's step epoch (one thread).
+cudaError_t LaunchCopyBeginStep(const DeviceArgs& a, cudaStream_t stream);
+
 // P2P probe. Write: rank `a.rank` writes `words` pattern words into every
 // peer's staging (parity 0) at word offset rank * words. Verify: counts, per
 // peer s, mismatches in the own staging region written by s (`in_bad[s]`) and,
 // reading through the IPC mapping, in the region this rank wrote at s
 // (`out_bad[s]`). `counts` is device memory of 2 * kMaxRanks ints, zeroed.
-// Copy exchange: advances this rank's step epoch (one thread).
-cudaError_t LaunchCopyBeginStep(const DeviceArgs& a, cudaStream_t stream);
-
 cudaError_t LaunchProbeWrite(const DeviceArgs& a, uint32_t words, uint32_t nonce,
                              cudaStream_t stream);
 cudaError_t LaunchProbeVerify(const DeviceArgs& a, uint32_t words, uint32_t nonce, int* counts,

@@ -1,4 +1,5 @@
-// P2P write-and-verify probe of the custom all-reduce (custom_allreduce_launch.h).
+// P2P write-and-verify probe of the custom all-reduce, and the copy exchange's
+// one-thread step-epoch kernel (custom_allreduce_launch.h).
 #include <cuda_runtime.h>
 
 #include "kernels/allreduce/custom_allreduce_device.h"
