@@ -482,7 +482,9 @@ TEST_F(SystemTest, HostileFlagsExit2QuicklyWithOneLineBeforeAnyProcess) {
     std::string err = ReadFile(p.err_path);
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << what << ": " << err;
     EXPECT_THAT(err, HasSubstr(why)) << what;
-    EXPECT_LT(secs, 2.0) << what;  // about 10 ms unloaded; slack for a busy CI machine
+    // About 10 ms unloaded; a loaded 2-core machine has taken over 2 s. What
+    // matters (nothing started) is the exit code, the one line and no segment.
+    EXPECT_LT(secs, 10.0) << what;
     EXPECT_TRUE(ShmWithPrefix(prefix_).empty()) << what;
   }
   fs::permissions(unwritable, fs::perms::owner_all);
