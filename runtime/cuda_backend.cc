@@ -27,14 +27,24 @@
 namespace symtp::runtime {
 namespace {
 
-// --exchange-min-rows resolved: -1 picks by TP. The copy exchange sends each
-// chunk to every peer (one-shot), so its bytes grow with TP - 1: it hides
-// part of the all-reduce at TP 2 and loses at TP 4 (llama-8b prefill on
-// H100 x2 / x4: bench/results/h100x2/copy_exchange/,
-// bench/results/h100x4/copy_exchange_tp4/).
+// --exchange-transport resolved. The copy engines send each chunk to every
+// peer (one-shot), so their bytes grow with TP - 1: they hide part of the
+// all-reduce at TP 2 and lose at TP 4, where the all-reduce kernels on a side
+// stream gain (llama-8b prefill on H100 x2 / x4:
+// bench/results/h100x2/copy_exchange/, bench/results/h100x4/copy_exchange_tp4/,
+// bench/results/h100x4/exchange_allreduce/).
+model::ExchangeTransport ExchangeTransportFor(const JobOptions& opts) {
+  const bool copy = opts.exchange_transport == ExchangeTransport::kAuto
+                        ? opts.tp == 2
+                        : opts.exchange_transport == ExchangeTransport::kCopy;
+  return copy ? model::ExchangeTransport::kCopy : model::ExchangeTransport::kAllReduce;
+}
+
+// --exchange-min-rows resolved: -1 picks by TP (two chunks pay from 2048 rows
+// at TP 2 and from 4096 at TP 4; TP 8 was not measured).
 int ExchangeMinRows(const JobOptions& opts) {
   if (opts.exchange_min_rows >= 0) return opts.exchange_min_rows;
-  return opts.tp == 2 ? 2048 : 0;
+  return opts.tp == 2 ? 2048 : opts.tp == 4 ? 4096 : 0;
 }
 
 // PeerExchange over the control block's exchange area: every worker writes
@@ -115,7 +125,8 @@ class CudaBackend : public Backend, public BatchBroadcast {
               static_cast<size_t>(opts.custom_allreduce_two_shot_min_bytes);
         }
         const int exchange_min_rows = ExchangeMinRows(opts);
-        if (exchange_min_rows > 0 && opts.max_batched_tokens >= exchange_min_rows) {
+        if (exchange_min_rows > 0 && opts.max_batched_tokens >= exchange_min_rows &&
+            ExchangeTransportFor(opts) == model::ExchangeTransport::kCopy) {
           // Receive slots for a whole step's rows.
           o.custom.copy_bytes = static_cast<size_t>(opts.max_batched_tokens) * cfg.hidden *
                                 DTypeSize(opts.dtype);
@@ -144,6 +155,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.max_batch_tokens = opts.max_batched_tokens;
     mo.max_seqs = opts.steady_batch > 0 ? std::max(opts.steady_batch, 1) : opts.max_batch;
     mo.exchange_min_rows = ExchangeMinRows(opts);
+    mo.exchange_transport = ExchangeTransportFor(opts);
     const bool tiled = opts.attention == Attention::kTiled;
     mo.attention_decode_kernel = tiled ? kernels::DecodeKernel::kTiled : kernels::DecodeKernel::kTensorCore;
     mo.attention_prefill_kernel = tiled ? kernels::PrefillKernel::kTiled : kernels::PrefillKernel::kTensorCore;
@@ -256,10 +268,12 @@ class CudaBackend : public Backend, public BatchBroadcast {
 
   std::string Describe() const override {
     return absl::StrFormat(
-        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d, "
-        "graphs %s",
+        "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d "
+        "(%s), graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(), ExchangeMinRows(opts_), opts_.cuda_graphs ? "on" : "off");
+        model_->num_kv_blocks(), ExchangeMinRows(opts_),
+        ExchangeTransportFor(opts_) == model::ExchangeTransport::kCopy ? "copy" : "allreduce",
+        opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 

@@ -32,6 +32,11 @@ enum class Mode { kV1, kV0 };  // v1: scheduler process, diffs; v0: rank 0 sched
 SYMTP_NAMES(Mode, {kV1, "v1"}, {kV0, "v0"})
 enum class AllReduce { kAuto, kNccl, kCustom };
 SYMTP_NAMES(AllReduce, {kAuto, "auto"}, {kNccl, "nccl"}, {kCustom, "custom"})
+// How the copy exchange's row chunks are all-reduced: auto (copy at TP 2,
+// all-reduce above), the copy engines, or the all-reduce kernels (custom or
+// NCCL) on a side stream.
+enum class ExchangeTransport { kAuto, kCopy, kAllReduce };
+SYMTP_NAMES(ExchangeTransport, {kAuto, "auto"}, {kCopy, "copy"}, {kAllReduce, "allreduce"})
 enum class Attention { kTiled, kTensorCore };
 SYMTP_NAMES(Attention, {kTiled, "tiled"}, {kTensorCore, "tensor-core"})
 enum class LengthKind { kFixed, kUniform, kNormal, kLognormal };
@@ -97,7 +102,8 @@ struct JobOptions {
   int max_inflight = 2;          // async depth (v1)
 
   // CUDA backend.
-  int exchange_min_rows = -1;  // fewest rows of a step that uses the copy exchange (0: off, -1: by TP)
+  int exchange_min_rows = -1;  // fewest rows of a step that uses the exchange (0: off, -1: by TP)
+  ExchangeTransport exchange_transport = ExchangeTransport::kAuto;
   bool cuda_graphs = true;
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   AllReduce allreduce = AllReduce::kAuto;

@@ -30,7 +30,7 @@ namespace {
 using kernels::DType;
 
 constexpr size_t kAlign = 256;
-// Row chunks of the copy exchange per row-parallel output (GpuModelOptions::
+// Row chunks of the exchange per row-parallel output (GpuModelOptions::
 // exchange_min_rows: more chunks hid less than two).
 constexpr int kMaxExchangeChunks = 2;
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -151,7 +151,7 @@ struct GpuModel::State {
   size_t weight_bytes = 0, kv_bytes = 0;
 
   kernels::CublasLtHandle gemm;
-  // The copy exchange's sends run on `side`. Events [op * kMaxExchangeChunks
+  // The exchange's sends run on `side`. Events [op * kMaxExchangeChunks
   // + chunk]: the chunk ready on the main stream (edge in) and its send
   // complete on the side stream (edge out).
   cuda::Stream side;
@@ -237,10 +237,10 @@ struct GpuModel::State {
   // where the communicator can).
   absl::Status RowParallel(const void* in, int k, const void* w, void* out, int rows,
                            const void* norm_weight, cudaStream_t s);
-  // Row chunks of this step's copy exchange (1: the step runs RowParallel).
+  // Row chunks of this step's exchange (1: the step runs RowParallel).
   int ExchangeChunks(int rows) const;
   // Layer l from its O projection to the next layer's QKV GEMM (none after
-  // the last layer), chunk by chunk over the copy exchange.
+  // the last layer), chunk by chunk over the exchange.
   absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
                                 cudaStream_t s);
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
@@ -343,9 +343,10 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
 }
 
 int GpuModel::State::ExchangeChunks(int rows) const {
+  const bool copy = opt.exchange_transport == ExchangeTransport::kCopy;
   if (opt.exchange_min_rows <= 0 || comm == nullptr || tp <= 1 || opt.bench_skip_allreduce ||
       rows < opt.exchange_min_rows || rows < 2 ||
-      comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz) {
+      (copy && comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz)) {
     return 1;
   }
   return kMaxExchangeChunks;
@@ -362,16 +363,24 @@ absl::Status GpuModel::State::ChunkedLayerTail(int l, int rows, int chunks, cons
   auto rows_of = [&](int c) { return std::min(per, rows - c * per); };
   auto flag = [&](int op, int c) { return (l * 2 + op) * kMaxExchangeChunks + c; };
   const size_t row_bytes = static_cast<size_t>(H) * esz;
+  const bool copy = opt.exchange_transport == ExchangeTransport::kCopy;
   // Edge in: the side stream waits for exactly this chunk's GEMM; its send
-  // records the edge out that the chunk's receive waits for.
+  // (the copies, or the chunk's whole all-reduce) records the edge out that
+  // the chunk's receive waits for.
   auto send = [&](int op, int c) -> absl::Status {
     const int e = op * kMaxExchangeChunks + c;
     const size_t off = static_cast<size_t>(c) * per * row_bytes;
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_chunk_ready[e].get(), s));
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), ev_chunk_ready[e].get(), 0));
-    SYMTP_RETURN_IF_ERROR_CTX(
-        comm->CopySend(Offset(proj, off), off, rows_of(c) * row_bytes, op, flag(op, c), side.get()),
-        absl::StrCat("layer ", l, " copy exchange send, op ", op, " chunk ", c));
+    if (copy) {
+      SYMTP_RETURN_IF_ERROR_CTX(comm->CopySend(Offset(proj, off), off, rows_of(c) * row_bytes, op,
+                                               flag(op, c), side.get()),
+                                absl::StrCat("layer ", l, " copy exchange send, op ", op, " chunk ", c));
+    } else {
+      SYMTP_RETURN_IF_ERROR_CTX(
+          comm->AllReduceSum(Offset(proj, off), static_cast<size_t>(rows_of(c)) * H, dt, side.get()),
+          absl::StrCat("layer ", l, " exchange all-reduce, op ", op, " chunk ", c));
+    }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_chunk_sent[e].get(), side.get()));
     return absl::OkStatus();
   };
@@ -379,6 +388,10 @@ absl::Status GpuModel::State::ChunkedLayerTail(int l, int rows, int chunks, cons
     const int e = op * kMaxExchangeChunks + c;
     const size_t off = static_cast<size_t>(c) * per * row_bytes;
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ev_chunk_sent[e].get(), 0));
+    if (!copy) {  // the chunk is summed: residual add + RMSNorm
+      return kernels::AddRmsNorm(Offset(x, off), Offset(proj, off), norm_weight, Offset(h, off),
+                                 rows_of(c), H, cfg.rms_eps, dt, s);
+    }
     const kernels::ResidualNorm norm{Offset(x, off), norm_weight, Offset(h, off), rows_of(c), H,
                                      cfg.rms_eps};
     return Annotate(comm->CopyReceiveResidualNorm(Offset(proj, off), static_cast<int64_t>(c) * per,
@@ -425,7 +438,9 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   const int chunks = ExchangeChunks(rows);
-  if (chunks > 1) SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
+  if (chunks > 1 && opt.exchange_transport == ExchangeTransport::kCopy) {
+    SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
+  }
   for (int l = 0; l < cfg.layers; ++l) {
     const LayerPtrs& w = L[l];
     if (l == 0) {  // later layers' attention norm ran with the previous all-reduce
@@ -641,6 +656,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
     sh.splits = 1;
   }
   sh.num_items = static_cast<int>(items_scratch.size());
+  if (ExchangeChunks(sh.rows) > 1) ++stats.exchange_steps;
   if (sh.num_items > max_items) {
     return absl::InternalError(
         absl::StrFormat("GpuModel: %d attention items > capacity %d", sh.num_items, max_items));
@@ -867,7 +883,7 @@ absl::Status GpuModel::State::Init() {
                         opt.max_sampled_rows));
   }
   if (opt.exchange_min_rows < 0 ||
-      (opt.exchange_min_rows > 0 &&
+      (opt.exchange_min_rows > 0 && opt.exchange_transport == ExchangeTransport::kCopy &&
        cfg.layers * 2 * kMaxExchangeChunks > kernels::kCopyExchangeFlags)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GpuModel: exchange_min_rows %d: negative, or %d layers x 2 x %d chunks past the copy "
@@ -1023,7 +1039,12 @@ absl::Status GpuModel::State::Init() {
 
   SYMTP_ASSIGN_OR_RETURN(gemm, kernels::CublasLtHandle::Create());
   if (opt.exchange_min_rows > 0) {
-    SYMTP_ASSIGN_OR_RETURN(side, cuda::Stream::Create());
+    // The all-reduce kernels' blocks enter ahead of the GEMM's waiting ones
+    // (the copy engines need no SMs).
+    int least = 0, greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    SYMTP_ASSIGN_OR_RETURN(
+        side, cuda::Stream::Create(opt.exchange_transport == ExchangeTransport::kAllReduce ? greatest : 0));
     for (int i = 0; i < 2 * kMaxExchangeChunks; ++i) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());

@@ -21,10 +21,10 @@
 // Row-parallel layers (wo, w_down) run their GEMM, then the all-reduce with
 // the residual add and the next RMSNorm fused where the communicator can. A
 // step of at least GpuModelOptions::exchange_min_rows rows instead runs them
-// in row chunks (the mission's buckets): chunk c's all-reduce is a
-// copy-engine send on a side stream, entered and left by CUDA events, while
-// chunk c+1's GEMM runs on `stream`. No device-wide synchronization anywhere
-// in a step.
+// in row chunks (the mission's buckets): chunk c's all-reduce runs on a side
+// stream (a copy-engine send, or the communicator's all-reduce), entered and
+// left by CUDA events, while chunk c+1's GEMM runs on `stream`. No
+// device-wide synchronization anywhere in a step.
 //
 // Thread-compatibility: one thread drives a GpuModel. Every call makes
 // `device` current on the calling thread.
@@ -50,6 +50,8 @@
 
 namespace symtp::model {
 
+enum class ExchangeTransport { kCopy, kAllReduce };
+
 struct GpuModelOptions {
   // Activations, weights and KV cache: kF32 or kBF16 (GEMMs accumulate fp32).
   kernels::DType dtype = kernels::DType::kBF16;
@@ -63,18 +65,24 @@ struct GpuModelOptions {
   int max_batch_tokens = 2048;
   int max_seqs = 256;
   int max_sampled_rows = 0;
-  // Steps of at least exchange_min_rows rows (TP > 1, a communicator with a
-  // copy exchange large enough, kernels::DeviceComm::CopyExchangeBytes)
-  // split each layer's row-parallel outputs into two row chunks: chunk 0's
-  // all-reduce is a copy-engine send beside chunk 1's GEMM, and the layer
-  // runs chunk by chunk from the O projection to the next layer's QKV GEMM,
-  // so only the attention waits for both. Each chunk's GEMMs read the
-  // weights again, so the chunks must stay compute bound: on H100 x2
-  // (llama-8b, TP 2) two chunks gained from 2048 rows on and lost at 512,
-  // and more chunks gained less (bench/results/h100x2/copy_exchange/).
-  // Each chunk goes to every peer, so at TP 4 it lost (the runtime leaves it
-  // off there: bench/results/h100x4/copy_exchange_tp4/). 0: off.
+  // Steps of at least exchange_min_rows rows (TP > 1) split each layer's
+  // row-parallel outputs into two row chunks: chunk 0's all-reduce runs on a
+  // side stream beside chunk 1's GEMM, and the layer runs chunk by chunk
+  // from the O projection to the next layer's QKV GEMM, so only the
+  // attention waits for both. Each chunk's GEMMs read the weights again, so
+  // the chunks must stay compute bound: on H100 x2 (llama-8b, TP 2) two
+  // chunks gained from 2048 rows on and lost at 512, and more chunks gained
+  // less (bench/results/h100x2/copy_exchange/). 0: off.
   int exchange_min_rows = 2048;
+  // kCopy: each chunk sent to every peer by the copy engines (no SMs) and
+  // summed by the residual + RMSNorm kernel (needs a communicator with a
+  // copy exchange large enough, kernels::DeviceComm::CopyExchangeBytes).
+  // Its bytes grow with TP - 1: it pays at TP 2 and loses at TP 4
+  // (bench/results/h100x4/copy_exchange_tp4/). kAllReduce: the
+  // communicator's all-reduce of each chunk on a side stream of the greatest
+  // priority, then AddRmsNorm; it shares the SMs with the GEMM beside it and
+  // pays at TP 4 from 4096 rows (bench/results/h100x4/exchange_allreduce/).
+  ExchangeTransport exchange_transport = ExchangeTransport::kCopy;
   // Run each row-parallel all-reduce together with the residual add and
   // RMSNorm after it as one kernel where the communicator can
   // (DeviceComm::FusesResidualNorm: the custom all-reduce's sizes); false:
@@ -175,6 +183,7 @@ struct GraphStats {
   int64_t capture_failures = 0;
   int64_t eager_steps = 0;
   int64_t sharded_sampling_steps = 0;  // steps sampled from the shards' candidates
+  int64_t exchange_steps = 0;          // steps run over the exchange's row chunks
 };
 
 class GpuModel {

@@ -736,18 +736,23 @@ TEST_F(AllReduceGpuTest, ModelWithGemvPushMatchesWithoutBf16) {
 
 // The model at TP = 2 on the dispatcher (custom all-reduce with the fused
 // residual + RMSNorm, NCCL behind it; then with the two-shot all-reduce and
-// AddRmsNorm), fp32, CUDA graphs, prefill then greedy decode: both ranks'
-// logits are bitwise equal, the tokens equal the CPU model's at TP = 1 and
-// the logits are within 1e-4 of them.
+// AddRmsNorm; then the 66-row prefill in two row chunks over the exchange,
+// by the copy engines and by the all-reduce on a side stream), fp32, CUDA
+// graphs, prefill then greedy decode: both ranks' logits are bitwise equal,
+// the tokens equal the CPU model's at TP = 1 and the logits are within 1e-4
+// of them.
 TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
   RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     if (size != 2) return absl::OkStatus();  // the tiny model has 2 KV heads
     constexpr int kSteps = 8, kBlocks = 128;
-    for (bool two_shot : {false, true}) {
+    const model::ModelConfig cfg = *model::PresetConfig("tiny");
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool two_shot = variant == 1, exchange = variant >= 2;
       SYMTP_ASSIGN_OR_RETURN(auto nccl, MakeNccl(rank, size, ex));
       AllReduceDispatcher::Options dopt;
       dopt.calibrate = false;
       dopt.max_custom_bytes = dopt.crossover_bytes = 8 << 20;
+      if (variant == 2) dopt.custom.copy_bytes = 128 * static_cast<size_t>(cfg.hidden) * 4;
       if (two_shot) {  // every message of a row or more two-shot, then AddRmsNorm
         dopt.custom.ll_max_bytes = 512;
         dopt.custom.ll128_max_bytes = 0;
@@ -755,7 +760,6 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
       }
       SYMTP_ASSIGN_OR_RETURN(auto comm, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl),
                                                                     &ex, Deadline::AfterMs(kSetupMs), dopt));
-      const model::ModelConfig cfg = *model::PresetConfig("tiny");
       const ResidualNorm probe{nullptr, nullptr, nullptr, 64, cfg.hidden, cfg.rms_eps};
       CHECK_OR_RETURN(comm->FusesResidualNorm(probe, DType::kF32) == !two_shot,
                       "the dispatcher fuses where the all-reduce is two-shot, or not elsewhere");
@@ -766,7 +770,11 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
                       "the large message left the custom path");
       CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
-      const model::GpuModelOptions o = TinyModelOptions(DType::kF32, kBlocks);
+      model::GpuModelOptions o = TinyModelOptions(DType::kF32, kBlocks);
+      o.exchange_min_rows = exchange ? 32 : 0;
+      o.exchange_transport =
+          variant == 3 ? model::ExchangeTransport::kAllReduce : model::ExchangeTransport::kCopy;
+      const int budget = exchange ? 128 : 64;  // the exchange's prefill: all 66 prompt tokens
       SYMTP_ASSIGN_OR_RETURN(model::GpuModel m,
                              model::GpuModel::Create(cfg, rank, size, rank, o, comm.get()));
       SYMTP_ASSIGN_OR_RETURN(model::CpuModel cpu, model::CpuModel::Create(cfg, 0, 1, kBlocks, nullptr));
@@ -777,8 +785,10 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
       }
       for (int step = 0; step < kSteps; ++step) {
         std::vector<int> rows, rows_cpu;
-        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(64, &rows));
-        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch_cpu, sim_cpu.NextStep(64, &rows_cpu));
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch, sim.NextStep(budget, &rows));
+        SYMTP_ASSIGN_OR_RETURN(model::BatchInput batch_cpu, sim_cpu.NextStep(budget, &rows_cpu));
+        CHECK_OR_RETURN(!exchange || step > 0 || batch.tokens.size() == 66,
+                        "the exchange's prefill has ", batch.tokens.size(), " rows, want 66");
         model::StepOptions so;
         so.sampling.assign(batch.sample_index.size(), model::SamplingParams{});
         SYMTP_RETURN_IF_ERROR(m.Forward(batch, stream.get(), so));
@@ -807,6 +817,8 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
         sim_cpu.Commit(rows_cpu, next);
       }
       SYMTP_RETURN_IF_ERROR(comm->Poll());
+      CHECK_OR_RETURN((m.graph_stats().exchange_steps > 0) == exchange, "variant ", variant, ": ",
+                      m.graph_stats().exchange_steps, " steps over the exchange");
     }
     return absl::OkStatus();
   });

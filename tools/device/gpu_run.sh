@@ -108,6 +108,14 @@ if has launch; then
       d=$R/launch/cuda_fp32_tp${tp}_exchange
       timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=custom --exchange-min-rows=64 --tp=$tp $W --out="$d" >"$d.log" 2>&1
       echo "cuda fp32 tp=$tp --exchange-min-rows=64 exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+      # ... its chunks all-reduced on a side stream, through the two-shot
+      # kernel (messages from 1 KiB) and through NCCL.
+      for ar in custom nccl; do
+        d=$R/launch/cuda_fp32_tp${tp}_exchange_allreduce_$ar
+        timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --exchange-min-rows=64 --exchange-transport=allreduce \
+          --custom-allreduce-ll-max-bytes=512 --custom-allreduce-ll128-max-bytes=0 --custom-allreduce-two-shot-min-bytes=1024 $W --out="$d" >"$d.log" 2>&1
+        echo "cuda fp32 tp=$tp --exchange-transport=allreduce ($ar) exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+      done
     fi
   done
   d=$R/launch/cuda_bf16_tp${TP_MAX}
