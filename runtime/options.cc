@@ -415,6 +415,11 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
         "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
         "at most one");
   }
+  if (o.exchange_transport == ExchangeTransport::kCopy && o.allreduce == AllReduce::kNccl) {
+    return absl::InvalidArgumentError(
+        "--exchange-transport=copy sends into the custom all-reduce's buffers: not with "
+        "--allreduce=nccl");
+  }
   if (o.kv_cache_fraction > 0 && o.resolved_backend == BackendKind::kCpu) {
     return absl::InvalidArgumentError(
         "--kv-cache-fraction sizes a GPU's KV cache; with the cpu backend use --kv-cache-mib");

@@ -9,6 +9,7 @@
 
 #include "runtime/layout.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "runtime/options.h"
 
 namespace symtp::runtime {
@@ -72,6 +73,25 @@ TEST(OptionsTest, HostileNumbersAreInvalidArgumentNamingTheFlag) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(h.why)) << h.args[0] << " '" << h.args[1] << "'";
     EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos) << s.message();
   }
+}
+
+TEST(OptionsTest, ConflictingFlagsAreOneLineErrors) {
+  const std::vector<Hostile> cases = {
+      {{"--steady-batch=8", "--max-batch=4"}, "--steady-batch"},
+      {{"--kv-cache-mib=64", "--num-kv-blocks=8"}, "at most one"},
+      {{"--exchange-transport=copy", "--allreduce=nccl"}, "--exchange-transport"},
+      {{"--exchange-transport=sideways"}, "--exchange-transport"},
+  };
+  for (const Hostile& h : cases) {
+    const std::string what = absl::StrJoin(h.args, " ");
+    absl::Status s = Parse(h.args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(h.why)) << what;
+    EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos) << s.message();
+  }
+  JobOptions o;
+  ASSERT_TRUE(Parse({"--exchange-transport=allreduce", "--allreduce=nccl"}, &o).ok());
+  EXPECT_EQ(o.exchange_transport, ExchangeTransport::kAllReduce);
 }
 
 TEST(OptionsTest, WellFormedValuesParse) {
