@@ -47,6 +47,19 @@ int ExchangeMinRows(const JobOptions& opts) {
   return opts.tp == 2 ? 2048 : opts.tp == 4 ? 4096 : 0;
 }
 
+// --custom-allreduce-max-bytes resolved: -1 picks by TP. The capacity covers
+// decode's row-parallel messages (rows x hidden x 2 bytes: 4 MiB at batch 512
+// of a 4096-wide model); at TP 4 also prefill's 16 MiB messages and exchange
+// chunks, which the two-shot kernel all-reduces faster than NCCL there
+// (llama-8b / 70b prefill on H100 x4: bench/results/h100x4/exchange_allreduce/).
+// TP 2 and 8 keep 8 MiB (16 MiB not measured there).
+size_t CustomAllReduceMaxBytes(const JobOptions& opts) {
+  if (opts.custom_allreduce_max_bytes >= 0) {
+    return static_cast<size_t>(opts.custom_allreduce_max_bytes);
+  }
+  return static_cast<size_t>(opts.tp == 4 ? 16 : 8) << 20;
+}
+
 // PeerExchange over the control block's exchange area: every worker writes
 // its bytes into its row, a barrier, everyone copies all rows, a barrier.
 class ShmPeerExchange : public kernels::PeerExchange {
@@ -107,10 +120,8 @@ class CudaBackend : public Backend, public BatchBroadcast {
       } else {
         kernels::AllReduceDispatcher::Options o;
         o.calibrate = opts.allreduce == AllReduce::kAuto;
-        // The custom path's capacity covers decode's row-parallel messages
-        // (rows x hidden x 2 bytes: 4 MiB at batch 512 of a 4096-wide model);
-        // above the calibrated crossover, or the capacity, NCCL.
-        const size_t cap = static_cast<size_t>(opts.custom_allreduce_max_bytes);
+        // Above the calibrated crossover, or the capacity, NCCL.
+        const size_t cap = CustomAllReduceMaxBytes(opts);
         o.crossover_bytes = opts.allreduce == AllReduce::kCustom ? cap : opts.crossover_bytes;
         o.max_custom_bytes = cap;
         if (opts.custom_allreduce_ll_max_bytes > 0) {

@@ -300,7 +300,7 @@ SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-co
 SYMTP_FLAG(gemv_max_rows, gemv_max_rows, "cuda bf16: GEMMs of at most this many rows run the project's weight-streaming GEMV instead of cuBLASLt (0: cuBLASLt always)", Int<0, 4>);
 SYMTP_TOPIC(allreduce, "All-reduce");
 SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
-SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom all-reduce (scratch ~2 x (TP-1) x this per rank, and ~4.3 x this more for LL128 at TP 2); larger messages, and those above the calibrated crossover, go to NCCL", I64<(64 << 10), (int64_t{256} << 20)>);
+SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom all-reduce (scratch ~2 x (TP-1) x this per rank, and ~4.3 x this more for LL128 at TP 2); larger messages, and those above the calibrated crossover, go to NCCL; -1: 16 MiB at TP 4 (prefill's 16 MiB messages and exchange chunks are faster on the custom two-shot there), 8 MiB otherwise", I64<-1, (int64_t{256} << 20)>);
 SYMTP_FLAG(custom_allreduce_ll_max_bytes, custom_allreduce_ll_max_bytes, "custom all-reduce: largest message sent with the LL protocol, plain and fused with RMSNorm (larger ones go to LL128, or are staged or two-shot; LL lines take ~4 x TP x this of scratch per rank); 0: the default (with LL128, at TP 2: 64 KiB, fused 16 KiB; without: 256 KiB at TP 2, 256 KiB / TP above, fused at most 128 KiB)", I64<0, (int64_t{64} << 20)>);
 SYMTP_FLAG(custom_allreduce_ll128_max_bytes, custom_allreduce_ll128_max_bytes, "custom all-reduce: largest message sent with the LL128 protocol (above the LL limit, plain and fused with RMSNorm; larger ones are staged or two-shot; its lines take ~2.1 x TP x this of scratch per rank); 0: never; -1: the default (the custom path's capacity at TP 2, off at TP 4 and 8)", I64<-1, (int64_t{64} << 20)>);
 SYMTP_FLAG(custom_allreduce_two_shot_min_bytes, custom_allreduce_two_shot_min_bytes, "custom all-reduce: messages above the LL and LL128 limits go two-shot (reduce-scatter + all-gather) instead of staged from this size on, plain and fused with RMSNorm (then run as the all-reduce and the norm); 0: never; -1: the default (1 MiB at TP 4 and 8, never at TP 2)", I64<-1, (int64_t{256} << 20)>);
@@ -414,6 +414,11 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
     return absl::InvalidArgumentError(
         "--num-kv-blocks, --kv-cache-mib and --kv-cache-fraction size the same KV cache: give "
         "at most one");
+  }
+  if (o.custom_allreduce_max_bytes != -1 && o.custom_allreduce_max_bytes < (64 << 10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--custom-allreduce-max-bytes must be at least 65536 (or -1: by TP), got ",
+        o.custom_allreduce_max_bytes));
   }
   if (o.exchange_transport == ExchangeTransport::kCopy && o.allreduce == AllReduce::kNccl) {
     return absl::InvalidArgumentError(

@@ -112,7 +112,7 @@ struct JobOptions {
   // Capacity of the custom all-reduce (its scratch is about 2 x (TP - 1)
   // times this per rank: a staging slot per peer and parity); messages above
   // it go to NCCL.
-  int64_t custom_allreduce_max_bytes = 8 << 20;
+  int64_t custom_allreduce_max_bytes = -1;  // -1: by TP (CustomAllReduceMaxBytes)
   int64_t custom_allreduce_ll_max_bytes = 0;  // 0: CustomAllReduce's default for the TP degree
   int64_t custom_allreduce_ll128_max_bytes = -1;  // -1: CustomAllReduce's default; 0: off
   int64_t custom_allreduce_two_shot_min_bytes = -1;  // -1: CustomAllReduce's default; 0: never

@@ -364,20 +364,21 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseForEveryDtypeSizeAndProtoc
   });
 }
 
-// The runtime's capacity (8 MiB: decode's row-parallel messages up to batch
-// 512 of a 4096-wide model in bf16, 1024 of a 2048-wide one): the LL128 and
-// staged protocols, bitwise against the fixed-order reference.
-TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToEightMiB) {
-  RunOnEveryTp(240'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
+// The runtime's capacities (8 MiB: decode's row-parallel messages up to batch
+// 512 of a 4096-wide model in bf16, 1024 of a 2048-wide one; 16 MiB at TP 4:
+// prefill's 2048-row messages and exchange chunks): the LL128, staged and
+// two-shot protocols, bitwise against the fixed-order reference.
+TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToSixteenMiB) {
+  RunOnEveryTp(300'000, [](int rank, int size, PeerExchange& ex) -> absl::Status {
     CustomAllReduce::Options opt;
-    opt.ll128_max_bytes = 8 << 20;
-    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 8 << 20, &ex,
+    opt.ll128_max_bytes = 16 << 20;
+    SYMTP_ASSIGN_OR_RETURN(auto ar, CustomAllReduce::Create(rank, size, rank, 16 << 20, &ex,
                                                             Deadline::AfterMs(kSetupMs), opt));
     SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
     for (DType t : kAllTypes) {
       const size_t es = DTypeSize(t);
       for (size_t count : {(size_t{2} << 20) / es + 3, (size_t{4} << 20) / es,
-                           (size_t{8} << 20) / es - 1}) {
+                           (size_t{8} << 20) / es - 1, (size_t{16} << 20) / es}) {
         for (Protocol p : {Protocol::kLL128, Protocol::kStaged, Protocol::kTwoShot}) {
           SYMTP_RETURN_IF_ERROR(
               CheckOne(rank, size, ex, stream.get(), t, count, 0, /*exact=*/true,

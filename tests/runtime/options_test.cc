@@ -81,6 +81,8 @@ TEST(OptionsTest, ConflictingFlagsAreOneLineErrors) {
       {{"--kv-cache-mib=64", "--num-kv-blocks=8"}, "at most one"},
       {{"--exchange-transport=copy", "--allreduce=nccl"}, "--exchange-transport"},
       {{"--exchange-transport=sideways"}, "--exchange-transport"},
+      {{"--custom-allreduce-max-bytes=100"}, "at least 65536"},
+      {{"--custom-allreduce-max-bytes=-2"}, "--custom-allreduce-max-bytes"},
   };
   for (const Hostile& h : cases) {
     const std::string what = absl::StrJoin(h.args, " ");
