@@ -283,7 +283,9 @@ class CudaBackend : public Backend, public BatchBroadcast {
         "(%s), graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
         model_->num_kv_blocks(), ExchangeMinRows(opts_),
-        ExchangeTransportFor(opts_) == model::ExchangeTransport::kCopy ? "copy" : "allreduce",
+        ExchangeMinRows(opts_) <= 0                                         ? "off"
+        : ExchangeTransportFor(opts_) == model::ExchangeTransport::kCopy ? "copy"
+                                                                          : "allreduce",
         opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }

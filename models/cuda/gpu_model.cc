@@ -239,6 +239,8 @@ struct GpuModel::State {
                            const void* norm_weight, cudaStream_t s);
   // Row chunks of this step's exchange (1: the step runs RowParallel).
   int ExchangeChunks(int rows) const;
+  // The exchange's chunks go by the copy engines (else by the all-reduce).
+  bool CopyExchange() const { return opt.exchange_transport == ExchangeTransport::kCopy; }
   // Layer l from its O projection to the next layer's QKV GEMM (none after
   // the last layer), chunk by chunk over the exchange.
   absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
@@ -343,10 +345,9 @@ absl::Status GpuModel::State::RowParallel(const void* in, int k, const void* w, 
 }
 
 int GpuModel::State::ExchangeChunks(int rows) const {
-  const bool copy = opt.exchange_transport == ExchangeTransport::kCopy;
   if (opt.exchange_min_rows <= 0 || comm == nullptr || tp <= 1 || opt.bench_skip_allreduce ||
       rows < opt.exchange_min_rows || rows < 2 ||
-      (copy && comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz)) {
+      (CopyExchange() && comm->CopyExchangeBytes() < static_cast<size_t>(rows) * H * esz)) {
     return 1;
   }
   return kMaxExchangeChunks;
@@ -363,7 +364,7 @@ absl::Status GpuModel::State::ChunkedLayerTail(int l, int rows, int chunks, cons
   auto rows_of = [&](int c) { return std::min(per, rows - c * per); };
   auto flag = [&](int op, int c) { return (l * 2 + op) * kMaxExchangeChunks + c; };
   const size_t row_bytes = static_cast<size_t>(H) * esz;
-  const bool copy = opt.exchange_transport == ExchangeTransport::kCopy;
+  const bool copy = CopyExchange();
   // Edge in: the side stream waits for exactly this chunk's GEMM; its send
   // (the copies, or the chunk's whole all-reduce) records the edge out that
   // the chunk's receive waits for.
@@ -438,7 +439,7 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   const int chunks = ExchangeChunks(rows);
-  if (chunks > 1 && opt.exchange_transport == ExchangeTransport::kCopy) {
+  if (chunks > 1 && CopyExchange()) {
     SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
   }
   for (int l = 0; l < cfg.layers; ++l) {
@@ -883,7 +884,7 @@ absl::Status GpuModel::State::Init() {
                         opt.max_sampled_rows));
   }
   if (opt.exchange_min_rows < 0 ||
-      (opt.exchange_min_rows > 0 && opt.exchange_transport == ExchangeTransport::kCopy &&
+      (opt.exchange_min_rows > 0 && CopyExchange() &&
        cfg.layers * 2 * kMaxExchangeChunks > kernels::kCopyExchangeFlags)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GpuModel: exchange_min_rows %d: negative, or %d layers x 2 x %d chunks past the copy "
@@ -1044,7 +1045,7 @@ absl::Status GpuModel::State::Init() {
     int least = 0, greatest = 0;
     CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     SYMTP_ASSIGN_OR_RETURN(
-        side, cuda::Stream::Create(opt.exchange_transport == ExchangeTransport::kAllReduce ? greatest : 0));
+        side, cuda::Stream::Create(CopyExchange() ? 0 : greatest));
     for (int i = 0; i < 2 * kMaxExchangeChunks; ++i) {
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
       SYMTP_ASSIGN_OR_RETURN(cuda::Event e2, cuda::Event::Create());
