@@ -160,6 +160,7 @@ class SchedulerProcess {
     rec.num_seqs = static_cast<int32_t>(plan_.scheduled.size());
     rec.num_tokens = plan_.num_tokens;
     rec.num_samples = plan_.num_samples;
+    rec.context_tokens = sched::ContextTokens(plan_);
     rec.decode_only = plan_.num_tokens == static_cast<int32_t>(plan_.scheduled.size());
     rec.schedule_ns = t1 - t0;
     rec.encode_ns = t2 - t1;

@@ -195,7 +195,7 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
   m.total_steps = static_cast<int>(in.steps.size());
   m.measured_steps = static_cast<int>(measured.size());
   std::vector<double> sched, enc, pub, recv, apply, build, fwd, dfwd, samp, wtotal, ret, bytes,
-      idle, pf_fwd, dec_fwd, period;
+      idle, pf_fwd, dec_fwd, period, ctx;
   for (const StepRecord* sp : measured) {
     const StepRecord& s = *sp;
     sched.push_back(s.schedule_ns);
@@ -212,6 +212,7 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     wtotal.push_back(s.worker_total_ns);
     ret.push_back(s.result_return_ns);
     bytes.push_back(static_cast<double>(s.wire_bytes));
+    if (s.num_seqs > 0) ctx.push_back(static_cast<double>(s.context_tokens) / s.num_seqs);
     // GPU idle before the step, by CUDA events (0: not measured).
     if (o.resolved_backend == BackendKind::kCuda && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
   }
@@ -258,6 +259,7 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
   m.worker_total_us = MetricStats::Of(wtotal, 1e3);
   m.result_return_us = MetricStats::Of(ret, 1e3);
   m.wire_bytes = MetricStats::Of(bytes, 1);
+  m.context = MetricStats::Of(ctx, 1);
 
   std::vector<double> ttft, tpot, itl, e2e;
   m.requests = static_cast<int>(in.requests.size());
@@ -334,6 +336,8 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
   line("Median GPU idle between steps (us):",
        m.gpu_idle_us.count > 0 ? absl::StrFormat("%.1f", m.gpu_idle_us.p50)
                                : absl::StrCat("n/a (", Name(o.resolved_backend), " backend)"));
+  line("Median context (keys per sequence):",
+       m.context.count > 0 ? absl::StrFormat("%.1f", m.context.p50) : "n/a");
   rule("", '=');
   return b;
 }
@@ -371,7 +375,8 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
       {"forward_us", &m.forward_us}, {"device_forward_us", &m.device_forward_us},
       {"prefill_forward_us", &m.prefill_forward_us}, {"decode_forward_us", &m.decode_forward_us},
       {"sample_us", &m.sample_us}, {"worker_total_us", &m.worker_total_us},
-      {"result_return_us", &m.result_return_us}, {"wire_bytes", &m.wire_bytes}};
+      {"result_return_us", &m.result_return_us}, {"wire_bytes", &m.wire_bytes},
+      {"context", &m.context}};
   for (const auto& [k, s] : steps) stats(k, *s);
   j.Close();
   if (!in.extra.first.empty()) j.Key(in.extra.first).Raw(in.extra.second);

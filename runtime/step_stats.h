@@ -25,6 +25,7 @@ struct StepRecord {
   int64_t published_at_ns = 0; // absolute
   int64_t done_at_ns = 0;      // absolute: all results in
   uint64_t wire_bytes = 0;     // diff bytes (v1) / broadcast bytes (v0)
+  int64_t context_tokens = 0;  // keys the step's sequences attend over, summed (sched::ContextTokens)
   // Worker phases: max over ranks.
   int64_t recv_wait_ns = 0, apply_ns = 0, build_ns = 0, forward_ns = 0, sample_ns = 0,
           worker_total_ns = 0, device_forward_ns = 0;
@@ -99,6 +100,12 @@ struct RunMetrics {
   MetricStats schedule_us, encode_us, publish_us, recv_wait_us, apply_us, build_us, forward_us,
       device_forward_us, prefill_forward_us, decode_forward_us, sample_us, worker_total_us,
       result_return_us, wire_bytes;
+  // Per measured step, the keys its sequences attend over, averaged over
+  // them: what the step's attention reads (a steady decode's sequences
+  // started decoding at different steps of the batch's chunked prefill, so
+  // their contexts differ; a benchmark that compares against a fixed context
+  // uses this one's median).
+  MetricStats context;
 };
 
 RunMetrics ComputeRunMetrics(const RunSummaryInput& in);

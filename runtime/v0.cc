@@ -188,6 +188,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     rec.num_seqs = scheduled_rows;
     rec.num_tokens = plan.num_tokens;
     rec.num_samples = plan.num_samples;
+    rec.context_tokens = sched::ContextTokens(plan);
     rec.decode_only = plan.num_tokens == scheduled_rows;
     rec.plan_start_ns = t0;
     rec.schedule_ns = t1 - t0;

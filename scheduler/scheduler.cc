@@ -9,6 +9,12 @@
 
 namespace symtp::sched {
 
+int64_t ContextTokens(const StepPlan& plan) {
+  int64_t keys = 0;
+  for (const ScheduledRequest& r : plan.scheduled) keys += r.start + r.num_tokens;
+  return keys;
+}
+
 absl::Status SchedulerConfig::Validate() const {
   auto bad = [](const char* field, int64_t v, const char* want) {
     return absl::InvalidArgumentError(

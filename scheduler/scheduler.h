@@ -145,6 +145,10 @@ struct StepPlan {
   int32_t num_samples = 0;
 };
 
+// Keys the step's sequences attend over, summed: a sequence's last scheduled
+// token attends over start + num_tokens positions (its own included).
+int64_t ContextTokens(const StepPlan& plan);
+
 struct SchedulerStats {
   uint64_t steps = 0;
   uint64_t scheduled_tokens = 0;

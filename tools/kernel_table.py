@@ -8,7 +8,11 @@ kernels as one GEMM row), with time, DRAM bytes and the fraction of the copy
 bandwidth measured in the same run; then the step's graph-replay time from
 symtp, the gaps (step without all-reduces minus the kernels' sum), the
 all-reduce cost (step with minus without them) and the floor: the weights and
-KV cache one rank must read once, at the copy bandwidth.
+KV cache one rank must read once, at the copy bandwidth. The floor's KV is
+that of symtp's median step (summary.json's steps.context: its sequences
+attend over more than the 1024 keys it starts from, having decoded during the
+batch's chunked prefill and the warm-up); the profiled kernels attend over
+exactly 1024.
 Writes kernel_table.md and kernel_table.json into --dir.
 """
 import argparse
@@ -30,11 +34,13 @@ def shard_overrides(tp):
             f"ffn={FFN // tp},vocab={VOCAB // tp}")
 
 
-def must_read_bytes(tp, batch, layers):
+def must_read_bytes(tp, batch, layers, keys):
+    """Weights and KV-cache bytes one rank reads once for a decode step whose
+    sequences attend over `keys` keys each."""
     d = HIDDEN // HEADS
     per_layer = HIDDEN * (HEADS + 2 * KV_HEADS) * d + HEADS * d * HIDDEN + 3 * HIDDEN * FFN
     weights = 2 * (layers * per_layer + HIDDEN * VOCAB) / tp
-    kv = 2 * 2 * batch * CONTEXT * layers * KV_HEADS * d / tp
+    kv = 2 * 2 * batch * keys * layers * KV_HEADS * d / tp
     return weights, kv
 
 
@@ -77,13 +83,18 @@ def steps(launches):
     return [s for s in out if s]
 
 
-def step_us(path):
-    """Median decode forward time (us) of a symtp run's summary.json."""
+def step_stat(path, key):
+    """The median of steps.<key> in a symtp run's summary.json (None if absent)."""
     p = os.path.join(path, "summary.json")
     if not os.path.exists(p):
         return None
-    v = (json.load(open(p))["steps"].get("decode_forward_us") or {}).get("p50")
+    v = (json.load(open(p))["steps"].get(key) or {}).get("p50")
     return float(v) if v else None
+
+
+def step_us(path):
+    """Median decode forward time (us) of a symtp run."""
+    return step_stat(path, "decode_forward_us")
 
 
 def main():
@@ -107,8 +118,8 @@ def main():
           "and vocabulary assembly are not among them).", ""]
     result = {"model": "llama-8b-shape", "layers": a.layers, "context": CONTEXT,
               "copy_bandwidth_bytes_per_s": bw, "cases": []}
-    summary = ["| TP | batch | step (us) | kernels (us) | gaps (us) | all-reduces (us) | floor (us) "
-               "| step / floor |", "|---|---|---|---|---|---|---|---|"]
+    summary = ["| TP | batch | keys | step (us) | kernels (us) | gaps (us) | all-reduces (us) "
+               "| floor (us) | step / floor |", "|---|---|---|---|---|---|---|---|---|"]
     for tp in [int(t) for t in a.tps.split()]:
         path = os.path.join(a.dir, f"tp{tp}.ncu.csv")
         all_steps = steps(read_ncu(path)) if os.path.exists(path) else []
@@ -116,9 +127,10 @@ def main():
             ks = all_steps[i] if i < len(all_steps) else []
             t_ar = step_us(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"))
             t_noar = step_us(os.path.join(a.dir, f"tp{tp}.b{b}.skiptrue")) if tp > 1 else t_ar
-            weights, kv = must_read_bytes(tp, b, a.layers)
+            keys = step_stat(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"), "context") or CONTEXT
+            weights, kv = must_read_bytes(tp, b, a.layers, keys)
             floor_us = (weights + kv) / bw * 1e6
-            case = {"tp": tp, "batch": b, "step_us": t_ar, "step_no_allreduce_us": t_noar,
+            case = {"tp": tp, "batch": b, "keys": keys, "step_us": t_ar, "step_no_allreduce_us": t_noar,
                     "floor_us": floor_us, "weights_bytes": weights, "kv_bytes": kv, "kernels": []}
             md += [f"## TP={tp}, batch {b}", ""]
             groups = {}
@@ -145,14 +157,15 @@ def main():
             gaps = t_noar - kern_us if t_noar and groups else None
             ar = t_ar - t_noar if t_ar and t_noar and tp > 1 else None
             fmt = lambda v: f"{v:.0f}" if v is not None else "-"
-            summary.append(f"| {tp} | {b} | {fmt(t_ar)} | {fmt(kern_us if groups else None)} | "
+            summary.append(f"| {tp} | {b} | {keys:.0f} | {fmt(t_ar)} | {fmt(kern_us if groups else None)} | "
                            f"{fmt(gaps)} | {fmt(ar)} | {floor_us:.0f} | "
                            f"{(t_ar / floor_us) if t_ar else float('nan'):.2f}x |")
             result["cases"].append(case)
     md[4:4] = ["## Summary", "",
                "Step: symtp's median decode forward time (graph replay). Gaps: the step without "
-               "all-reduces minus the sum of its kernels' own durations. Floor: weights + KV cache "
-               "of one rank read once at the copy bandwidth.", ""] + summary + [""]
+               "all-reduces minus the sum of its kernels' own durations (profiled at 1024 keys). "
+               "Keys: what a sequence attends over at symtp's median step. Floor: weights + KV "
+               "cache (at those keys) of one rank read once at the copy bandwidth.", ""] + summary + [""]
     open(os.path.join(a.dir, "kernel_table.md"), "w").write("\n".join(md) + "\n")
     json.dump(result, open(os.path.join(a.dir, "kernel_table.json"), "w"), indent=1)
     print("\n".join(md))

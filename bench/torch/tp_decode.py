@@ -382,6 +382,8 @@ def main():
     ap.add_argument("--layers", type=int, default=0, help="0: the preset's")
     ap.add_argument("--batches", default="1,8,32,128,256,512")
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--contexts", default="",
+                    help="one context per batch of --batches (default: --context for each)")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--graphs", default="on", choices=["on", "off"])
@@ -431,22 +433,27 @@ def main():
         torch.manual_seed(1234 + rank)
         w = Weights(cfg, tp, rank, torch.bfloat16, full=False, layers=layers)
         rows = []
-        for b in [int(x) for x in a.batches.split(",")]:
-            dec = Decoder(w, b, a.context, group, a.compile)
+        batches = [int(x) for x in a.batches.split(",")]
+        contexts = [int(x) for x in a.contexts.split(",")] if a.contexts else [a.context] * len(batches)
+        if len(contexts) != len(batches):
+            ap.error(f"--contexts has {len(contexts)} values for {len(batches)} batches")
+        for b, ctx in zip(batches, contexts):
+            dec = Decoder(w, b, ctx, group, a.compile)
             ms = timed(dec, a.steps, a.warmup, a.graphs == "on")
             t = torch.tensor([ms], device="cuda")
             if tp > 1:  # the slowest rank's median
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-            rows.append({"batch": b, "step_ms": round(t.item(), 4)})
+            rows.append({"batch": b, "context": ctx, "step_ms": round(t.item(), 4)})
             if rank == 0:
                 print(f"torch{' compiled' if a.compile else ''} TP={tp} {a.model} layers={layers} "
-                      f"batch={b} context={a.context}: "
+                      f"batch={b} context={ctx}: "
                       f"{t.item():.3f} ms", flush=True)
             del dec
             torch.cuda.empty_cache()
         if rank == 0 and a.json:
             with open(a.json, "w") as f:
-                json.dump({"tp": tp, "model": a.model, "layers": layers, "context": a.context,
+                json.dump({"tp": tp, "model": a.model, "layers": layers,
+                           "context": contexts[0] if len(set(contexts)) == 1 else None,
                            "graphs": a.graphs, "compile": a.compile, "steps": a.steps,
                            "torch": torch.__version__,
                            "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(),

@@ -119,6 +119,27 @@ TEST(RunMetricsTest, WarmupAndNonSteadyStepsAreNotMeasured) {
   EXPECT_NEAR(m.step_period_ms, 10.0, 0.01);
 }
 
+// The context is per step the mean over its sequences, over measured steps
+// only, and reaches summary.json and the results block.
+TEST(RunMetricsTest, ContextIsTheSequencesMeanPerMeasuredStep) {
+  JobOptions o = CpuOptions();
+  o.warmup_steps = 2;
+  o.steady_batch = 4;
+  RunSummaryInput in;
+  in.opts = &o;
+  in.steps = PairedSteps(7, 10 * kMs, 0);
+  // Step i: four sequences at 100 + i + {0, 1, 2, 5} keys (mean 102 + i).
+  for (StepRecord& s : in.steps) s.context_tokens = 4 * (100 + s.step) + 8;
+  const RunMetrics m = ComputeRunMetrics(in);
+  EXPECT_EQ(m.context.count, 5);
+  EXPECT_DOUBLE_EQ(m.context.min, 104);  // step 2, the first after the warm-up
+  EXPECT_DOUBLE_EQ(m.context.p50, 106);
+  EXPECT_DOUBLE_EQ(m.context.max, 108);
+  EXPECT_THAT(SummaryJson(in, m), HasSubstr("\"context\": {\"count\":5,\"mean\":106.0000"));
+  EXPECT_THAT(FormatResultsBlock(in, m),
+              HasSubstr("Median context (keys per sequence):      106.0\n"));
+}
+
 // Two requests: times relative to the start of the measurement (after every
 // worker was ready), start-up reported apart and kept out of throughput.
 RunSummaryInput TwoRequests(const JobOptions* o) {

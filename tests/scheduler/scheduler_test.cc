@@ -115,12 +115,14 @@ TEST(Scheduler, ChunkedPrefillThenDecodeThenExactMaxTokens) {
   EXPECT_THAT(p.diff.NewBlocks(p.diff.continuing[0]), ElementsAre(2));
   EXPECT_TRUE(p.scheduled[0].samples);
   EXPECT_EQ(p.scheduled[0].start, 32);
+  EXPECT_EQ(ContextTokens(p), 40);  // the last prompt token attends over the whole prompt
   ASSERT_OK(d.Complete());
 
   p = d.Plan();  // step 3: decode at position 40 (block 2 still has room)
   EXPECT_EQ(p.diff.continuing[0].num_scheduled, 1u);
   EXPECT_EQ(p.diff.continuing[0].num_new_blocks, 0u);
   EXPECT_EQ(p.scheduled[0].start, 40);
+  EXPECT_EQ(ContextTokens(p), 41);
   ASSERT_OK(d.Complete());
 
   p = d.Plan();  // step 4: the 3rd and last token
