@@ -47,6 +47,12 @@ int ExchangeMinRows(const JobOptions& opts) {
   return opts.tp == 2 ? 2048 : opts.tp == 4 ? 4096 : 0;
 }
 
+// The exchange as the worker's start-up line names it.
+const char* ExchangeName(const JobOptions& opts) {
+  if (ExchangeMinRows(opts) <= 0) return "off";
+  return ExchangeTransportFor(opts) == model::ExchangeTransport::kCopy ? "copy" : "allreduce";
+}
+
 // --custom-allreduce-max-bytes resolved: -1 picks by TP. The capacity covers
 // decode's row-parallel messages (rows x hidden x 2 bytes: 4 MiB at batch 512
 // of a 4096-wide model); at TP 4 also prefill's 16 MiB messages and exchange
@@ -282,10 +288,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
         "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d "
         "(%s), graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
-        model_->num_kv_blocks(), ExchangeMinRows(opts_),
-        ExchangeMinRows(opts_) <= 0                                         ? "off"
-        : ExchangeTransportFor(opts_) == model::ExchangeTransport::kCopy ? "copy"
-                                                                          : "allreduce",
+        model_->num_kv_blocks(), ExchangeMinRows(opts_), ExchangeName(opts_),
         opts_.cuda_graphs ? "on" : "off");
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }

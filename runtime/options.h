@@ -32,9 +32,10 @@ enum class Mode { kV1, kV0 };  // v1: scheduler process, diffs; v0: rank 0 sched
 SYMTP_NAMES(Mode, {kV1, "v1"}, {kV0, "v0"})
 enum class AllReduce { kAuto, kNccl, kCustom };
 SYMTP_NAMES(AllReduce, {kAuto, "auto"}, {kNccl, "nccl"}, {kCustom, "custom"})
-// How the copy exchange's row chunks are all-reduced: auto (copy at TP 2,
+// How the exchange's row chunks are all-reduced: auto (copy at TP 2,
 // all-reduce above), the copy engines, or the all-reduce kernels (custom or
-// NCCL) on a side stream.
+// NCCL) on a side stream. Resolved to model::ExchangeTransport by the CUDA
+// backend (ExchangeTransportFor).
 enum class ExchangeTransport { kAuto, kCopy, kAllReduce };
 SYMTP_NAMES(ExchangeTransport, {kAuto, "auto"}, {kCopy, "copy"}, {kAllReduce, "allreduce"})
 enum class Attention { kTiled, kTensorCore };

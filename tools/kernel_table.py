@@ -83,18 +83,15 @@ def steps(launches):
     return [s for s in out if s]
 
 
-def step_stat(path, key):
-    """The median of steps.<key> in a symtp run's summary.json (None if absent)."""
+def step_medians(path):
+    """A symtp run's median decode forward time (us) and median context (keys
+    a sequence attends over) from its summary.json; None where absent."""
     p = os.path.join(path, "summary.json")
     if not os.path.exists(p):
-        return None
-    v = (json.load(open(p))["steps"].get(key) or {}).get("p50")
-    return float(v) if v else None
-
-
-def step_us(path):
-    """Median decode forward time (us) of a symtp run."""
-    return step_stat(path, "decode_forward_us")
+        return None, None
+    st = json.load(open(p))["steps"]
+    med = lambda k: float((st.get(k) or {}).get("p50") or 0) or None
+    return med("decode_forward_us"), med("context")
 
 
 def main():
@@ -125,9 +122,9 @@ def main():
         all_steps = steps(read_ncu(path)) if os.path.exists(path) else []
         for i, b in enumerate(batches):
             ks = all_steps[i] if i < len(all_steps) else []
-            t_ar = step_us(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"))
-            t_noar = step_us(os.path.join(a.dir, f"tp{tp}.b{b}.skiptrue")) if tp > 1 else t_ar
-            keys = step_stat(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"), "context") or CONTEXT
+            t_ar, keys = step_medians(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"))
+            t_noar = step_medians(os.path.join(a.dir, f"tp{tp}.b{b}.skiptrue"))[0] if tp > 1 else t_ar
+            keys = keys or CONTEXT
             weights, kv = must_read_bytes(tp, b, a.layers, keys)
             floor_us = (weights + kv) / bw * 1e6
             case = {"tp": tp, "batch": b, "keys": keys, "step_us": t_ar, "step_no_allreduce_us": t_noar,
