@@ -11,8 +11,8 @@ all-reduce cost (step with minus without them) and the floor: the weights and
 KV cache one rank must read once, at the copy bandwidth. The floor's KV is
 that of symtp's median step (summary.json's steps.context: its sequences
 attend over more than the 1024 keys it starts from, having decoded during the
-batch's chunked prefill and the warm-up); the profiled kernels attend over
-exactly 1024.
+batch's chunked prefill and the warm-up), and the profiled step attends over
+the same keys (--print-keys gives them to kernels_bench's --model-contexts).
 Writes kernel_table.md and kernel_table.json into --dir.
 """
 import argparse
@@ -102,14 +102,21 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--print-shard-overrides", action="store_true")
+    ap.add_argument("--print-keys", action="store_true",
+                    help="the keys of symtp's median step for each of --batches at --tp, "
+                         "rounded, comma separated (1024 where a run is missing)")
     a = ap.parse_args()
     if a.print_shard_overrides:
         print(shard_overrides(a.tp))
         return 0
-    bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
     batches = [int(b) for b in a.batches.split(",")]
-    md = [f"# Decode step by kernel: llama-8b-shape, {a.layers} layers, context {CONTEXT}, "
-          "bf16, CUDA graphs", "",
+    if a.print_keys:
+        keys = [step_medians(os.path.join(a.dir, f"tp{a.tp}.b{b}.skipfalse"))[1] for b in batches]
+        print(",".join(str(round(k or CONTEXT)) for k in keys))
+        return 0
+    bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
+    md = [f"# Decode step by kernel: llama-8b-shape, {a.layers} layers, context {CONTEXT} "
+          "and what was decoded since, bf16, CUDA graphs", "",
           f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write). At TP > 1 the "
           "kernels are one rank's (a TP = 1 model with that rank's shapes; the LM-head all-gather "
           "and vocabulary assembly are not among them).", ""]
@@ -160,9 +167,10 @@ def main():
             result["cases"].append(case)
     md[4:4] = ["## Summary", "",
                "Step: symtp's median decode forward time (graph replay). Gaps: the step without "
-               "all-reduces minus the sum of its kernels' own durations (profiled at 1024 keys). "
-               "Keys: what a sequence attends over at symtp's median step. Floor: weights + KV "
-               "cache (at those keys) of one rank read once at the copy bandwidth.", ""] + summary + [""]
+               "all-reduces minus the sum of its kernels' own durations. "
+               "Keys: what a sequence attends over at symtp's median step, and in the profiled "
+               "step. Floor: weights + KV cache (at those keys) of one rank read once at the "
+               "copy bandwidth.", ""] + summary + [""]
     open(os.path.join(a.dir, "kernel_table.md"), "w").write("\n".join(md) + "\n")
     json.dump(result, open(os.path.join(a.dir, "kernel_table.json"), "w"), indent=1)
     print("\n".join(md))

@@ -17,14 +17,16 @@
 //   prefill_attn    causal attention of one 512- / 4096-token prompt,
 //                   TFLOP/s, tiled vs tensor-core kernel
 //   model_decode    GpuModel (TP = 1) decode step of llama-8b-shape with
-//                   --layers layers (default 4), context 1024, batch 32..512,
+//                   --layers layers (default 4), context 1024 (--model-contexts),
+//                   batch 32..512,
 //                   CUDA graphs on and off, time per kernel class (eager)
 //
 // Every kernel's result is spot-checked against a CPU computation before
 // it is timed; times are medians of event-timed repetitions after warm-up.
 // Flags (--help lists them): --json FILE, --layers N, --skip-model,
 // --sections LIST, --gemm-match LIST, --attention-contiguous, --model-batches
-// LIST, --model-kernels LIST, --model-graphs on|off|both, --model-overrides K=V,...
+// LIST, --model-contexts LIST, --model-kernels LIST, --model-graphs on|off|both,
+// --model-overrides K=V,...
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -77,6 +79,9 @@ ABSL_FLAG(std::vector<std::string>, gemm_match, {},
 ABSL_FLAG(std::vector<std::string>, model_batches,
           std::vector<std::string>({"32", "64", "128", "256", "512"}),
           "model_decode: batch sizes, each in [1, 512]");
+ABSL_FLAG(std::vector<std::string>, model_contexts, std::vector<std::string>({"1024"}),
+          "model_decode: keys each sequence attends over, one for every batch or one per "
+          "--model-batches entry, each in [1, 8192]");
 ABSL_FLAG(std::vector<std::string>, model_kernels, {},
           "model_decode: decode attention kernels (tiled, tensor-core; empty: both)");
 ABSL_FLAG(std::string, model_graphs, "both", "model_decode: CUDA graphs on, off or both");
@@ -763,12 +768,18 @@ absl::Status BenchPrefillAttention(cudaStream_t s, const Ceilings& c, Json* js) 
 // --model-graphs): all by default; fewer keep a profiler's run short.
 struct ModelSelection {
   std::vector<int> batches;
+  std::vector<int> contexts;  // per batch (same length as batches)
   std::vector<std::string> kernels;  // decode kernel names; empty: both
   std::string graphs;                // on, off or both
   // More model overrides after layers= (e.g. one TP rank's shapes:
   // heads=16,kv_heads=4,head_dim=128,ffn=7168,vocab=64128 for TP = 2).
   std::string overrides;
 };
+
+// KV blocks a sequence of `ctx` tokens holds.
+int BlocksFor(const model::ModelConfig& cfg, int ctx) {
+  return (ctx + cfg.block_size - 1) / cfg.block_size;
+}
 
 // GpuModelOptions of the model_decode cases: bf16, up to 512
 // sequences per step, KV blocks for `kv_seqs` sequences of `ctx` tokens,
@@ -780,23 +791,23 @@ model::GpuModelOptions DecodeBenchOptions(const model::ModelConfig& cfg, int ctx
   o.dtype = DType::kBF16;
   o.max_seqs = 512;
   o.max_batch_tokens = 512;
-  o.num_kv_blocks = kv_seqs * (ctx / cfg.block_size) + 16;
+  o.num_kv_blocks = kv_seqs * BlocksFor(cfg, ctx) + 16;
   o.cuda_graphs = graphs;
   o.host_logits = false;
   return o;
 }
 
-// A decode step of `batch` sequences, each at position ctx - 1 with its own
-// ctx / block_size KV blocks.
+// A decode step of `batch` sequences, each at position ctx - 1 (attending
+// over ctx keys) with its own KV blocks.
 model::BatchInput DecodeBenchInput(const model::ModelConfig& cfg, int batch, int ctx) {
-  const int B = cfg.block_size, bps = ctx / B;
+  const int B = cfg.block_size, bps = BlocksFor(cfg, ctx);
   model::BatchInput in;
   in.max_blocks_per_seq = bps;
   in.seq_start.push_back(0);
   for (int i = 0; i < batch; ++i) {
     in.tokens.push_back((i * 7919) % cfg.vocab);
     in.positions.push_back(ctx - 1);
-    in.slot_mapping.push_back((i * bps + bps - 1) * B + (ctx - 1) % B);
+    in.slot_mapping.push_back((i * bps + (ctx - 1) / B) * B + (ctx - 1) % B);
     in.seq_start.push_back(i + 1);
     in.context_len.push_back(ctx);
     for (int b = 0; b < bps; ++b) in.block_tables.push_back(i * bps + b);
@@ -811,15 +822,19 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
                                            absl::StrCat("layers=", layers,
                                                         sel.overrides.empty() ? "" : ",",
                                                         sel.overrides)));
-  const int ctx = 1024;
   const std::vector<int>& batches = sel.batches;
+  const int max_ctx = *std::max_element(sel.contexts.begin(), sel.contexts.end());
+  if (max_ctx > cfg.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--model-contexts: %d keys past the model's max_seq_len %d", max_ctx, cfg.max_seq_len));
+  }
   std::printf(
-      "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1, context %d; KV "
-      "cache zero-filled (timing does not depend on its values); gemm / attn / rowpar / other: ms "
-      "per class from an eager profiled step\n",
-      cfg.name.c_str(), layers, ctx);
-  std::printf("%6s %-13s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "attention", "batch", "gpu us",
-              "wall us", "gemm", "attn", "rowpar", "other");
+      "\nGpuModel decode step: %s with %d layers (of 32), bf16, TP=1; every sequence attends "
+      "over `keys` keys; KV cache zero-filled (timing does not depend on its values); gemm / attn "
+      "/ rowpar / other: ms per class from an eager profiled step\n",
+      cfg.name.c_str(), layers);
+  std::printf("%6s %-13s %6s %6s %10s %10s %8s %8s %8s %8s\n", "graphs", "attention", "batch",
+              "keys", "gpu us", "wall us", "gemm", "attn", "rowpar", "other");
   struct Mode {
     bool graphs;
     kernels::DecodeKernel dk;
@@ -838,12 +853,13 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
     // KV blocks for the largest batch measured (512 sequences of a
     // 32-layer model would not fit beside its weights at TP = 1).
     const int kv_seqs = *std::max_element(batches.begin(), batches.end());
-    model::GpuModelOptions o = DecodeBenchOptions(cfg, ctx, graphs, mode.dk, kv_seqs);
+    model::GpuModelOptions o = DecodeBenchOptions(cfg, max_ctx, graphs, mode.dk, kv_seqs);
     if (const int r = absl::GetFlag(FLAGS_model_gemm_workspace_min_rows); r >= 0) {
       o.gemm_workspace_min_rows = r;
     }
     SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
-    for (int batch : batches) {
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const int batch = batches[bi], ctx = sel.contexts[bi];
       const model::BatchInput in = DecodeBenchInput(cfg, batch, ctx);
       model::StepOptions so;
       so.sampling.assign(batch, model::SamplingParams{});
@@ -898,8 +914,8 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
         m.set_profiling(false);
       }
       const double g = Median(gpu_us), w = Median(wall_us);
-      std::printf("%6s %-13s %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n", graphs ? "on" : "off",
-                  kname, batch, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
+      std::printf("%6s %-13s %6d %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n",
+                  graphs ? "on" : "off", kname, batch, ctx, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
                   prof.other_ms);
       const auto st = m.graph_stats();
       js->model.push_back(JsonWriter()
@@ -960,6 +976,16 @@ absl::Status Run() {
   SYMTP_ASSIGN_OR_RETURN(model_sel.batches,
                          ParseIntList("--model-batches", absl::GetFlag(FLAGS_model_batches), 1,
                                       512, "a batch"));
+  SYMTP_ASSIGN_OR_RETURN(model_sel.contexts,
+                         ParseIntList("--model-contexts", absl::GetFlag(FLAGS_model_contexts), 1,
+                                      8192, "a key count"));
+  if (model_sel.contexts.size() == 1) {
+    model_sel.contexts.assign(model_sel.batches.size(), model_sel.contexts[0]);
+  } else if (model_sel.contexts.size() != model_sel.batches.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--model-contexts: %d values for %d batches (give one, or one per batch)",
+        model_sel.contexts.size(), model_sel.batches.size()));
+  }
   std::string why;
   if (cuda::VisibleDeviceCount(&why) == 0) return absl::UnavailableError("no GPU: " + why);
   CUDA_RETURN_IF_ERROR(cudaSetDevice(0));

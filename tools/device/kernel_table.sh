@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Where a decode step's time goes (llama-8b-shape, all $LAYERS layers,
-# context 1024, bf16, CUDA graphs): for each TP in $TPS and batch in $BATCHES,
-# every kernel of one decode step (Nsight Compute over kernels_bench's model
-# section, which brackets one graph-replayed step per batch with
-# cudaProfilerStart/Stop: duration and DRAM bytes, clocks and caches left
-# alone), the
-# step's graph-replay time from symtp (with and, at TP > 1, without the
-# all-reduces) and the device-to-device copy bandwidth, all in this one run;
-# tools/kernel_table.py makes the table ($OUT/kernel_table.md and .json).
-# At TP > 1 the profiled step is one rank's: a TP = 1 model with that rank's
-# shapes (heads, KV heads, FFN and vocabulary divided by TP; ncu serializes
-# kernels, so two ranks waiting for each other cannot be profiled).
+# context 1024, bf16, CUDA graphs). For each TP in $TPS and batch in
+# $BATCHES: symtp's steady decode (its step's graph-replay time with and, at
+# TP > 1, without the all-reduces, and the keys its median step attends
+# over), then every kernel of one decode step at those keys (Nsight Compute
+# over kernels_bench's model section, which brackets one graph-replayed step
+# per batch with cudaProfilerStart/Stop: duration and DRAM bytes, clocks and
+# caches left alone); with the device-to-device copy bandwidth, all in this
+# one run. tools/kernel_table.py makes the table ($OUT/kernel_table.md and
+# .json). At TP > 1 the profiled step is one rank's: a TP = 1 model with that
+# rank's shapes (heads, KV heads, FFN and vocabulary divided by TP; ncu
+# serializes kernels, so two ranks waiting for each other cannot be profiled).
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="tools/device/kernel_table.sh")
 set -uo pipefail
 source "$(dirname "$0")/ncu_setup.sh"
@@ -29,12 +29,6 @@ json.dump({"bytes_per_s": 2 * n / sorted(t)[5], "what": "1 GiB device-to-device 
           open(sys.argv[1], "w"))
 PY
 for tp in $TPS; do
-  ov=$(python3 tools/kernel_table.py --print-shard-overrides --tp "$tp")
-  timeout 240 "$NCU" --clock-control none --cache-control none --profile-from-start off \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
-    build-gpu/bench/kernels/kernels_bench --sections model --layers "$LAYERS" --model-batches "$BATCHES" \
-    --model-kernels tensor-core --model-graphs on ${ov:+--model-overrides "$ov"} \
-    >"$OUT/tp$tp.ncu.csv" 2>"$OUT/tp$tp.ncu.err" || echo "ncu TP=$tp failed: $(tail -2 "$OUT/tp$tp.ncu.err")"
   for b in ${BATCHES//,/ }; do
     for skip in false $([[ $tp -gt 1 ]] && echo true); do
       timeout 120 build-gpu/tools/symtp --backend=cuda --tp="$tp" --model=llama-8b-shape \
@@ -44,5 +38,13 @@ for tp in $TPS; do
         >"$OUT/tp$tp.b$b.skip$skip.log" 2>&1 || echo "symtp TP=$tp batch $b failed"
     done
   done
+  # The profiled step attends over the keys symtp's median step did.
+  ov=$(python3 tools/kernel_table.py --print-shard-overrides --tp "$tp")
+  keys=$(python3 tools/kernel_table.py --print-keys --dir "$OUT" --tp "$tp" --batches "$BATCHES")
+  timeout 240 "$NCU" --clock-control none --cache-control none --profile-from-start off \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
+    build-gpu/bench/kernels/kernels_bench --sections model --layers "$LAYERS" --model-batches "$BATCHES" \
+    --model-contexts "$keys" --model-kernels tensor-core --model-graphs on ${ov:+--model-overrides "$ov"} \
+    >"$OUT/tp$tp.ncu.csv" 2>"$OUT/tp$tp.ncu.err" || echo "ncu TP=$tp failed: $(tail -2 "$OUT/tp$tp.ncu.err")"
 done
 python3 tools/kernel_table.py --dir "$OUT" --tps "$TPS" --batches "$BATCHES" --layers "$LAYERS"
