@@ -90,7 +90,12 @@ __device__ __forceinline__ void TmaLoad3D(unsigned dst, const CUtensorMap* map, 
 // contiguous) with boxes of `box_slots` slots x one head x 64 dims (128
 // bytes: the 128-byte swizzle's row, so a box lands as rows r of 128 bytes
 // whose 16-byte chunk c sits at chunk c ^ (r % 8)). `base` and the row
-// pitches must be 16-byte aligned; dim a multiple of 64.
+// pitches must be 16-byte aligned; dim a multiple of 64. L2 promotion is
+// the box row's 128 bytes: with 256-byte promotion (a head row's two boxes
+// then share each fill, so a quarter of the L2 lookups hit) the decode
+// attention ran 2-3.5% slower on an H200 at batch 256-512, its L2 as busy as
+// cuDNN's SDPA kernel's for 9% fewer bytes a second
+// (bench/results/h200x2/attention_l2_promotion/).
 inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_t slots, int heads,
                                                         int dim, int box_slots) {
   using EncodeTiledFn =
@@ -128,7 +133,7 @@ inline absl::StatusOr<CUtensorMap> MakeKvCacheTensorMap(const void* base, int64_
   const CUresult r =
       encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
              elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrFormat(
         "cuTensorMapEncodeTiled (KV cache %p: %d slots x %d heads x %d dims, box %d slots) "
