@@ -915,8 +915,8 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
       }
       const double g = Median(gpu_us), w = Median(wall_us);
       std::printf("%6s %-13s %6d %6d %10.1f %10.1f %8.3f %8.3f %8.3f %8.3f\n",
-                  graphs ? "on" : "off", kname, batch, ctx, g, w, prof.gemm_ms, prof.attention_ms, prof.row_parallel_ms,
-                  prof.other_ms);
+                  graphs ? "on" : "off", kname, batch, ctx, g, w, prof.gemm_ms, prof.attention_ms,
+                  prof.row_parallel_ms, prof.other_ms);
       const auto st = m.graph_stats();
       js->model.push_back(JsonWriter()
                               .Open('{')
