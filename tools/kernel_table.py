@@ -83,6 +83,11 @@ def steps(launches):
     return [s for s in out if s]
 
 
+def run_dir(d, tp, batch, skip_allreduce):
+    """The symtp run kernel_table.sh made for this TP, batch and arm."""
+    return os.path.join(d, f"tp{tp}.b{batch}.skip{'true' if skip_allreduce else 'false'}")
+
+
 def step_medians(path):
     """A symtp run's median decode forward time (us) and median context (keys
     a sequence attends over) from its summary.json; None where absent."""
@@ -111,7 +116,7 @@ def main():
         return 0
     batches = [int(b) for b in a.batches.split(",")]
     if a.print_keys:
-        keys = [step_medians(os.path.join(a.dir, f"tp{a.tp}.b{b}.skipfalse"))[1] for b in batches]
+        keys = [step_medians(run_dir(a.dir, a.tp, b, False))[1] for b in batches]
         print(",".join(str(round(k or CONTEXT)) for k in keys))
         return 0
     bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
@@ -129,8 +134,8 @@ def main():
         all_steps = steps(read_ncu(path)) if os.path.exists(path) else []
         for i, b in enumerate(batches):
             ks = all_steps[i] if i < len(all_steps) else []
-            t_ar, keys = step_medians(os.path.join(a.dir, f"tp{tp}.b{b}.skipfalse"))
-            t_noar = step_medians(os.path.join(a.dir, f"tp{tp}.b{b}.skiptrue"))[0] if tp > 1 else t_ar
+            t_ar, keys = step_medians(run_dir(a.dir, tp, b, False))
+            t_noar = step_medians(run_dir(a.dir, tp, b, True))[0] if tp > 1 else t_ar
             keys = keys or CONTEXT
             weights, kv = must_read_bytes(tp, b, a.layers, keys)
             floor_us = (weights + kv) / bw * 1e6

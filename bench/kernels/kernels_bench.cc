@@ -64,6 +64,7 @@
 #include "models/batch.h"
 #include "models/config.h"
 #include "models/cuda/gpu_model.h"
+#include "scheduler/block_manager.h"
 
 ABSL_FLAG(std::string, json, "", "write the results here as JSON ('' for none)");
 ABSL_FLAG(int, layers, 4, "model_decode: layers of llama-8b-shape (of 32)");
@@ -776,11 +777,6 @@ struct ModelSelection {
   std::string overrides;
 };
 
-// KV blocks a sequence of `ctx` tokens holds.
-int BlocksFor(const model::ModelConfig& cfg, int ctx) {
-  return (ctx + cfg.block_size - 1) / cfg.block_size;
-}
-
 // GpuModelOptions of the model_decode cases: bf16, up to 512
 // sequences per step, KV blocks for `kv_seqs` sequences of `ctx` tokens,
 // device tokens only.
@@ -791,7 +787,7 @@ model::GpuModelOptions DecodeBenchOptions(const model::ModelConfig& cfg, int ctx
   o.dtype = DType::kBF16;
   o.max_seqs = 512;
   o.max_batch_tokens = 512;
-  o.num_kv_blocks = kv_seqs * BlocksFor(cfg, ctx) + 16;
+  o.num_kv_blocks = kv_seqs * sched::BlocksForTokens(ctx, cfg.block_size) + 16;
   o.cuda_graphs = graphs;
   o.host_logits = false;
   return o;
@@ -800,7 +796,7 @@ model::GpuModelOptions DecodeBenchOptions(const model::ModelConfig& cfg, int ctx
 // A decode step of `batch` sequences, each at position ctx - 1 (attending
 // over ctx keys) with its own KV blocks.
 model::BatchInput DecodeBenchInput(const model::ModelConfig& cfg, int batch, int ctx) {
-  const int B = cfg.block_size, bps = BlocksFor(cfg, ctx);
+  const int B = cfg.block_size, bps = sched::BlocksForTokens(ctx, B);
   model::BatchInput in;
   in.max_blocks_per_seq = bps;
   in.seq_start.push_back(0);
