@@ -11,6 +11,7 @@
 // and shared memory.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -39,6 +40,40 @@ inline std::string DescribeWaitStatus(int status) {
                         ")");
   }
   return absl::StrCat("wait status ", status);
+}
+
+// The kernel's view of a live process's signals, for a test that waited for
+// one to kill it: its state and its pending, blocked and caught masks, and the
+// same per thread (a sanitizer runtime may add threads and block signals in
+// them).
+inline std::string DescribeSignalState(pid_t pid) {
+  auto fields = [](const std::string& path) {
+    std::string out;
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return absl::StrCat(path, ": ", strerror(errno));
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      std::string l(line);
+      if (!l.empty() && l.back() == '\n') l.pop_back();
+      for (char& ch : l) ch = ch == '\t' ? ' ' : ch;
+      for (const char* key : {"State:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigCgt:"}) {
+        if (l.rfind(key, 0) == 0) absl::StrAppend(&out, out.empty() ? "" : " ", l);
+      }
+    }
+    std::fclose(f);
+    return out;
+  };
+  std::string out = fields(absl::StrCat("/proc/", pid, "/status"));
+  const std::string task_dir = absl::StrCat("/proc/", pid, "/task");
+  if (DIR* d = ::opendir(task_dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      absl::StrAppend(&out, "; thread ", e->d_name, ": ",
+                      fields(absl::StrCat(task_dir, "/", e->d_name, "/status")));
+    }
+    ::closedir(d);
+  }
+  return out;
 }
 
 // Blocks until a signal kills the process. Sleeps in short naps rather than
@@ -101,7 +136,8 @@ class ChildProcess {
       if (!done.ok()) return done.status();
       if (*done) return status_;
       if (deadline.Expired()) {
-        return absl::DeadlineExceededError(absl::StrCat("child ", pid_, " still running"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("child ", pid_, " still running (", DescribeSignalState(pid_), ")"));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
