@@ -290,7 +290,32 @@ TEST_F(ShmSegmentTest, AttachWithDeadlineWaitsForTheCreator) {
 // ---------------------------------------------------------------------------
 // Stale segments: the creator died without cleaning up.
 
-using ShmStaleTest = IpcTest;
+// Fixture for tests whose child process creates a segment and then waits to
+// be killed.
+class ShmCreatorTest : public IpcTest {
+ protected:
+  // Forks a child that creates segment `name` (4 KiB) and sleeps until a
+  // signal ends it; returns once the segment exists, or nullptr after a
+  // failure was recorded.
+  testing::ChildProcess* SpawnCreator(const std::string& name) {
+    ReadyPipe ready;
+    testing::ChildProcess* child = Spawn([&] {
+      auto seg = ShmSegment::Create(name, 4096);
+      if (!seg.ok()) return 1;
+      ready.Notify();
+      SleepForever();
+    });
+    if (child == nullptr) return nullptr;
+    absl::Status s = ready.Wait(Deadline::AfterMs(10'000));
+    if (!s.ok()) {
+      ADD_FAILURE() << "creator child: " << s;
+      return nullptr;
+    }
+    return child;
+  }
+};
+
+using ShmStaleTest = ShmCreatorTest;
 
 TEST_F(ShmStaleTest, DeadCreatorIsListedAndRemoved) {
   const std::string stale = SegName("stale");
@@ -330,15 +355,8 @@ TEST_F(ShmStaleTest, DeadCreatorIsListedAndRemoved) {
 
 TEST_F(ShmStaleTest, SigkilledCreatorIsStaleEvenBeforeReaping) {
   const std::string name = SegName("killed");
-  ReadyPipe ready;
-  testing::ChildProcess* child = Spawn([&] {
-    auto seg = ShmSegment::Create(name, 4096);
-    if (!seg.ok()) return 1;
-    ready.Notify();
-    SleepForever();
-  });
+  testing::ChildProcess* child = SpawnCreator(name);
   ASSERT_NE(child, nullptr);
-  ASSERT_OK(ready.Wait(Deadline::AfterMs(10'000)));
   ASSERT_OK_AND_ASSIGN(std::vector<SegmentInfo> before, ListSegments(prefix_));
   ASSERT_EQ(before.size(), 1u);
   EXPECT_TRUE(before[0].creator_alive);
@@ -374,7 +392,7 @@ TEST_F(ShmStaleTest, ForeignEntriesAreListedButNotRemovedAsStale) {
 // ---------------------------------------------------------------------------
 // Cleanup on signals and at exit.
 
-class ShmSignalTest : public IpcTest {
+class ShmSignalTest : public ShmCreatorTest {
  protected:
   // Sends `sig` to the child and waits for it to exit; returns its wait status.
   // ThreadSanitizer runs an asynchronous signal's handler at its own
@@ -398,15 +416,8 @@ class ShmSignalTest : public IpcTest {
   }
 
   void ExpectSignalRemovesSegment(const std::string& name, int sig) {
-    ReadyPipe ready;
-    testing::ChildProcess* child = Spawn([&] {
-      auto seg = ShmSegment::Create(name, 4096);
-      if (!seg.ok()) return 1;
-      ready.Notify();
-      SleepForever();
-    });
+    testing::ChildProcess* child = SpawnCreator(name);
     ASSERT_NE(child, nullptr);
-    ASSERT_OK(ready.Wait(Deadline::AfterMs(10'000)));
     ASSERT_TRUE(ShmExists(name));
     ASSERT_OK_AND_ASSIGN(int st, SignalAndWait(child, sig));
     // The handler unlinks, then re-raises with the default action.
