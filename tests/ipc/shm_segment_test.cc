@@ -13,6 +13,7 @@
 
 #include "absl/base/config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/env.h"
 #include "tests/ipc/ipc_test_util.h"
 #include "tests/testing/private_tmpfs.h"
@@ -408,7 +409,10 @@ class ShmSignalTest : public ShmCreatorTest {
 #endif
     const Deadline deadline = Deadline::AfterMs(20'000);
     while (true) {
-      if (!child->Signal(sig)) return absl::InternalError("kill() failed");
+      if (!child->Signal(sig)) {
+        return absl::InternalError(absl::StrCat("kill(", child->pid(), ", ", sig,
+                                                "): ", strerror(errno)));
+      }
       absl::StatusOr<int> st = child->Wait(
           Deadline::AfterNs(std::min<int64_t>(kResendMs * 1'000'000, deadline.RemainingNs())));
       if (st.ok() || !absl::IsDeadlineExceeded(st.status()) || deadline.Expired()) return st;
