@@ -365,6 +365,8 @@ absl::Status CustomAllReduce::Init(int rank, int size, int device, size_t max_by
   args_.error_host = static_cast<unsigned long long*>(dev_ptr);
   CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&dev_ptr, abort_host_, 0));
   args_.abort_word = static_cast<const volatile int*>(dev_ptr);
+  args_.abort_mirror =
+      reinterpret_cast<unsigned int*>(buffer_ + allreduce_internal::kAbortMirrorOffset);
   args_.timeout_ns = static_cast<uint64_t>(options.timeout_ms) * 1'000'000;
   args_.ll_offset = ll_offset;
   args_.ll_lines = ll_lines;

@@ -13,6 +13,9 @@
 //     epoch_ll[kMaxBlocks]          u32
 //     epoch_ll128[kMaxBlocks]       u32
 //     error                         u64  first error of a kernel (atomicCAS)
+//     abort_mirror[2]               u32  owner-only: [0] the host's abort word
+//                                        seen set, [1] when a spinner last read
+//                                        it (globaltimer / 1024, ~us)
 //     scatter_flags[kMaxBlocks][kMaxRanks] u32  two-shot protocol: its
 //                                        scatter step's flags per chunk (its
 //                                        reduce step's are flags[chunk])
@@ -54,6 +57,7 @@ inline constexpr size_t kEpochStagedOffset = kFlagsOffset + kMaxBlocks * kMaxRan
 inline constexpr size_t kEpochLLOffset = kEpochStagedOffset + kMaxBlocks * 4;
 inline constexpr size_t kEpochLL128Offset = kEpochLLOffset + kMaxBlocks * 4;
 inline constexpr size_t kErrorOffset = kEpochLL128Offset + kMaxBlocks * 4;  // u64, device copy
+inline constexpr size_t kAbortMirrorOffset = kErrorOffset + 8;  // u32 [2]
 inline constexpr size_t kScatterFlagsOffset = kErrorOffset + 16;
 // Copy exchange: the step epoch (owner-only; CopyBeginStep advances it, the
 // copy engine sends it to the peers after each chunk's data).
@@ -94,6 +98,7 @@ struct DeviceArgs {
   char* base[kMaxRanks];             // every rank's buffer, mapped here (own at [rank])
   unsigned long long* error_host;    // host-mapped mirror, device pointer
   const volatile int* abort_word;    // host-mapped, device pointer; nonzero = abort
+  unsigned int* abort_mirror;        // own buffer + kAbortMirrorOffset (SpinBound)
   uint64_t timeout_ns;               // bound of every spin (%globaltimer)
   size_t ll_offset;
   size_t ll_lines;                   // capacity in lines per (parity, src)

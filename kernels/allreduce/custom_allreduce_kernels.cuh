@@ -54,7 +54,7 @@
 //
 // Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns; the
 // pipelined two-shot's gathers twice it, see TwoShotKernel) and a
-// host-mapped abort word; on either the thread records {code, peer, protocol,
+// host-mapped abort word (AbortRequested); on either the thread records {code, peer, protocol,
 // block, epoch} (atomicCAS on the device copy, mirrored to host-mapped memory)
 // and the block skips its reduction, leaving `data` partially reduced.
 #pragma once
@@ -127,15 +127,34 @@ __device__ __forceinline__ uint16_t LdCg2(const void* p) {
   return v;
 }
 
-__device__ __forceinline__ bool AbortRequested(const DeviceArgs& a) {
-  return a.abort_word != nullptr && *a.abort_word != 0;
+// The abort word is host memory: a read is a PCIe round trip, and reads of
+// that one address queue behind each other (2048 warps of an LL128 kernel
+// reading it together took about 1 ms to drain, long enough to make the
+// waiting rank the late one at the next call, so two ranks a millisecond
+// apart stayed that way call after call). So at most one thread per GPU reads
+// it per kAbortPollUs, whichever claims the poll time in the owner's signal
+// region, and a set word is mirrored there; every other check reads the
+// mirror (an L2 hit).
+inline constexpr uint32_t kAbortPollUs = 20;
+
+__device__ __forceinline__ bool AbortRequested(const DeviceArgs& a, uint64_t now_ns) {
+  if (a.abort_word == nullptr) return false;
+  volatile unsigned int* const seen = a.abort_mirror;
+  if (seen[0] != 0) return true;
+  const unsigned int t = static_cast<unsigned int>(now_ns >> 10);  // wraps: differences only
+  const unsigned int last = seen[1];
+  if (t - last < kAbortPollUs) return false;
+  if (atomicCAS(a.abort_mirror + 1, last, t) != last) return false;  // another thread reads it
+  if (*a.abort_word == 0) return false;
+  seen[0] = 1;
+  return true;
 }
 
 // Bounds one spin-wait: Check() after every unsuccessful poll returns
 // kErrTimeout once DeviceArgs::timeout_ns have passed since construction, or
 // kErrAborted once the host set the abort word. The timer (a register read)
-// is looked at every 32 polls, the abort word (a PCIe read of host memory,
-// ~1 us) every 1024, so a healthy wait is barely slowed.
+// is looked at every 32 polls, the abort word (AbortRequested: the mirror, and
+// now and then the host word) every 1024, so a healthy wait is barely slowed.
 struct SpinBound {
   uint64_t start;
   uint32_t spins = 0;
@@ -143,8 +162,9 @@ struct SpinBound {
   __device__ __forceinline__ uint32_t Check(const DeviceArgs& a) {
     ++spins;
     if ((spins & 31) != 0) return kErrNone;
-    if (GlobalTimerNs() - start > a.timeout_ns) return kErrTimeout;
-    if ((spins & 1023) == 0 && AbortRequested(a)) return kErrAborted;
+    const uint64_t now = GlobalTimerNs();
+    if (now - start > a.timeout_ns) return kErrTimeout;
+    if ((spins & 1023) == 0 && AbortRequested(a, now)) return kErrAborted;
     return kErrNone;
   }
 };
