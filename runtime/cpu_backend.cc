@@ -47,6 +47,10 @@ class CpuBackend : public Backend, public BatchBroadcast {
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
     return comm_->Broadcast(data, bytes, root);
   }
+  absl::StatusOr<void*> HostBuffer(size_t bytes) override {
+    if (host_buffer_.size() < bytes) host_buffer_.resize(bytes);
+    return host_buffer_.data();
+  }
 
   std::string Describe() const override {
     return absl::StrCat("cpu (fp32), kv cache ", model_.kv_cache_bytes() >> 20, " MiB (",
@@ -58,6 +62,7 @@ class CpuBackend : public Backend, public BatchBroadcast {
   std::unique_ptr<ShmHostComm> comm_;
   model::CpuModel model_;
   std::vector<float> logits_;
+  std::vector<char> host_buffer_;  // v0's batch tensors (HostBuffer)
   model::SamplingScratch scratch_;
 };
 

@@ -282,6 +282,13 @@ class CudaBackend : public Backend, public BatchBroadcast {
     }
     return SyncStream();
   }
+  absl::StatusOr<void*> HostBuffer(size_t bytes) override {
+    if (host_buffer_.bytes() < bytes) {
+      host_buffer_ = {};  // free the old one first
+      SYMTP_ASSIGN_OR_RETURN(host_buffer_, cuda::PinnedBuffer::Create(bytes + bytes / 2));
+    }
+    return host_buffer_.get();
+  }
 
   std::string Describe() const override {
     return absl::StrFormat(
@@ -352,6 +359,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
   Slot slots_[kSlots];
   int64_t launched_ = 0, collected_ = 0;
   cuda::DeviceBuffer bcast_;
+  cuda::PinnedBuffer host_buffer_;  // v0's batch tensors (HostBuffer)
   model::StepOptions step_opts_;
 };
 

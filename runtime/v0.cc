@@ -1,6 +1,7 @@
 #include "runtime/v0.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -71,7 +72,7 @@ absl::Status ExtractInput(const V0Header& h, const int32_t* body, model::BatchIn
 }
 
 absl::Status V0Follower(Backend* backend, BatchBroadcast* bcast, JobHandle* job) {
-  std::vector<int32_t> body, none;
+  std::vector<int32_t> none;
   model::BatchInput in;
   for (;;) {
     SYMTP_RETURN_IF_ERROR(CheckAbort(job->control));
@@ -79,9 +80,10 @@ absl::Status V0Follower(Backend* backend, BatchBroadcast* bcast, JobHandle* job)
     SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");
     if (h.batch < 0) return absl::OkStatus();
     V0Layout L(h.batch, h.max_seq, h.max_blocks);
-    body.resize(L.words);
-    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body.data(), L.words * 4, 0), "v0 batch broadcast");
-    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
+    SYMTP_ASSIGN_OR_RETURN(void* buf, bcast->HostBuffer(L.words * 4));
+    auto* body = static_cast<int32_t*>(buf);
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body, L.words * 4, 0), "v0 batch broadcast");
+    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body, &in));
     BackendTimings bt;
     SYMTP_RETURN_IF_ERROR(backend->Step(in, {}, {}, &none, &bt));  // forward only
   }
@@ -105,7 +107,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
   feed.StartClock(process_start_ns);  // AgreedKvBlocks waited for every rank
   Progress progress(opts.progress, feed.size());
   const int S = cfg.max_seq_len, MB = (cfg.max_seq_len + cfg.block_size - 1) / cfg.block_size;
-  std::vector<int32_t> body, tokens;
+  std::vector<int32_t> tokens;
   model::BatchInput in, scratch;
   proto::StepResult result;
   job->SetPhase(ProcPhase::kRunning);
@@ -123,12 +125,15 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     }
     SYMTP_RETURN_IF_ERROR(state.ApplyDiff(plan.diff));
     const int64_t t1 = MonotonicNs();
-    // Phase 2: the full padded batch tensors, rebuilt from scratch each step.
+    // Phase 2: the full padded batch tensors, rebuilt from scratch each step
+    // (in the backend's host buffer: pinned memory on the GPUs).
     const int B = state.num_rows();
     V0Layout L(B, S, MB);
-    body.assign(L.words, 0);
-    std::fill(body.begin() + L.blocks, body.begin() + L.blocks + static_cast<size_t>(B) * MB, -1);
-    std::fill(body.begin() + L.slots, body.end(), -1);
+    SYMTP_ASSIGN_OR_RETURN(void* buf, bcast->HostBuffer(L.words * 4));
+    auto* body = static_cast<int32_t*>(buf);
+    std::fill_n(body, L.words, 0);
+    std::fill_n(body + L.blocks, static_cast<size_t>(B) * MB, -1);
+    std::fill(body + L.slots, body + L.words, -1);
     int scheduled_rows = 0;
     for (int r = 0; r < B; ++r) {
       const worker::CachedRequest& q = state.row(r);
@@ -145,29 +150,34 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
         body[L.positions + row + p] = p;
         body[L.slots + row + p] = q.block_table[p / 16] * 16 + p % 16;
       }
-      std::copy(q.block_table.begin(), q.block_table.end(), body.begin() + L.blocks + static_cast<size_t>(b) * MB);
+      std::copy(q.block_table.begin(), q.block_table.end(), body + L.blocks + static_cast<size_t>(b) * MB);
       body[L.seq_lens + b] = start_pos + q.num_scheduled;
     }
     V0Header h{scheduled_rows, S, MB, 0};
     V0Layout used(scheduled_rows, S, MB);
     if (scheduled_rows != B) {
-      // Re-pack into the smaller layout (rows not scheduled are not sent).
-      std::vector<int32_t> packed(used.words);
-      std::copy_n(body.begin() + L.meta, used.tokens - used.meta, packed.begin());
-      std::copy_n(body.begin() + L.tokens, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.tokens);
-      std::copy_n(body.begin() + L.positions, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.positions);
-      std::copy_n(body.begin() + L.blocks, static_cast<size_t>(scheduled_rows) * MB, packed.begin() + used.blocks);
-      std::copy_n(body.begin() + L.seq_lens, scheduled_rows, packed.begin() + used.seq_lens);
-      std::copy_n(body.begin() + L.slots, static_cast<size_t>(scheduled_rows) * S, packed.begin() + used.slots);
-      body.swap(packed);
+      // Re-pack in place into the smaller layout (rows not scheduled are not
+      // sent). Sections move towards the front in order, and each one's new
+      // end is at most the next one's old start, so none is overwritten
+      // before it moves.
+      const size_t R = scheduled_rows;
+      auto move = [&](size_t from, size_t to, size_t n) {
+        std::memmove(body + to, body + from, n * sizeof(int32_t));
+      };
+      move(L.meta, used.meta, used.tokens - used.meta);
+      move(L.tokens, used.tokens, R * S);
+      move(L.positions, used.positions, R * S);
+      move(L.blocks, used.blocks, R * MB);
+      move(L.seq_lens, used.seq_lens, R);
+      move(L.slots, used.slots, R * S);
     }
     const int64_t t2 = MonotonicNs();
     // Phase 3: broadcast.
     SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");
-    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body.data(), used.words * 4, 0), "v0 batch broadcast");
+    SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(body, used.words * 4, 0), "v0 batch broadcast");
     const int64_t t3 = MonotonicNs();
     // Phase 4: forward (all ranks), from the broadcast tensors; rank 0 samples.
-    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body.data(), &in));
+    SYMTP_RETURN_IF_ERROR(ExtractInput(h, body, &in));
     const int64_t t4 = MonotonicNs();
     BackendTimings bt;
     // Rank 0's own bookkeeping of which rows sample (the same row order as

@@ -24,6 +24,11 @@ class BatchBroadcast {
  public:
   virtual ~BatchBroadcast() = default;
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  // Host memory of at least `bytes` for the batch tensors, valid until the
+  // next call. The CUDA backend's is pinned, so the copies to and from the
+  // GPU around the broadcast are plain DMA transfers, as a runtime's input
+  // tensors are (pin_memory); the CPU backend's is ordinary memory.
+  virtual absl::StatusOr<void*> HostBuffer(size_t bytes) = 0;
 };
 
 // process_start_ns: when this process started (rank 0 reports the start-up
