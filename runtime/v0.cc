@@ -150,7 +150,8 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
         body[L.positions + row + p] = p;
         body[L.slots + row + p] = q.block_table[p / 16] * 16 + p % 16;
       }
-      std::copy(q.block_table.begin(), q.block_table.end(), body + L.blocks + static_cast<size_t>(b) * MB);
+      std::copy(q.block_table.begin(), q.block_table.end(),
+                body + L.blocks + static_cast<size_t>(b) * MB);
       body[L.seq_lens + b] = start_pos + q.num_scheduled;
     }
     V0Header h{scheduled_rows, S, MB, 0};

@@ -54,9 +54,10 @@
 //
 // Every spin is bounded: %globaltimer deadline (DeviceArgs::timeout_ns; the
 // pipelined two-shot's gathers twice it, see TwoShotKernel) and a
-// host-mapped abort word (AbortRequested); on either the thread records {code, peer, protocol,
-// block, epoch} (atomicCAS on the device copy, mirrored to host-mapped memory)
-// and the block skips its reduction, leaving `data` partially reduced.
+// host-mapped abort word (AbortRequested); on either the thread records
+// {code, peer, protocol, block, epoch} (atomicCAS on the device copy, mirrored
+// to host-mapped memory) and the block skips its reduction, leaving `data`
+// partially reduced.
 #pragma once
 
 #include <cuda_bf16.h>
