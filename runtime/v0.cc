@@ -16,6 +16,34 @@
 #include "worker/state/worker_state.h"
 
 namespace symtp::runtime {
+
+V0Layout::V0Layout(int b, int s, int mb) {
+  const size_t B = b, S = s, MB = mb;
+  meta = 0;
+  tokens = meta + B * 3;
+  positions = tokens + B * S;
+  blocks = positions + B * S;
+  seq_lens = blocks + B * MB;
+  slots = seq_lens + B;
+  words = slots + B * S;
+}
+
+// Each section moves towards the front, in order, and its new end is at most
+// the next section's old start, so none is overwritten before it moves.
+void PackV0Rows(int32_t* body, int batch, int rows, int max_seq, int max_blocks) {
+  const V0Layout from(batch, max_seq, max_blocks), to(rows, max_seq, max_blocks);
+  const size_t R = rows, S = max_seq, MB = max_blocks;
+  auto move = [&](size_t src, size_t dst, size_t n) {
+    std::memmove(body + dst, body + src, n * sizeof(int32_t));
+  };
+  move(from.meta, to.meta, R * 3);
+  move(from.tokens, to.tokens, R * S);
+  move(from.positions, to.positions, R * S);
+  move(from.blocks, to.blocks, R * MB);
+  move(from.seq_lens, to.seq_lens, R);
+  move(from.slots, to.slots, R * S);
+}
+
 namespace {
 
 // Header broadcast first (fixed size), then the body of `words` int32s.
@@ -24,21 +52,6 @@ struct V0Header {
   int32_t max_seq;   // S
   int32_t max_blocks;
   int32_t reserved;
-};
-
-// Offsets (in int32 words) of the padded tensors inside the body.
-struct V0Layout {
-  size_t meta, tokens, positions, blocks, seq_lens, slots, words;
-  V0Layout(int b, int s, int mb) {
-    size_t B = b, S = s, MB = mb;
-    meta = 0;                  // [B, 3]: start, num tokens, samples
-    tokens = meta + B * 3;     // [B, S]
-    positions = tokens + B * S;
-    blocks = positions + B * S;  // [B, MB]
-    seq_lens = blocks + B * MB;  // [B]
-    slots = seq_lens + B;        // [B * S]
-    words = slots + B * S;
-  }
 };
 
 // Every rank: the step's flat model input from the padded tensors.
@@ -156,22 +169,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     }
     V0Header h{scheduled_rows, S, MB, 0};
     V0Layout used(scheduled_rows, S, MB);
-    if (scheduled_rows != B) {
-      // Re-pack in place into the smaller layout (rows not scheduled are not
-      // sent). Sections move towards the front in order, and each one's new
-      // end is at most the next one's old start, so none is overwritten
-      // before it moves.
-      const size_t R = scheduled_rows;
-      auto move = [&](size_t from, size_t to, size_t n) {
-        std::memmove(body + to, body + from, n * sizeof(int32_t));
-      };
-      move(L.meta, used.meta, used.tokens - used.meta);
-      move(L.tokens, used.tokens, R * S);
-      move(L.positions, used.positions, R * S);
-      move(L.blocks, used.blocks, R * MB);
-      move(L.seq_lens, used.seq_lens, R);
-      move(L.slots, used.slots, R * S);
-    }
+    if (scheduled_rows != B) PackV0Rows(body, B, scheduled_rows, S, MB);
     const int64_t t2 = MonotonicNs();
     // Phase 3: broadcast.
     SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");

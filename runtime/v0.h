@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "models/config.h"
@@ -30,6 +31,19 @@ class BatchBroadcast {
   // tensors are (pin_memory); the CPU backend's is ordinary memory.
   virtual absl::StatusOr<void*> HostBuffer(size_t bytes) = 0;
 };
+
+// Offsets (in int32 words) of the padded tensors inside the broadcast body of
+// `b` rows: [b, 3] meta (start, num tokens, samples), [b, s] tokens, [b, s]
+// positions, [b, mb] block tables, [b] sequence lengths, [b, s] slot mapping.
+struct V0Layout {
+  size_t meta, tokens, positions, blocks, seq_lens, slots, words;
+  V0Layout(int b, int s, int mb);
+};
+
+// Moves the first `rows` rows of each tensor of a body laid out for `batch`
+// rows to the layout of `rows` rows, in place (rows not scheduled are not
+// sent). Needs rows <= batch.
+void PackV0Rows(int32_t* body, int batch, int rows, int max_seq, int max_blocks);
 
 // process_start_ns: when this process started (rank 0 reports the start-up
 // time, to every rank ready, apart from the measured run).
