@@ -19,29 +19,29 @@ namespace symtp::runtime {
 
 V0Layout::V0Layout(int b, int s, int mb) {
   const size_t B = b, S = s, MB = mb;
-  meta = 0;
-  tokens = meta + B * 3;
-  positions = tokens + B * S;
-  blocks = positions + B * S;
-  seq_lens = blocks + B * MB;
-  slots = seq_lens + B;
-  words = slots + B * S;
+  const size_t row_words[6] = {3, S, S, MB, 1, S};
+  size_t at = 0;
+  for (int i = 0; i < 6; ++i) {
+    sections[i] = {at, row_words[i]};
+    at += B * row_words[i];
+  }
+  meta = sections[0].start;
+  tokens = sections[1].start;
+  positions = sections[2].start;
+  blocks = sections[3].start;
+  seq_lens = sections[4].start;
+  slots = sections[5].start;
+  words = at;
 }
 
 // Each section moves towards the front, in order, and its new end is at most
 // the next section's old start, so none is overwritten before it moves.
 void PackV0Rows(int32_t* body, int batch, int rows, int max_seq, int max_blocks) {
   const V0Layout from(batch, max_seq, max_blocks), to(rows, max_seq, max_blocks);
-  const size_t R = rows, S = max_seq, MB = max_blocks;
-  auto move = [&](size_t src, size_t dst, size_t n) {
-    std::memmove(body + dst, body + src, n * sizeof(int32_t));
-  };
-  move(from.meta, to.meta, R * 3);
-  move(from.tokens, to.tokens, R * S);
-  move(from.positions, to.positions, R * S);
-  move(from.blocks, to.blocks, R * MB);
-  move(from.seq_lens, to.seq_lens, R);
-  move(from.slots, to.slots, R * S);
+  for (int i = 0; i < 6; ++i) {
+    std::memmove(body + to.sections[i].start, body + from.sections[i].start,
+                 static_cast<size_t>(rows) * from.sections[i].row_words * sizeof(int32_t));
+  }
 }
 
 namespace {

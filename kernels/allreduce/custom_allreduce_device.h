@@ -59,6 +59,7 @@ inline constexpr size_t kEpochLL128Offset = kEpochLLOffset + kMaxBlocks * 4;
 inline constexpr size_t kErrorOffset = kEpochLL128Offset + kMaxBlocks * 4;  // u64, device copy
 inline constexpr size_t kAbortMirrorOffset = kErrorOffset + 8;  // u32 [2]
 inline constexpr size_t kScatterFlagsOffset = kErrorOffset + 16;
+static_assert(kAbortMirrorOffset + 8 <= kScatterFlagsOffset);
 // Copy exchange: the step epoch (owner-only; CopyBeginStep advances it, the
 // copy engine sends it to the peers after each chunk's data).
 inline constexpr size_t kCopyEpochOffset = kScatterFlagsOffset + kMaxBlocks * kMaxRanks * 4;
