@@ -27,11 +27,14 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
 #include "common/histogram.h"
 #include "common/json.h"
 #include "common/status_macros.h"
+#include "bench/allreduce/spin_kernel.h"
 #include "kernels/allreduce/custom_allreduce.h"
 #include "kernels/allreduce/dispatcher.h"
 #include "tests/testing/allreduce/multi_process.h"
@@ -63,6 +66,10 @@ ABSL_FLAG(int, two_shot_scatter_blocks, 0, "two-shot scatter blocks (0: library 
 ABSL_FLAG(int, two_shot_reduce_blocks, 0, "two-shot reduce blocks (0: library default)");
 ABSL_FLAG(int, ll_blocks, -1, "LL protocol grid (-1: library default)");
 ABSL_FLAG(int, ll128_blocks, -1, "LL128 protocol grid (-1: library default)");
+ABSL_FLAG(std::string, skew_us, "",
+          "skew section: comma-separated delays (us); call i is preceded on rank i % tp by a "
+          "kernel that holds the stream that long, so one rank arrives late at every call "
+          "(skew 0 is measured first; '' skips the section)");
 ABSL_FLAG(int, warmup, 20, "untimed calls before timing");
 ABSL_FLAG(int, iters, 0, "calls per timed repetition (0: 100 up to 1 MiB, 20 above)");
 ABSL_FLAG(int, reps, 20, "timed repetitions (median)");
@@ -89,6 +96,7 @@ struct Config {
   int warmup, iters, reps;
   bool calibrate, tune;
   int fused_hidden;
+  std::vector<int> skew_us;
   std::string json;
 };
 
@@ -263,6 +271,54 @@ absl::Status BenchFused(const Config& cfg, int rank, PeerExchange& ex, CustomAll
   return custom.Poll();
 }
 
+// Calls with one rank late: call i is preceded on rank i % tp by a spin of
+// `skew` us, so every call waits for one late rank. A call that costs only the
+// wait takes skew + its own time; "excess" is what it takes beyond that, the
+// cost of arriving early (waits that slow themselves down, e.g. by polling
+// host memory).
+absl::Status BenchSkew(const Config& cfg, int rank, PeerExchange& ex, CustomAllReduce& custom,
+                       NcclComm& nccl, cudaStream_t stream, void* buf,
+                       std::vector<std::string>* lines) {
+  if (cfg.skew_us.empty()) return absl::OkStatus();
+  const size_t es = DTypeSize(cfg.dtype);
+  if (rank == 0) {
+    printf("# skew: call i preceded on rank i %% %d by a spin; graph us per call (slowest "
+           "rank); excess = per call - skew - per call at skew 0\n", cfg.tp);
+  }
+  for (size_t bytes : {size_t{256} << 10, size_t{2} << 20}) {
+    if (bytes > cfg.sizes.back()) continue;  // the measurement buffer
+    const size_t n = bytes / es;
+    for (const char* impl : {"custom", "nccl"}) {
+      if (std::string(impl) == "custom" && bytes > custom.max_bytes()) continue;
+      double base = 0;
+      for (int skew : cfg.skew_us) {
+        int call = 0;
+        auto run = [&](cudaStream_t s) -> absl::Status {
+          if (skew > 0 && call++ % cfg.tp == rank) {
+            CUDA_RETURN_IF_ERROR(LaunchSpin(static_cast<uint64_t>(skew) * 1000, s));
+          }
+          return std::string(impl) == "custom" ? custom.AllReduceSum(buf, n, cfg.dtype, s)
+                                               : nccl.AllReduceSum(buf, n, cfg.dtype, s);
+        };
+        SYMTP_ASSIGN_OR_RETURN(double local, GraphUs(cfg, ex, stream, 20, run));
+        SYMTP_ASSIGN_OR_RETURN(double us, SlowestRank(cfg, ex, local));
+        if (skew == 0) base = us;
+        lines->push_back(absl::StrFormat(
+            "skew %-6s %8zu B (%s) skew %5d us: %9.2f us per call, excess %8.2f us", impl, bytes,
+            std::string(impl) == "custom" ? CustomAllReduce::ProtocolName(custom.ProtocolFor(bytes))
+                                          : "-",
+            skew, us, us - skew - base));
+        if (rank == 0) {
+          printf("# %s\n", lines->back().c_str());
+          fflush(stdout);
+        }
+      }
+    }
+  }
+  SYMTP_RETURN_IF_ERROR(custom.Poll());
+  return nccl.Poll();
+}
+
 double BusFactor(int n) { return 2.0 * (n - 1) / n; }
 
 std::string FormatRow(const Row& r, int tp, DType t) {
@@ -348,6 +404,9 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
   if (cfg.dtype != DType::kF16) {
     SYMTP_RETURN_IF_ERROR(BenchFused(cfg, rank, ex, *custom, stream.get(), &fused_lines));
   }
+  std::vector<std::string> skew_lines;
+  SYMTP_RETURN_IF_ERROR(
+      BenchSkew(cfg, rank, ex, *custom, *nccl, stream.get(), buf.get(), &skew_lines));
 
   // Grid / protocol sweep of the custom path (graph timing only matters, both shown).
   std::vector<std::string> tune_lines;
@@ -437,6 +496,8 @@ absl::Status BenchRank(const Config& cfg, int rank, int size, PeerExchange& ex) 
     for (const std::string& line : tune_lines) j.Value(line);
     j.Close().Key("fused").Open('[');
     for (const std::string& line : fused_lines) j.Value(line);
+    j.Close().Key("skew").Open('[');
+    for (const std::string& line : skew_lines) j.Value(line);
     std::ofstream(cfg.json) << j.Close().Close().Take() << "\n";
     printf("# JSON written to %s\n", cfg.json.c_str());
   }
@@ -503,6 +564,16 @@ int main(int argc, char** argv) {
   cfg.calibrate = absl::GetFlag(FLAGS_calibrate);
   cfg.tune = absl::GetFlag(FLAGS_tune);
   cfg.fused_hidden = absl::GetFlag(FLAGS_fused_hidden);
+  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_skew_us), ',', absl::SkipEmpty())) {
+    int us = 0;
+    if (!absl::SimpleAtoi(v, &us) || us < 0 || us > 100'000) {
+      fprintf(stderr, "allreduce_bench: --skew_us: '%s' is not a delay of 0-100000 us\n",
+              std::string(v).c_str());
+      return 2;
+    }
+    cfg.skew_us.push_back(us);
+  }
+  if (!cfg.skew_us.empty() && cfg.skew_us.front() != 0) cfg.skew_us.insert(cfg.skew_us.begin(), 0);
   cfg.json = absl::GetFlag(FLAGS_json);
 
   std::string why;
