@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_check.h"
+#include "common/cuda_raii.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -34,6 +35,27 @@ ncclResult_t PollUntilSettled(StateFn state_fn, Deadline deadline, bool* timed_o
       SleepUs(i < 1000 ? 10 : 200);
     }
   }
+}
+
+ncclResult_t AsyncState(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r != ncclSuccess ? r : state;
+}
+
+// Releases a healthy non-blocking communicator with nothing in flight:
+// finalize (polled) then destroy; abort when the finalize fails or lingers.
+void ReleaseNonBlocking(ncclComm_t comm, int rank) {
+  ncclResult_t r = ncclCommFinalize(comm);
+  bool timed_out = false;
+  if (r == ncclSuccess || r == ncclInProgress) {
+    r = PollUntilSettled([comm] { return AsyncState(comm); },
+                         Deadline::AfterMs(NcclComm::kFinalizeTimeoutMs), &timed_out);
+  }
+  if (!timed_out && r == ncclSuccess && ncclCommDestroy(comm) == ncclSuccess) return;
+  SYMTP_LOG(WARN, "nccl") << "rank " << rank << ": releasing the set-up communicator "
+                          << (timed_out ? "timed out" : "failed") << "; aborting it";
+  ncclCommAbort(comm);
 }
 
 }  // namespace
@@ -71,13 +93,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
                              __FILE__, __LINE__);
   }
   bool timed_out = false;
-  r = PollUntilSettled(
-      [comm] {
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t rr = ncclCommGetAsyncError(comm, &state);
-        return rr != ncclSuccess ? rr : state;
-      },
-      deadline, &timed_out);
+  r = PollUntilSettled([comm] { return AsyncState(comm); }, deadline, &timed_out);
   if (timed_out || r != ncclSuccess) {
     std::string last = ncclGetLastError(comm);
     ncclCommAbort(comm);
@@ -91,9 +107,44 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
                                              ", device ", device, ") async: ", last),
                              __FILE__, __LINE__);
   }
+  // The blocking communicator the collectives use: a split of the
+  // non-blocking one. The split runs as the parent's asynchronous job, and
+  // ncclCommSplit answers ncclSuccess while that job may still be running, so
+  // the parent is polled whatever the call answered; the child handle is
+  // stored by that job when it completes (NCCL 2.28).
+  ncclConfig_t child_config = NCCL_CONFIG_INITIALIZER;
+  child_config.blocking = 1;
+  ncclComm_t child = nullptr;
+  r = ncclCommSplit(comm, /*color=*/0, /*key=*/rank, &child, &child_config);
+  if (r == ncclSuccess || r == ncclInProgress) {
+    r = PollUntilSettled([comm] { return AsyncState(comm); }, deadline, &timed_out);
+  }
+  child = __atomic_load_n(&child, __ATOMIC_ACQUIRE);
+  if (timed_out || r != ncclSuccess || child == nullptr) {
+    std::string last = ncclGetLastError(comm);
+    ncclCommAbort(comm);  // also ends a split still in progress
+    if (timed_out) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("NcclComm::Create rank ", rank, "/", size, " on device ", device,
+                       ": the blocking split was not done before the deadline (a peer died?); "
+                       "aborted"));
+    }
+    if (r == ncclSuccess) {
+      if (child != nullptr) ncclCommAbort(child);
+      return absl::InternalError(absl::StrCat("NcclComm::Create rank ", rank, "/", size,
+                                              ": ncclCommSplit settled without a communicator"));
+    }
+    return NcclErrorToStatus(r, absl::StrCat("ncclCommSplit(rank ", rank, "/", size, "): ", last),
+                             __FILE__, __LINE__);
+  }
+  ReleaseNonBlocking(comm, rank);
+  auto out = std::unique_ptr<NcclComm>(new NcclComm(child, rank, size, device));
+  // Connect now, while every peer has just been seen: a blocking call waits
+  // on its peers only while it connects an algorithm on its first use.
+  SYMTP_RETURN_IF_ERROR(out->WarmUp(deadline));
   SYMTP_LOG(DEBUG, "nccl") << "communicator ready: rank " << rank << "/" << size << " device "
                            << device;
-  return std::unique_ptr<NcclComm>(new NcclComm(comm, rank, size, device));
+  return out;
 }
 
 ncclResult_t NcclComm::State() {
@@ -105,32 +156,31 @@ ncclResult_t NcclComm::State() {
 }
 
 NcclComm::~NcclComm() {
-  if (aborted_.load(std::memory_order_acquire) || comm_ == nullptr) return;
-  ncclResult_t state = State();
-  if (state == ncclSuccess || state == ncclInProgress) {
-    ncclResult_t r;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      r = ncclCommFinalize(comm_);
-    }
-    if (r == ncclSuccess || r == ncclInProgress) {
-      bool timed_out = false;
-      r = PollUntilSettled([this] { return State(); }, Deadline::AfterMs(kFinalizeTimeoutMs),
-                           &timed_out);
-      if (!timed_out && r == ncclSuccess) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (ncclCommDestroy(comm_) != ncclSuccess) {
-          SYMTP_LOG(WARN, "nccl") << "ncclCommDestroy failed on rank " << rank_;
-        }
-        comm_ = nullptr;
-        aborted_.store(true, std::memory_order_release);
-        return;
-      }
-      SYMTP_LOG(WARN, "nccl") << "ncclCommFinalize on rank " << rank_
-                              << (timed_out ? " timed out" : " failed") << "; aborting";
-    }
+  // ncclCommFinalize on a blocking communicator waits for every collective in
+  // flight, which a dead peer never completes; ncclCommAbort frees everything
+  // without waiting. Owners synchronize their streams before teardown, so on
+  // a healthy shutdown nothing is in flight and the two are equivalent.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.exchange(true, std::memory_order_acq_rel) || comm_ == nullptr) return;
+  ncclResult_t r = ncclCommAbort(comm_);
+  if (r != ncclSuccess) {
+    SYMTP_LOG(WARN, "nccl") << "ncclCommAbort at teardown on rank " << rank_ << ": "
+                            << ncclGetErrorString(r);
   }
-  Abort();
+  comm_ = nullptr;
+}
+
+absl::Status NcclComm::WarmUp(Deadline deadline) {
+  constexpr size_t kCount = 256;
+  SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
+  SYMTP_ASSIGN_OR_RETURN(cuda::DeviceBuffer buf,
+                         cuda::DeviceBuffer::Create((size_ + 1) * kCount * sizeof(float)));
+  float* const data = static_cast<float*>(buf.get());
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, (size_ + 1) * kCount * sizeof(float), stream.get()));
+  SYMTP_RETURN_IF_ERROR(AllReduceSum(data, kCount, DType::kF32, stream.get()));
+  SYMTP_RETURN_IF_ERROR(AllGather(data, data + kCount, kCount, DType::kF32, stream.get()));
+  SYMTP_RETURN_IF_ERROR(Broadcast(data, kCount, DType::kF32, 0, stream.get()));
+  return cuda::SyncStream(stream.get(), deadline, "NcclComm warm-up");
 }
 
 absl::Status NcclComm::CheckUsable(const char* what) const {

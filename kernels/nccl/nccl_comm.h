@@ -7,26 +7,26 @@
 //   SYMTP_RETURN_IF_ERROR(comm->AllReduceSum(ptr, count, DType::kBF16, stream));
 //   ... a watchdog calls comm->Poll() and comm->Abort() on error ...
 //
-// The communicator is created non-blocking (ncclConfig_t::blocking = 0): every
-// NCCL call that answers ncclInProgress is polled (ncclCommGetAsyncError) until
-// it settles or a deadline passes, so no host call here can hang forever. An
+// Set-up is bounded, calls are cheap. The communicator is first created
+// non-blocking (ncclConfig_t::blocking = 0) and polled (ncclCommGetAsyncError)
+// until ready or a deadline passes, so a peer that never joins is an error,
+// not a hang. Collectives then run on a blocking child of it
+// (ncclCommSplit, polled the same way) and the non-blocking parent is
+// released: NCCL launches every group end of a non-blocking communicator on a
+// fresh helper thread, which cost 62-88 us of host time per eager call on
+// H200 x2 (NCCL 2.28.3) against 6.5-12 us on a blocking one
+// (bench/results/h200x2/nccl_enqueue/). A blocking call waits on its peers
+// only while NCCL connects an algorithm on its first use: Create runs each
+// collective kind once, while every peer has just been seen. An
 // asynchronous NCCL error (a peer died, a network error) surfaces through
 // Poll(); Abort() (ncclCommAbort) then releases every enqueued collective.
-//
-// Cost: NCCL 2.2x launches every group end of a non-blocking communicator on
-// a fresh helper thread and answers ncclInProgress (src/group.cc), which we
-// then poll. Measured on H200 x2 with NCCL 2.28.3, an eager bf16 all-reduce of
-// 1 KiB..1 MiB costs ~55 us per call this way, against ~6-14 us per call
-// replayed from a CUDA graph (no host path). Capture NCCL work in graphs. A
-// blocking child from ncclCommSplit would remove the helper thread; a first
-// attempt failed on the device (the split came back without a child handle,
-// leaving the parent busy) and was taken out: not implemented.
 //
 // Threading: one owning thread issues collectives (NCCL requires every rank to
 // issue them in the same order). Poll() and Abort() may be called from another
 // thread (a watchdog) at any time; Abort() is idempotent. A mutex held around
-// each single NCCL call (never across a wait) keeps Abort() from freeing the
-// communicator under a concurrent call.
+// each single NCCL call (never across a poll) keeps Abort() from freeing the
+// communicator under a concurrent call; an Abort() during a first-use connect
+// waits for that call.
 //
 // CUDA graphs: collectives are capturable. NCCL connects lazily on the first
 // use of an algorithm/protocol, so run each collective kind once eagerly (on
@@ -49,10 +49,10 @@ namespace symtp::kernels {
 
 class NcclComm : public DeviceComm {
  public:
-  // How long a collective's enqueue may stay ncclInProgress (lazy connection
-  // setup on first use) before the communicator is aborted.
+  // How long a call answering ncclInProgress is polled before the
+  // communicator is aborted (none does on the blocking communicator).
   static constexpr int64_t kEnqueueTimeoutMs = 60'000;
-  // How long the destructor waits for ncclCommFinalize before aborting.
+  // How long the set-up communicator's release waits for its finalize.
   static constexpr int64_t kFinalizeTimeoutMs = 10'000;
 
   // A fresh id for one communicator; call on one rank and distribute it.
@@ -60,15 +60,15 @@ class NcclComm : public DeviceComm {
   static absl::StatusOr<ncclUniqueId> NewUniqueId();
 
   // Non-blocking init (ncclCommInitRankConfig with blocking = 0) on `device`
-  // (made current on the calling thread), polled until ready or `deadline`;
-  // on timeout the half-built communicator is aborted and DeadlineExceeded
-  // returned (a peer that never joined, a wrong id).
+  // (made current on the calling thread) and its blocking split, each polled
+  // until done or `deadline`; on timeout what was built is aborted and
+  // DeadlineExceeded returned (a peer that never joined, a wrong id).
   static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const ncclUniqueId& id, int rank,
                                                            int size, int device,
                                                            Deadline deadline);
 
-  // Finalize + destroy when healthy; abort otherwise (or when a non-blocking
-  // finalize overruns kFinalizeTimeoutMs).
+  // ncclCommAbort: never waits for a peer (synchronize the streams first for
+  // a clean end).
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -104,6 +104,9 @@ class NcclComm : public DeviceComm {
   // settles. Aborts and returns DeadlineExceeded past `deadline`.
   absl::Status WaitSettled(const char* what, Deadline deadline);
   absl::Status CheckUsable(const char* what) const;
+  // One small all-reduce, all-gather and broadcast, synchronized by
+  // `deadline`: NCCL connects the ring on first use.
+  absl::Status WarmUp(Deadline deadline);
   // ncclCommGetAsyncError under mu_ (ncclInvalidUsage once aborted).
   ncclResult_t State();
 
