@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
   child = __atomic_load_n(&child, __ATOMIC_ACQUIRE);
   if (timed_out || r != ncclSuccess || child == nullptr) {
     std::string last = ncclGetLastError(comm);
+    if (child != nullptr) ncclCommAbort(child);
     ncclCommAbort(comm);  // also ends a split still in progress
     if (timed_out) {
       return absl::DeadlineExceededError(
@@ -130,7 +131,6 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
                        "aborted"));
     }
     if (r == ncclSuccess) {
-      if (child != nullptr) ncclCommAbort(child);
       return absl::InternalError(absl::StrCat("NcclComm::Create rank ", rank, "/", size,
                                               ": ncclCommSplit settled without a communicator"));
     }
