@@ -108,7 +108,8 @@ def main():
     any_run = next(iter(data.values()))
     tps = sorted({k[1] for k in data})
     batches = sorted({k[2] for k in data})
-    machine = machine_label(any_run, a.machine)
+    # The machine: the devices of the run that used the most (the largest TP).
+    machine = machine_label(max(data.values(), key=lambda r: len(r.get("devices") or [])), a.machine)
     model = a.model + (f" ({a.overrides})" if a.overrides else "")
     backend = any_run["backend"]
     idle_hdr = "GPU idle (ms)" if backend == "cuda" else "Idle (ms)"

@@ -2,7 +2,7 @@
 """tools/report.py on hand-made summaries: the iteration is steps.period_ms (not a
 median of completion gaps), null metrics (cpu: no device times) are read, and
 --check fails when a v1 cell's iteration is below its forward time or above
-twice it."""
+twice it, and the header names the devices of the largest TP's runs."""
 import json
 import os
 import subprocess
@@ -17,14 +17,14 @@ def dist(mean):
             "p95": mean, "p99": mean, "max": mean}
 
 
-def summary(period_ms, forward_us, gaps_p50_ms):
+def summary(period_ms, forward_us, gaps_p50_ms, devices=("cpu: x",)):
     steps = {k: dist(1.0) for k in ("schedule_us", "encode_us", "publish_us", "recv_wait_us",
                                      "apply_us", "build_us", "sample_us", "result_return_us",
                                      "worker_total_us", "wire_bytes")}
     steps.update(total=20, measured=10, period_ms=period_ms, iteration_ms=dist(gaps_p50_ms),
                  forward_us=dist(forward_us), device_forward_us=None, gpu_idle_us=None,
                  busiest_rank_forward_us=None)
-    return {"backend": "cpu", "model": {"name": "tiny"}, "commit": "abc", "devices": ["cpu: x"],
+    return {"backend": "cpu", "model": {"name": "tiny"}, "commit": "abc", "devices": list(devices),
             "steps": steps}
 
 
@@ -36,6 +36,8 @@ def run(cells, check):
             json.dump(s, f)
     args = [sys.executable, REPORT, "--runs", os.path.join(d, "runs"), "--out", d, "--model", "tiny"]
     p = subprocess.run(args + (["--check"] if check else []), capture_output=True, text=True)
+    with open(os.path.join(d, "report.md")) as f:
+        run.md = f.read()
     with open(os.path.join(d, "report.json")) as f:
         return p.returncode, json.load(f), p.stderr
 
@@ -57,6 +59,14 @@ def main():
                         "v1_tp1_b8": summary(period, 9000, period)}, check=True)
         if rc == 0:
             failures.append(f"v1 period {period} ms with forward 9 ms passed --check")
+    # TP 1 runs use one device of the machine, TP 2 runs two: the header names two.
+    one, two = ("gpu: H",), ("gpu: H", "gpu: H")
+    run({"v0_tp1_b8": summary(12.0, 9000, 12.0, one), "v1_tp1_b8": summary(10.0, 9000, 10.0, one),
+         "v0_tp2_b8": summary(12.0, 9000, 12.0, two), "v1_tp2_b8": summary(10.0, 9000, 10.0, two)},
+        check=False)
+    if "(2 x gpu: H)" not in run.md:
+        failures.append("the header does not name the TP 2 runs' two devices: " +
+                        run.md.splitlines()[2][:200])
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0
