@@ -34,14 +34,32 @@ V0Layout::V0Layout(int b, int s, int mb) {
   words = at;
 }
 
-// Each section moves towards the front, in order, and its new end is at most
-// the next section's old start, so none is overwritten before it moves.
-void PackV0Rows(int32_t* body, int batch, int rows, int max_seq, int max_blocks) {
-  const V0Layout from(batch, max_seq, max_blocks), to(rows, max_seq, max_blocks);
-  for (int i = 0; i < 6; ++i) {
-    std::memmove(body + to.sections[i].start, body + from.sections[i].start,
-                 static_cast<size_t>(rows) * from.sections[i].row_words * sizeof(int32_t));
+void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_blocks,
+                int block_size, const V0Row& row) {
+  const size_t S = max_seq, MB = max_blocks, len = row.tokens.size(), bs = block_size;
+  // A prompt's later chunks have no blocks yet: their slots stay -1.
+  const size_t mapped = std::min(len, row.block_table.size() * bs);
+  int32_t* const tok = body + L.tokens + b * S;
+  int32_t* const pos = body + L.positions + b * S;
+  int32_t* const slot = body + L.slots + b * S;
+  for (size_t p = 0; p < len; ++p) {
+    tok[p] = row.tokens[p];
+    pos[p] = static_cast<int32_t>(p);
   }
+  for (size_t p = 0; p < mapped; ++p) {
+    slot[p] = row.block_table[p / bs] * block_size + static_cast<int32_t>(p % bs);
+  }
+  std::fill(tok + len, tok + S, 0);
+  std::fill(pos + len, pos + S, 0);
+  std::fill(slot + mapped, slot + S, -1);
+  int32_t* const blk = body + L.blocks + b * MB;
+  std::copy(row.block_table.begin(), row.block_table.end(), blk);
+  std::fill(blk + row.block_table.size(), blk + MB, -1);
+  const int end = row.start_pos + row.num_scheduled;
+  body[L.meta + 3 * b] = row.start_pos;
+  body[L.meta + 3 * b + 1] = row.num_scheduled;
+  body[L.meta + 3 * b + 2] = end == static_cast<int>(len) ? 1 : 0;
+  body[L.seq_lens + b] = end;
 }
 
 namespace {
@@ -139,37 +157,21 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     SYMTP_RETURN_IF_ERROR(state.ApplyDiff(plan.diff));
     const int64_t t1 = MonotonicNs();
     // Phase 2: the full padded batch tensors, rebuilt from scratch each step
-    // (in the backend's host buffer: pinned memory on the GPUs).
+    // (in the backend's host buffer: pinned memory on the GPUs), one row per
+    // scheduled sequence, each word written once.
     const int B = state.num_rows();
-    V0Layout L(B, S, MB);
-    SYMTP_ASSIGN_OR_RETURN(void* buf, bcast->HostBuffer(L.words * 4));
-    auto* body = static_cast<int32_t*>(buf);
-    std::fill_n(body, L.words, 0);
-    std::fill_n(body + L.blocks, static_cast<size_t>(B) * MB, -1);
-    std::fill(body + L.slots, body + L.words, -1);
     int scheduled_rows = 0;
-    for (int r = 0; r < B; ++r) {
+    for (int r = 0; r < B; ++r) scheduled_rows += state.row(r).sched_step == plan.diff.step;
+    const V0Layout used(scheduled_rows, S, MB);
+    SYMTP_ASSIGN_OR_RETURN(void* buf, bcast->HostBuffer(used.words * 4));
+    auto* body = static_cast<int32_t*>(buf);
+    for (int r = 0, b = 0; r < B; ++r) {
       const worker::CachedRequest& q = state.row(r);
       if (q.sched_step != plan.diff.step) continue;
-      const int b = scheduled_rows++;
-      const size_t row = static_cast<size_t>(b) * S;
-      const int len = static_cast<int>(q.tokens.size());
-      const int start_pos = q.num_computed - q.num_scheduled;
-      body[L.meta + 3 * b] = start_pos;
-      body[L.meta + 3 * b + 1] = q.num_scheduled;
-      body[L.meta + 3 * b + 2] = (start_pos + q.num_scheduled == len) ? 1 : 0;
-      for (int p = 0; p < len; ++p) {
-        body[L.tokens + row + p] = q.tokens[p];
-        body[L.positions + row + p] = p;
-        body[L.slots + row + p] = q.block_table[p / 16] * 16 + p % 16;
-      }
-      std::copy(q.block_table.begin(), q.block_table.end(),
-                body + L.blocks + static_cast<size_t>(b) * MB);
-      body[L.seq_lens + b] = start_pos + q.num_scheduled;
+      WriteV0Row(body, used, b++, S, MB, cfg.block_size,
+                 {q.tokens, q.block_table, q.num_computed - q.num_scheduled, q.num_scheduled});
     }
     V0Header h{scheduled_rows, S, MB, 0};
-    V0Layout used(scheduled_rows, S, MB);
-    if (scheduled_rows != B) PackV0Rows(body, B, scheduled_rows, S, MB);
     const int64_t t2 = MonotonicNs();
     // Phase 3: broadcast.
     SYMTP_RETURN_IF_ERROR_CTX(bcast->Broadcast(&h, sizeof(h), 0), "v0 header broadcast");

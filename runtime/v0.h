@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "models/config.h"
 #include "runtime/backend.h"
 #include "runtime/layout.h"
@@ -45,10 +46,23 @@ struct V0Layout {
   V0Layout(int b, int s, int mb);
 };
 
-// Moves the first `rows` rows of each tensor of a body laid out for `batch`
-// rows to the layout of `rows` rows, in place (rows not scheduled are not
-// sent). Needs rows <= batch.
-void PackV0Rows(int32_t* body, int batch, int rows, int max_seq, int max_blocks);
+// One sequence's view for WriteV0Row: its tokens so far (prompt and output),
+// block table, and the tokens this step computes.
+struct V0Row {
+  absl::Span<const int32_t> tokens;
+  absl::Span<const int32_t> block_table;
+  int start_pos = 0;      // first position this step computes
+  int num_scheduled = 0;  // tokens this step computes
+};
+
+// Writes every word of row `b` of each tensor of the body laid out by `L`:
+// tokens and positions up to the sequence's length, slots up to what its
+// block table maps (a prompt's later chunks have no blocks yet), the padding
+// after them (0, 0, -1), the block table and its padding (-1), meta and the
+// sequence length. Each word is written once; the buffer's old contents do
+// not matter. Needs tokens.size() <= max_seq, block_table.size() <= max_blocks.
+void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_blocks,
+                int block_size, const V0Row& row);
 
 // process_start_ns: when this process started (rank 0 reports the start-up
 // time, to every rank ready, apart from the measured run).
