@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,12 +43,11 @@ void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_bl
   int32_t* const tok = body + L.tokens + b * S;
   int32_t* const pos = body + L.positions + b * S;
   int32_t* const slot = body + L.slots + b * S;
-  for (size_t p = 0; p < len; ++p) {
-    tok[p] = row.tokens[p];
-    pos[p] = static_cast<int32_t>(p);
-  }
-  for (size_t p = 0; p < mapped; ++p) {
-    slot[p] = row.block_table[p / bs] * block_size + static_cast<int32_t>(p % bs);
+  std::copy(row.tokens.begin(), row.tokens.end(), tok);
+  std::iota(pos, pos + len, 0);
+  for (size_t k = 0, p = 0; p < mapped; ++k) {  // block by block: no division per token
+    const int32_t base = row.block_table[k] * block_size;
+    for (int32_t j = 0; j < block_size && p < mapped; ++j, ++p) slot[p] = base + j;
   }
   std::fill(tok + len, tok + S, 0);
   std::fill(pos + len, pos + S, 0);
