@@ -1,7 +1,6 @@
 #include "runtime/v0.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
