@@ -19,19 +19,13 @@ namespace symtp::runtime {
 
 V0Layout::V0Layout(int b, int s, int mb) {
   const size_t B = b, S = s, MB = mb;
-  const size_t row_words[6] = {3, S, S, MB, 1, S};
-  size_t at = 0;
-  for (int i = 0; i < 6; ++i) {
-    sections[i] = {at, row_words[i]};
-    at += B * row_words[i];
-  }
-  meta = sections[0].start;
-  tokens = sections[1].start;
-  positions = sections[2].start;
-  blocks = sections[3].start;
-  seq_lens = sections[4].start;
-  slots = sections[5].start;
-  words = at;
+  meta = 0;
+  tokens = meta + B * 3;
+  positions = tokens + B * S;
+  blocks = positions + B * S;
+  seq_lens = blocks + B * MB;
+  slots = seq_lens + B;
+  words = slots + B * S;
 }
 
 void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_blocks,

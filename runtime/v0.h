@@ -7,7 +7,6 @@
 // Same model, kernels and all-reduce as v1; no artificial delays.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -38,11 +37,7 @@ class BatchBroadcast {
 // `b` rows: [b, 3] meta (start, num tokens, samples), [b, s] tokens, [b, s]
 // positions, [b, mb] block tables, [b] sequence lengths, [b, s] slot mapping.
 struct V0Layout {
-  struct Section {
-    size_t start, row_words;
-  };
   size_t meta, tokens, positions, blocks, seq_lens, slots, words;
-  std::array<Section, 6> sections;  // the six tensors above, in body order
   V0Layout(int b, int s, int mb);
 };
 

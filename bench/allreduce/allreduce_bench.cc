@@ -289,7 +289,8 @@ absl::Status BenchSkew(const Config& cfg, int rank, PeerExchange& ex, CustomAllR
     if (bytes > cfg.sizes.back()) continue;  // the measurement buffer
     const size_t n = bytes / es;
     for (const char* impl : {"custom", "nccl"}) {
-      if (std::string(impl) == "custom" && bytes > custom.max_bytes()) continue;
+      const bool is_custom = std::string(impl) == "custom";
+      if (is_custom && bytes > custom.max_bytes()) continue;
       double base = 0;
       for (int skew : cfg.skew_us) {
         int call = 0;
@@ -297,16 +298,15 @@ absl::Status BenchSkew(const Config& cfg, int rank, PeerExchange& ex, CustomAllR
           if (skew > 0 && call++ % cfg.tp == rank) {
             CUDA_RETURN_IF_ERROR(LaunchSpin(static_cast<uint64_t>(skew) * 1000, s));
           }
-          return std::string(impl) == "custom" ? custom.AllReduceSum(buf, n, cfg.dtype, s)
-                                               : nccl.AllReduceSum(buf, n, cfg.dtype, s);
+          return is_custom ? custom.AllReduceSum(buf, n, cfg.dtype, s)
+                           : nccl.AllReduceSum(buf, n, cfg.dtype, s);
         };
         SYMTP_ASSIGN_OR_RETURN(double local, GraphUs(cfg, ex, stream, 20, run));
         SYMTP_ASSIGN_OR_RETURN(double us, SlowestRank(cfg, ex, local));
         if (skew == 0) base = us;
         lines->push_back(absl::StrFormat(
             "skew %-6s %8zu B (%s) skew %5d us: %9.2f us per call, excess %8.2f us", impl, bytes,
-            std::string(impl) == "custom" ? CustomAllReduce::ProtocolName(custom.ProtocolFor(bytes))
-                                          : "-",
+            is_custom ? CustomAllReduce::ProtocolName(custom.ProtocolFor(bytes)) : "-",
             skew, us, us - skew - base));
         if (rank == 0) {
           printf("# %s\n", lines->back().c_str());

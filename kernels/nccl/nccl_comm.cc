@@ -150,9 +150,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const ncclUniqueId& i
 ncclResult_t NcclComm::State() {
   std::lock_guard<std::mutex> lock(mu_);
   if (aborted_.load(std::memory_order_acquire)) return ncclInvalidUsage;
-  ncclResult_t state = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-  return r != ncclSuccess ? r : state;
+  return AsyncState(comm_);
 }
 
 NcclComm::~NcclComm() {
