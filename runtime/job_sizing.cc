@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "models/sharding.h"
+#include "runtime/workload.h"
 
 namespace symtp::runtime {
 absl::StatusOr<model::ModelConfig> ResolveModel(const JobOptions& opts) {
@@ -21,10 +22,11 @@ int JobMaxSeqLen(const JobOptions& opts, const model::ModelConfig& cfg) {
   int per_seq;
   if (opts.steady_batch > 0) {
     const int64_t prefill_steps =
-        (static_cast<int64_t>(opts.steady_batch) * opts.steady_context + opts.max_batched_tokens - 1) /
-        opts.max_batched_tokens;
-    per_seq = opts.steady_context + opts.warmup_steps + opts.steady_steps +
-              static_cast<int>(prefill_steps) + 8;
+        SteadyPrefillSteps(opts.steady_batch, std::min(opts.steady_context, cap - 1),
+                           opts.max_batched_tokens);
+    per_seq = static_cast<int>(std::min<int64_t>(
+        int64_t{opts.steady_context} + opts.warmup_steps + opts.steady_steps + prefill_steps + 8,
+        cap));
   } else {
     per_seq = opts.prompt_len.Longest(cap) + opts.output_len.Longest(cap);
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 
 namespace symtp::runtime {
@@ -21,12 +22,40 @@ int Draw(const LengthDist& d, std::mt19937_64& rng, int cap) {
 
 }  // namespace
 
+int64_t SteadyPrefillSteps(int n, int plen, int max_batched_tokens) {
+  // The scheduler fills a step's token budget with decodes first (one token
+  // each) and gives the rest to prompt chunks, so every prompt that has been
+  // prefilled takes one token from each later step's prefill share: at batch
+  // 512 of 1024-token prompts and a 2048-token budget the last prompt is done
+  // after 295 steps, not 256.
+  const int64_t total = static_cast<int64_t>(n) * plen;
+  int64_t steps = 0, done = 0;
+  while (done < total) {
+    const int64_t share = max_batched_tokens - done / plen;
+    // Decodes alone fill the budget (batch >= budget): the rest of the batch
+    // is prefilled only as sequences end, so the batch is never whole.
+    if (share <= 0) break;
+    done += std::min(share, total - done);
+    ++steps;
+  }
+  return steps + (total - done + max_batched_tokens - 1) / max_batched_tokens;
+}
+
 WorkloadStream::WorkloadStream(const JobOptions& opts, const model::ModelConfig& cfg)
     : opts_(opts),
       cfg_(cfg),
       rng_(opts.seed * 0x9E3779B97F4A7C15ull + 17),
       gap_(opts.arrival_rate > 0 ? opts.arrival_rate : 1.0),
-      n_(opts.steady_batch > 0 ? opts.steady_batch : opts.num_requests) {}
+      n_(opts.steady_batch > 0 ? opts.steady_batch : opts.num_requests) {
+  if (opts.steady_batch > 0) {
+    // Enough decode steps that, after the chunked prefill of the whole
+    // batch, warmup + steady_steps steps run with all B sequences decoding.
+    const int plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
+    const int64_t olen = opts.warmup_steps + opts.steady_steps +
+                         SteadyPrefillSteps(n_, plen, opts.max_batched_tokens) + 2;
+    steady_olen_ = static_cast<int>(std::min<int64_t>(olen, INT32_MAX));
+  }
+}
 
 const WorkloadRequest& WorkloadStream::Peek() {
   if (!pending_) Generate();
@@ -45,17 +74,12 @@ void WorkloadStream::Generate() {
   const JobOptions& opts = opts_;
   const model::ModelConfig& cfg = cfg_;
   const bool steady = opts.steady_batch > 0;
-  const int n = n_;
   WorkloadRequest& r = pending_.emplace();
   r.id = static_cast<uint64_t>(next_);
   int plen, olen;
   if (steady) {
     plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
-    // Enough decode steps that, after the chunked prefill of the whole
-    // batch, warmup + steady_steps steps run with all B sequences decoding.
-    const int64_t prefill_steps =
-        (static_cast<int64_t>(n) * plen + opts.max_batched_tokens - 1) / opts.max_batched_tokens;
-    olen = opts.warmup_steps + opts.steady_steps + static_cast<int>(prefill_steps) + 2;
+    olen = steady_olen_;
   } else {
     plen = Draw(opts.prompt_len, rng_, cfg.max_seq_len - 1);
     olen = Draw(opts.output_len, rng_, cfg.max_seq_len);

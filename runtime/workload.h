@@ -45,8 +45,14 @@ class WorkloadStream {
   double t_ = 0;
   int n_ = 0;
   int next_ = 0;
+  int steady_olen_ = 0;  // steady mode: every request's output length
   std::optional<WorkloadRequest> pending_;
 };
+
+// Steady mode: steps until a batch of n prompts of plen tokens is prefilled
+// under a max_batched_tokens budget that the decodes of the prompts already
+// done share.
+int64_t SteadyPrefillSteps(int n, int plen, int max_batched_tokens);
 
 // The whole workload at once (tests, small runs).
 std::vector<WorkloadRequest> GenerateWorkload(const JobOptions& opts, const model::ModelConfig& cfg);

@@ -49,8 +49,21 @@ uint64_t WorkloadHash() {
 }
 
 TEST(WorkloadTest, SameSequenceAsBeforeStreaming) {
-  // Computed with the generator as it was before it streamed (commit ee14dd8).
-  EXPECT_EQ(WorkloadHash(), 0x1e6d8f96c5372486ull);
+  // Computed with the generator as it was before it streamed (commit ee14dd8),
+  // with the steady variant's output length as SteadyPrefillSteps sets it.
+  EXPECT_EQ(WorkloadHash(), 0xbe80354ca5b59ac2ull);
+}
+
+// Decodes of the prompts already prefilled take one token each of a step's
+// budget, so a large batch needs more prefill steps than tokens / budget.
+TEST(WorkloadTest, SteadyPrefillStepsCountTheDecodesSharingTheBudget) {
+  EXPECT_EQ(SteadyPrefillSteps(1, 1024, 2048), 1);
+  EXPECT_EQ(SteadyPrefillSteps(2, 1024, 2048), 1);
+  // 1024 tokens, then 1023 (one decode), 1023, and the last 2 tokens.
+  EXPECT_EQ(SteadyPrefillSteps(3, 1024, 1024), 4);
+  EXPECT_EQ(SteadyPrefillSteps(512, 1024, 2048), 295);  // 256 without the decodes
+  // Decodes alone fill the budget before the batch is whole: still finite.
+  EXPECT_GT(SteadyPrefillSteps(100, 8, 64), 0);
 }
 
 TEST(WorkloadTest, StreamMatchesTheWholeWorkloadAndPeekIsStable) {

@@ -272,6 +272,31 @@ TEST_F(SystemTest, JobPrintsAResultsBlockAndWritesPerRequestTimes) {
   }
 }
 
+// Steady decode holds the batch for the steps asked for, also where the
+// decodes of the prompts already prefilled take a large share of the token
+// budget (here up to 31 of 64 tokens a step) and so slow the prefill.
+TEST_F(SystemTest, SteadyDecodeMeasuresTheStepsAskedForWhenDecodesShareTheBudget) {
+  for (const char* mode : {"v1", "v0"}) {
+    const std::string out = Out(absl::StrCat("steady_", mode));
+    Proc p = Start({"launch", "--backend=cpu", "--tp=1", "--model=tiny", "--steady-batch=32",
+                    "--max-batch=32", "--steady-context=64", "--steady-steps=20",
+                    "--warmup-steps=2", "--max-batched-tokens=64", "--prefill-chunk=64",
+                    absl::StrCat("--mode=", mode), "--progress=false",
+                    absl::StrCat("--out=", out)},
+                   prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+    const std::string summary = ReadFile(out + "/summary.json");
+    int measured = -1;
+    const size_t at = summary.find("\"measured\": ");
+    ASSERT_NE(at, std::string::npos) << summary;
+    ASSERT_TRUE(absl::SimpleAtoi(
+        summary.substr(at + 12, summary.find_first_of(",\n}", at + 12) - at - 12), &measured))
+        << summary;
+    EXPECT_GE(measured, 20) << mode;
+  }
+}
+
 TEST_F(SystemTest, VersionNamesTheCommitAndTheBuild) {
   Proc p = Start({"--version"}, prefix_);
   int st = Wait(p, 10'000);
