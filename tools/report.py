@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--overrides", default="")
     ap.add_argument("--machine", default="", help="machine name for titles (default: from the runs)")
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if a v1 cell's iteration is below its forward time or above twice it")
+                    help="exit 1 if a v1 cell's iteration is over 1%% below its forward time or above twice it")
     a = ap.parse_args()
     data = load(a.runs)
     if not data:
@@ -193,18 +193,22 @@ def main():
         if i1 >= i0:
             losses.append(f"TP={tp} batch={b}: v1 {fmt(i1)} ms vs v0 {fmt(i0)} ms")
     # Sanity: a v1 iteration cannot be shorter than its own forward pass, and
-    # with pipelined workers it should not take twice as long.
+    # with pipelined workers it should not take twice as long. The period
+    # comes from the host's completion times at the ends of the window, the
+    # forward from GPU events of every step: on the committed runs the two
+    # agree to within 0.4% (forward + idle against the period), either way,
+    # so the lower bound allows 1%.
     bad = []
     for (mode, tp, b), s in sorted(data.items()):
         if mode != "v1":
             continue
         p = phases(s)
-        if p["forward"] and not (p["forward"] <= p["iteration"] * 1.0005 <= 2 * p["forward"] * 1.0005):
+        if p["forward"] and not (0.99 * p["forward"] <= p["iteration"] <= 2 * p["forward"]):
             bad.append(f"TP={tp} batch={b}: iteration {fmt(p['iteration'])} ms, forward "
-                       f"{fmt(p['forward'])} ms ({p['iteration'] / p['forward']:.2f}x)")
-    md.append("\n## Check: v1 iteration between its forward time and twice it\n")
+                       f"{fmt(p['forward'])} ms ({p['iteration'] / p['forward']:.3f}x)")
+    md.append("\n## Check: v1 iteration between its forward time (less 1%) and twice it\n")
     md.append("\n".join(f"- outside: {l}" for l in bad) if bad else
-              "- every v1 cell: forward <= iteration <= 2 x forward.")
+              "- every v1 cell: 0.99 x forward <= iteration <= 2 x forward.")
     md.append("\n## Where v1 does not win\n")
     md.append("\n".join(f"- {l}" for l in losses) if losses else
               "- v1's iteration time is below v0's in every measured cell.")

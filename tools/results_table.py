@@ -58,7 +58,7 @@ TITLES = {"decode_step": "Decode step vs batch", "copy_exchange": "Prefill all-r
 # of one change, kept or dropped), listed in bench/results/README.md.
 HEADLINE = {"decode_step", "torch_baseline", "prefill_wgmma", "v0_vs_v1", "kernel_table", "allreduce",
             "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"}
-MACHINES = ["h200x2", "h200", "h100x4", "h100x2", "h100", "cpu-dev"]
+MACHINES = ["h200x4", "h200x2", "h200", "h100x4", "h100x2", "h100", "cpu-dev"]
 
 
 def span(xs, fmt="{:.2f}"):

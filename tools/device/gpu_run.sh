@@ -210,7 +210,9 @@ if has fault; then
   [[ -z $victim ]] && echo "fault: no worker found to kill (did the job end early?)" | tee -a "$LOG"
   t_kill=$(date +%s.%N)
   kill -9 "$victim" 2>/dev/null
-  timeout 30 tail --pid="$lp" -f /dev/null
+  # tail checks the pid once per --sleep-interval (1 s by default, which
+  # would round every exit time up to a second).
+  timeout 30 tail --pid="$lp" -s 0.01 -f /dev/null
   wait "$lp"; rc=$?
   t_end=$(date +%s.%N)
   sleep 1
