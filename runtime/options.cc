@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
+#include <string>
 #include <type_traits>
 
 #include "absl/flags/flag.h"
@@ -286,9 +288,9 @@ SYMTP_FLAG(top_k, top_k, "0: off", Int<0, (1 << 24)>);
 SYMTP_FLAG(top_p, top_p, "1: off", Num<float, 1e-6, 1.>);
 SYMTP_FLAG(eos_id, eos_id, "-1: no end-of-sequence stop", Int<-1, (1 << 30)>);
 SYMTP_TOPIC(scheduling, "Scheduling and KV cache");
-SYMTP_FLAG(max_batch, max_batch, "max running sequences", Int<1, 65536>);
+SYMTP_FLAG(max_batch, max_batch, "max running sequences (not given: at least --steady-batch)", Int<1, 65536>);
 SYMTP_FLAG(max_batched_tokens, max_batched_tokens, "max tokens per step", Int<1, (1 << 24)>);
-SYMTP_FLAG(prefill_chunk, prefill_chunk, "chunked prefill size", Int<1, (1 << 24)>);
+SYMTP_FLAG(prefill_chunk, prefill_chunk, "chunked prefill size (not given: at most --max-batched-tokens)", Int<1, (1 << 24)>);
 SYMTP_FLAG(num_kv_blocks, num_kv_blocks, "KV blocks (0: derived from the workload, or from the next two flags)", Int<0, (1 << 28)>);
 SYMTP_FLAG(kv_cache_mib, kv_cache_mib, "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report", Real<0., double{1 << 24}>);
 SYMTP_FLAG(kv_cache_fraction, kv_cache_fraction, "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)", Real<0., 0.95>);
@@ -348,6 +350,7 @@ std::string Usage() {
 
 absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, ProcArgs* proc) {
   const JobOptions defaults;
+  std::set<std::string> given;  // flags named on the command line
   for (const Binding& b : Bindings()) {  // each call starts from the defaults
     std::string err;
     b.parse(b.text(defaults), &err);
@@ -387,8 +390,15 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
     }
     std::string err;
     if (!b->parse(value, &err)) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", err));
+    given.insert(b->name);
   }
   for (const Binding& b : Bindings()) b.read(opts);
+  // Defaults that follow another flag when not given themselves: the
+  // running-sequence limit holds a steady batch, a prompt chunk fits a step.
+  if (!given.contains("max-batch")) opts->max_batch = std::max(opts->max_batch, opts->steady_batch);
+  if (!given.contains("prefill-chunk")) {
+    opts->prefill_chunk = std::min(opts->prefill_chunk, opts->max_batched_tokens);
+  }
   return ValidateJobOptions(*opts);
 }
 
@@ -408,7 +418,9 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
                                                    " exceeds --max-batch ", o.max_batch));
   }
   if (o.prefill_chunk > o.max_batched_tokens) {
-    return absl::InvalidArgumentError("--prefill-chunk exceeds --max-batched-tokens");
+    return absl::InvalidArgumentError(absl::StrCat("--prefill-chunk ", o.prefill_chunk,
+                                                   " exceeds --max-batched-tokens ",
+                                                   o.max_batched_tokens));
   }
   if ((o.num_kv_blocks > 0) + (o.kv_cache_mib > 0) + (o.kv_cache_fraction > 0) > 1) {
     return absl::InvalidArgumentError(

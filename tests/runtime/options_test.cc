@@ -112,6 +112,30 @@ TEST(OptionsTest, WellFormedValuesParse) {
   EXPECT_EQ(o.prompt_len.b, 40);
 }
 
+// A limit not given follows the flag it must hold: --max-batch a steady
+// batch, --prefill-chunk a step's token budget. Given, each is the user's and
+// a conflict is an error naming both values.
+TEST(OptionsTest, LimitsNotGivenFollowTheFlagsTheyMustHold) {
+  JobOptions o;
+  ASSERT_TRUE(Parse({"--steady-batch=512", "--max-batched-tokens=256"}, &o).ok());
+  EXPECT_EQ(o.max_batch, 512);
+  EXPECT_EQ(o.prefill_chunk, 256);
+  JobOptions d;
+  ASSERT_TRUE(Parse({"--steady-batch=8"}, &d).ok());  // below the defaults: kept
+  EXPECT_EQ(d.max_batch, JobOptions{}.max_batch);
+  EXPECT_EQ(d.prefill_chunk, JobOptions{}.prefill_chunk);
+  absl::Status s = Parse({"--max-batched-tokens=256", "--prefill-chunk=512"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--prefill-chunk 512 exceeds --max-batched-tokens 256"));
+  s = Parse({"--steady-batch=512", "--max-batch=64"});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--steady-batch 512 exceeds --max-batch 64"));
+  // The children get every value written out, so they agree with the launcher.
+  JobOptions again;
+  ASSERT_TRUE(Parse(ToArgs(o), &again).ok());
+  EXPECT_EQ(again.max_batch, 512);
+  EXPECT_EQ(again.prefill_chunk, 256);
+}
+
 TEST(OptionsTest, ChildrenReparseExactlyTheLauncherValues) {
   JobOptions o;
   ASSERT_TRUE(Parse({"--output-len=normal:1234567.125:0.1", "--prompt-len=lognormal:2.302585093:0.7",
