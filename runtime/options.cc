@@ -289,7 +289,7 @@ SYMTP_FLAG(top_p, top_p, "1: off", Num<float, 1e-6, 1.>);
 SYMTP_FLAG(eos_id, eos_id, "-1: no end-of-sequence stop", Int<-1, (1 << 30)>);
 SYMTP_TOPIC(scheduling, "Scheduling and KV cache");
 SYMTP_FLAG(max_batch, max_batch, "max running sequences (not given: at least --steady-batch)", Int<1, 65536>);
-SYMTP_FLAG(max_batched_tokens, max_batched_tokens, "max tokens per step", Int<1, (1 << 24)>);
+SYMTP_FLAG(max_batched_tokens, max_batched_tokens, "max tokens per step (not given: at least --steady-batch)", Int<1, (1 << 24)>);
 SYMTP_FLAG(prefill_chunk, prefill_chunk, "chunked prefill size (not given: at most --max-batched-tokens)", Int<1, (1 << 24)>);
 SYMTP_FLAG(num_kv_blocks, num_kv_blocks, "KV blocks (0: derived from the workload, or from the next two flags)", Int<0, (1 << 28)>);
 SYMTP_FLAG(kv_cache_mib, kv_cache_mib, "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report", Real<0., double{1 << 24}>);
@@ -394,8 +394,12 @@ absl::Status ParseArgs(const std::vector<std::string>& args, JobOptions* opts, P
   }
   for (const Binding& b : Bindings()) b.read(opts);
   // Defaults that follow another flag when not given themselves: the
-  // running-sequence limit holds a steady batch, a prompt chunk fits a step.
+  // running-sequence limit and a step's token budget hold a steady batch (one
+  // decode token per sequence), a prompt chunk fits a step.
   if (!given.contains("max-batch")) opts->max_batch = std::max(opts->max_batch, opts->steady_batch);
+  if (!given.contains("max-batched-tokens")) {
+    opts->max_batched_tokens = std::max(opts->max_batched_tokens, opts->steady_batch);
+  }
   if (!given.contains("prefill-chunk")) {
     opts->prefill_chunk = std::min(opts->prefill_chunk, opts->max_batched_tokens);
   }
@@ -416,6 +420,13 @@ absl::Status ValidateJobOptions(const JobOptions& o) {
   if (o.steady_batch > 0 && o.steady_batch > o.max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("--steady-batch ", o.steady_batch,
                                                    " exceeds --max-batch ", o.max_batch));
+  }
+  if (o.steady_batch > o.max_batched_tokens) {
+    // The decodes alone would fill every step: the batch would never be whole.
+    return absl::InvalidArgumentError(absl::StrCat("--steady-batch ", o.steady_batch,
+                                                   " exceeds --max-batched-tokens ",
+                                                   o.max_batched_tokens,
+                                                   " (a step holds one token per sequence)"));
   }
   if (o.prefill_chunk > o.max_batched_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill-chunk ", o.prefill_chunk,

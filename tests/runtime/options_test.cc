@@ -112,13 +112,13 @@ TEST(OptionsTest, WellFormedValuesParse) {
   EXPECT_EQ(o.prompt_len.b, 40);
 }
 
-// A limit not given follows the flag it must hold: --max-batch a steady
-// batch, --prefill-chunk a step's token budget. Given, each is the user's and
+// A limit not given follows the flag it must hold: --max-batch and
+// --max-batched-tokens a steady batch, --prefill-chunk a step's token budget. Given, each is the user's and
 // a conflict is an error naming both values.
 TEST(OptionsTest, LimitsNotGivenFollowTheFlagsTheyMustHold) {
   JobOptions o;
-  ASSERT_TRUE(Parse({"--steady-batch=512", "--max-batched-tokens=256"}, &o).ok());
-  EXPECT_EQ(o.max_batch, 512);
+  ASSERT_TRUE(Parse({"--steady-batch=128", "--max-batched-tokens=256"}, &o).ok());
+  EXPECT_EQ(o.max_batch, 128);
   EXPECT_EQ(o.prefill_chunk, 256);
   JobOptions d;
   ASSERT_TRUE(Parse({"--steady-batch=8"}, &d).ok());  // below the defaults: kept
@@ -129,10 +129,17 @@ TEST(OptionsTest, LimitsNotGivenFollowTheFlagsTheyMustHold) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("--prefill-chunk 512 exceeds --max-batched-tokens 256"));
   s = Parse({"--steady-batch=512", "--max-batch=64"});
   EXPECT_THAT(std::string(s.message()), HasSubstr("--steady-batch 512 exceeds --max-batch 64"));
+  // A steady batch's decodes alone would fill every step of a smaller budget.
+  s = Parse({"--steady-batch=64", "--max-batched-tokens=32"});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--steady-batch 64 exceeds --max-batched-tokens 32"));
+  JobOptions big;
+  ASSERT_TRUE(Parse({"--steady-batch=4096"}, &big).ok());
+  EXPECT_EQ(big.max_batched_tokens, 4096);
+  EXPECT_EQ(big.max_batch, 4096);
   // The children get every value written out, so they agree with the launcher.
   JobOptions again;
   ASSERT_TRUE(Parse(ToArgs(o), &again).ok());
-  EXPECT_EQ(again.max_batch, 512);
+  EXPECT_EQ(again.max_batch, 128);
   EXPECT_EQ(again.prefill_chunk, 256);
 }
 
