@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace symtp::runtime {
@@ -329,6 +330,11 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
   dist("E2E", m.e2e_ms, "ms");
   rule("Steps", '-');
   line("Steps (measured / total):", absl::StrCat(m.measured_steps, " / ", m.total_steps));
+  if (o.steady_batch > 0 && m.measured_steps < o.steady_steps) {
+    // Fewer whole-batch decode steps than asked for: the KV cache could not
+    // hold the batch (preemptions), or the workload ended the batch early.
+    line("Steady steps asked for (not reached):", absl::StrCat(o.steady_steps));
+  }
   line("Step period (ms):", m.step_period_ms > 0 ? absl::StrFormat("%.3f", m.step_period_ms) : "n/a");
   const MetricStats& fwd = m.device_forward_us.count > 0 ? m.device_forward_us : m.forward_us;
   line(m.device_forward_us.count > 0 ? "Median forward, GPU time (ms):" : "Median forward (ms):",
@@ -403,6 +409,11 @@ std::string RequestsJsonl(const RunSummaryInput& in) {
 absl::Status WriteRunOutputs(const RunSummaryInput& in) {
   const JobOptions& o = *in.opts;
   const RunMetrics metrics = ComputeRunMetrics(in);
+  if (o.steady_batch > 0 && metrics.measured_steps < o.steady_steps) {
+    SYMTP_LOG(WARN, "launch") << "steady decode: " << metrics.measured_steps << " of the "
+                              << o.steady_steps << " steps asked for ran with all "
+                              << o.steady_batch << " sequences decoding";
+  }
   const std::string block = FormatResultsBlock(in, metrics);
   std::fwrite(block.data(), 1, block.size(), stdout);
   std::fflush(stdout);

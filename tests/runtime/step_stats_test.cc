@@ -117,6 +117,11 @@ TEST(RunMetricsTest, WarmupAndNonSteadyStepsAreNotMeasured) {
   EXPECT_EQ(m.total_steps, 20);
   EXPECT_EQ(m.measured_steps, 20 - 3 - 1);
   EXPECT_NEAR(m.step_period_ms, 10.0, 0.01);
+  // Fewer whole-batch steps than asked for: the results block says so.
+  o.steady_steps = 17;
+  EXPECT_THAT(FormatResultsBlock(in, m), HasSubstr("Steady steps asked for (not reached):    17\n"));
+  o.steady_steps = 16;
+  EXPECT_THAT(FormatResultsBlock(in, m), Not(HasSubstr("not reached")));
 }
 
 // The context is per step the mean over its sequences, over measured steps
