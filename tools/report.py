@@ -99,7 +99,8 @@ def main():
     ap.add_argument("--overrides", default="")
     ap.add_argument("--machine", default="", help="machine name for titles (default: from the runs)")
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if a v1 cell's iteration is over 1%% below its forward time or above twice it")
+                    help="exit 1 if a v1 cell's iteration is over 1%% below its forward time or above twice "
+                         "it, or a cell measured fewer steps than its --steady-steps")
     a = ap.parse_args()
     data = load(a.runs)
     if not data:
@@ -209,6 +210,18 @@ def main():
     md.append("\n## Check: v1 iteration between its forward time (less 1%) and twice it\n")
     md.append("\n".join(f"- outside: {l}" for l in bad) if bad else
               "- every v1 cell: 0.99 x forward <= iteration <= 2 x forward.")
+    # Every cell's statistics cover the steps its run asked for (a KV cache
+    # too small for the batch leaves fewer steps with the whole batch).
+    short = []
+    for (mode, tp, b), s in sorted(data.items()):
+        asked = (s.get("flags") or {}).get("steady-steps")
+        got = s["steps"].get("measured")
+        if isinstance(asked, int) and isinstance(got, int) and got < asked:
+            short.append(f"{mode} TP={tp} batch={b}: {got} of {asked} steps measured")
+    md.append("\n## Check: every cell measured the steps it asked for\n")
+    md.append("\n".join(f"- short: {l}" for l in short) if short else
+              "- every cell: measured steps >= --steady-steps.")
+    bad += short
     md.append("\n## Where v1 does not win\n")
     md.append("\n".join(f"- {l}" for l in losses) if losses else
               "- v1's iteration time is below v0's in every measured cell.")
@@ -277,8 +290,8 @@ def main():
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump({f"{m}_tp{t}_b{b}": phases(s) for (m, t, b), s in sorted(data.items())}, f, indent=1)
     if a.check and bad:
-        print("report.py: v1 iteration outside [forward, 2 x forward]:\n  " + "\n  ".join(bad),
-              file=sys.stderr)
+        print("report.py: --check failed (v1 iteration outside [0.99 x forward, 2 x forward], "
+              "or fewer steps measured than asked):\n  " + "\n  ".join(bad), file=sys.stderr)
         return 1
     return 0
 

@@ -2,7 +2,8 @@
 """tools/report.py on hand-made summaries: the iteration is steps.period_ms (not a
 median of completion gaps), null metrics (cpu: no device times) are read, and
 --check fails when a v1 cell's iteration is over 1% below its forward time or above
-twice it, and the header names the devices of the largest TP's runs."""
+twice it, or a cell measured fewer steps than it asked for, and the header names the
+devices of the largest TP's runs."""
 import json
 import os
 import subprocess
@@ -64,6 +65,12 @@ def main():
                         "v1_tp1_b8": summary(period, 9000, period)}, check=True)
         if rc == 0:
             failures.append(f"v1 period {period} ms with forward 9 ms passed --check")
+    # A cell that measured fewer steps than it asked for: --check fails.
+    short = summary(10.0, 9000, 10.0)
+    short["flags"] = {"steady-steps": 11}  # measured 10
+    rc, _, err = run({"v0_tp1_b8": summary(12.0, 9000, 12.0), "v1_tp1_b8": short}, check=True)
+    if rc == 0 or "10 of 11 steps" not in run.md:
+        failures.append(f"a cell with 10 of 11 steps measured passed --check: rc {rc}")
     # TP 1 runs use one device of the machine, TP 2 runs two: the header names two.
     one, two = ("gpu: H",), ("gpu: H", "gpu: H")
     run({"v0_tp1_b8": summary(12.0, 9000, 12.0, one), "v1_tp1_b8": summary(10.0, 9000, 10.0, one),
