@@ -49,6 +49,12 @@ absl::Status WriteFile(const std::filesystem::path& p, const std::string& data) 
   return absl::OkStatus();
 }
 
+// Steady decode with fewer whole-batch steps than asked for: the KV cache
+// could not hold the batch (preemptions), or the workload ended it early.
+bool SteadyStepsShort(const JobOptions& o, const RunMetrics& m) {
+  return o.steady_batch > 0 && m.measured_steps < o.steady_steps;
+}
+
 // Which steps count: after the warm-up; in steady mode, only full decode steps.
 std::vector<const StepRecord*> MeasuredSteps(const RunSummaryInput& in) {
   const JobOptions& o = *in.opts;
@@ -330,9 +336,7 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
   dist("E2E", m.e2e_ms, "ms");
   rule("Steps", '-');
   line("Steps (measured / total):", absl::StrCat(m.measured_steps, " / ", m.total_steps));
-  if (o.steady_batch > 0 && m.measured_steps < o.steady_steps) {
-    // Fewer whole-batch decode steps than asked for: the KV cache could not
-    // hold the batch (preemptions), or the workload ended the batch early.
+  if (SteadyStepsShort(o, m)) {
     line("Steady steps asked for (not reached):", absl::StrCat(o.steady_steps));
   }
   line("Step period (ms):", m.step_period_ms > 0 ? absl::StrFormat("%.3f", m.step_period_ms) : "n/a");
@@ -409,7 +413,7 @@ std::string RequestsJsonl(const RunSummaryInput& in) {
 absl::Status WriteRunOutputs(const RunSummaryInput& in) {
   const JobOptions& o = *in.opts;
   const RunMetrics metrics = ComputeRunMetrics(in);
-  if (o.steady_batch > 0 && metrics.measured_steps < o.steady_steps) {
+  if (SteadyStepsShort(o, metrics)) {
     SYMTP_LOG(WARN, "launch") << "steady decode: " << metrics.measured_steps << " of the "
                               << o.steady_steps << " steps asked for ran with all "
                               << o.steady_batch << " sequences decoding";

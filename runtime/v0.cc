@@ -17,7 +17,7 @@
 
 namespace symtp::runtime {
 
-V0Layout::V0Layout(int b, int s, int mb) {
+V0Layout::V0Layout(int b, int s, int mb) : max_seq(s), max_blocks(mb) {
   const size_t B = b, S = s, MB = mb;
   meta = 0;
   tokens = meta + B * 3;
@@ -28,9 +28,8 @@ V0Layout::V0Layout(int b, int s, int mb) {
   words = slots + B * S;
 }
 
-void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_blocks,
-                int block_size, const V0Row& row) {
-  const size_t S = max_seq, MB = max_blocks, len = row.tokens.size(), bs = block_size;
+void WriteV0Row(int32_t* body, const V0Layout& L, int b, int block_size, const V0Row& row) {
+  const size_t S = L.max_seq, MB = L.max_blocks, len = row.tokens.size(), bs = block_size;
   // A prompt's later chunks have no blocks yet: their slots stay -1.
   const size_t mapped = std::min(len, row.block_table.size() * bs);
   int32_t* const tok = body + L.tokens + b * S;
@@ -161,7 +160,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     for (int r = 0, b = 0; r < B; ++r) {
       const worker::CachedRequest& q = state.row(r);
       if (q.sched_step != plan.diff.step) continue;
-      WriteV0Row(body, used, b++, S, MB, cfg.block_size,
+      WriteV0Row(body, used, b++, cfg.block_size,
                  {q.tokens, q.block_table, q.num_computed - q.num_scheduled, q.num_scheduled});
     }
     V0Header h{scheduled_rows, S, MB, 0};

@@ -38,6 +38,7 @@ class BatchBroadcast {
 // positions, [b, mb] block tables, [b] sequence lengths, [b, s] slot mapping.
 struct V0Layout {
   size_t meta, tokens, positions, blocks, seq_lens, slots, words;
+  int max_seq, max_blocks;  // s and mb: a row's width in the token and block tensors
   V0Layout(int b, int s, int mb);
 };
 
@@ -55,9 +56,8 @@ struct V0Row {
 // block table maps (a prompt's later chunks have no blocks yet), the padding
 // after them (0, 0, -1), the block table and its padding (-1), meta and the
 // sequence length. Each word is written once; the buffer's old contents do
-// not matter. Needs tokens.size() <= max_seq, block_table.size() <= max_blocks.
-void WriteV0Row(int32_t* body, const V0Layout& L, int b, int max_seq, int max_blocks,
-                int block_size, const V0Row& row);
+// not matter. Needs tokens.size() <= L.max_seq, block_table.size() <= L.max_blocks.
+void WriteV0Row(int32_t* body, const V0Layout& L, int b, int block_size, const V0Row& row);
 
 // process_start_ns: when this process started (rank 0 reports the start-up
 // time, to every rank ready, apart from the measured run).

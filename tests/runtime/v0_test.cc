@@ -63,7 +63,7 @@ TEST(V0Layout, RowsWrittenOverAStaleBufferEqualAFreshBody) {
       std::vector<int32_t> body(L.words);
       for (int32_t& w : body) w = static_cast<int32_t>(rng() | 1);
       for (int b = 0; b < rows; ++b) {
-        WriteV0Row(body.data(), L, b, s, mb, bs, {tokens[b], tables[b], start[b], n[b]});
+        WriteV0Row(body.data(), L, b, bs, {tokens[b], tables[b], start[b], n[b]});
       }
       EXPECT_EQ(body, want) << "block size " << bs << " rows " << rows << " s " << s << " mb " << mb;
     }
