@@ -43,10 +43,13 @@ absl::Status WorkloadFeed::Admit(int64_t now, sched::Scheduler* sched) {
     rr.id = w.id;
     rr.prompt_len = static_cast<int32_t>(w.prompt.size());
     if (!opts_.out_dir.empty()) rr.prompt = w.prompt;
-    rr.arrival_ns = now;
+    // An open-loop request arrives at its Poisson time, not when this loop
+    // next looks (after a step's results, or v0's whole step): the wait
+    // between the two is queueing the request sees, and TTFT / E2E count it.
+    rr.arrival_ns = opts_.arrival_rate > 0 ? summary_->start_ns + w.arrival_offset_ns : now;
     SYMTP_RETURN_IF_ERROR(sched->AddRequest(
         w.id, std::move(w.prompt), w.max_new_tokens, w.sampling,
-        opts_.eos_id >= 0 ? std::optional<int32_t>(opts_.eos_id) : std::nullopt, now));
+        opts_.eos_id >= 0 ? std::optional<int32_t>(opts_.eos_id) : std::nullopt, rr.arrival_ns));
     ++next_;
   }
   return absl::OkStatus();

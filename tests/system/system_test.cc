@@ -272,6 +272,39 @@ TEST_F(SystemTest, JobPrintsAResultsBlockAndWritesPerRequestTimes) {
   }
 }
 
+// An open-loop request's arrival is its Poisson time, whenever the scheduler's
+// loop gets to admit it, so TTFT counts the wait: v1 (whose loop waits on a
+// step's results) and v0 (whose rank 0 runs the whole step) record the same
+// arrivals for the same seed, in order, with arrivals during steps at the
+// rate used here.
+TEST_F(SystemTest, OpenLoopArrivalsAreThePoissonTimesInBothModes) {
+  std::map<std::string, std::vector<std::string>> arrivals;
+  for (const char* mode : {"v1", "v0"}) {
+    const std::string out = Out(absl::StrCat("poisson_", mode));
+    Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--num-requests=40",
+                    "--arrival-rate=4000", "--prompt-len=uniform:8:64", "--output-len=uniform:2:16",
+                    "--max-batch=8", "--seed=5", absl::StrCat("--mode=", mode), "--progress=false",
+                    absl::StrCat("--out=", out)},
+                   prefix_);
+    int st = Wait(p, 60'000);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
+    std::ifstream f(out + "/requests.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      const size_t at = line.find("\"arrival_s\":");
+      ASSERT_NE(at, std::string::npos) << line;
+      arrivals[mode].push_back(line.substr(at + 12, line.find(',', at) - at - 12));
+    }
+    ASSERT_EQ(arrivals[mode].size(), 40u) << mode;
+    for (size_t i = 1; i < arrivals[mode].size(); ++i) {
+      double a = 0, b = 0;
+      ASSERT_TRUE(absl::SimpleAtod(arrivals[mode][i - 1], &a) && absl::SimpleAtod(arrivals[mode][i], &b));
+      EXPECT_LE(a, b) << mode << " request " << i;
+    }
+  }
+  EXPECT_EQ(arrivals["v1"], arrivals["v0"]);
+}
+
 // Steady decode holds the batch for the steps asked for, also where the
 // decodes of the prompts already prefilled take a large share of the token
 // budget (here up to 31 of 64 tokens a step) and so slow the prefill.
