@@ -53,10 +53,11 @@ TITLES = {"decode_step": "Decode step vs batch", "copy_exchange": "Prefill all-r
           "small_batch_studies": "Small-batch decode studies", "cleanup_step": "Decode step across the clean-up",
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
-          "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags"}
+          "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags",
+          "load": "v0 and v1 under load", "exchange_decode": "Exchange row chunks at decode, TP 4 (dropped)"}
 # The measurements of the system as it is; the others are studies (an A/B
 # of one change, kept or dropped), listed in bench/results/README.md.
-HEADLINE = {"decode_step", "torch_baseline", "prefill_wgmma", "v0_vs_v1", "kernel_table", "allreduce",
+HEADLINE = {"decode_step", "torch_baseline", "prefill_wgmma", "v0_vs_v1", "load", "kernel_table", "allreduce",
             "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"}
 MACHINES = ["h200x4", "h200x2", "h200", "h100x4", "h100x2", "h100", "cpu-dev"]
 
