@@ -50,9 +50,9 @@ WorkloadStream::WorkloadStream(const JobOptions& opts, const model::ModelConfig&
   if (opts.steady_batch > 0) {
     // Enough decode steps that, after the chunked prefill of the whole
     // batch, warmup + steady_steps steps run with all B sequences decoding.
-    const int plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
+    steady_plen_ = std::min(opts.steady_context, cfg.max_seq_len - 1);
     const int64_t olen = opts.warmup_steps + opts.steady_steps +
-                         SteadyPrefillSteps(n_, plen, opts.max_batched_tokens) + 2;
+                         SteadyPrefillSteps(n_, steady_plen_, opts.max_batched_tokens) + 2;
     steady_olen_ = static_cast<int>(std::min<int64_t>(olen, INT32_MAX));
   }
 }
@@ -78,7 +78,7 @@ void WorkloadStream::Generate() {
   r.id = static_cast<uint64_t>(next_);
   int plen, olen;
   if (steady) {
-    plen = std::min(opts.steady_context, cfg.max_seq_len - 1);
+    plen = steady_plen_;
     olen = steady_olen_;
   } else {
     plen = Draw(opts.prompt_len, rng_, cfg.max_seq_len - 1);

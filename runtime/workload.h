@@ -45,7 +45,7 @@ class WorkloadStream {
   double t_ = 0;
   int n_ = 0;
   int next_ = 0;
-  int steady_olen_ = 0;  // steady mode: every request's output length
+  int steady_plen_ = 0, steady_olen_ = 0;  // steady mode: every request's prompt and output lengths
   std::optional<WorkloadRequest> pending_;
 };
 

@@ -14,6 +14,8 @@ import platform
 import re
 import sys
 
+from report import machine_label
+
 RUN_DIR = re.compile(r"^(v[01])_r([0-9.]+)$")
 
 
@@ -107,8 +109,7 @@ def main():
                 "ttft_p99_v1_over_v0": ratio(v1["ttft_p99_ms"], v0["ttft_p99_ms"]),
                 "e2e_p50_v1_over_v0": ratio(v1["e2e_p50_ms"], v0["e2e_p50_ms"]),
             })
-    devices = first.get("devices") or []
-    machine = " + ".join(f"{devices.count(k)} x {k}" for k in sorted(set(devices))) or platform.node()
+    machine = machine_label(first, "")
     model = a.model + (f" ({a.overrides})" if a.overrides else "")
     flags = first.get("flags") or {}
     workload = {k: flags.get(k) for k in ("num-requests", "prompt-len", "output-len", "max-batch",
