@@ -451,7 +451,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     // the worker phases are the per-step maxima laid end to end.
     JsonWriter ev(1);
     ev.Open('{').Key("traceEvents").Open('[');
-    auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, uint64_t step) {
+    auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, const StepRecord& step) {
       if (ts < in.start_ns) {  // e.g. waiting for the first diff since start-up
         dur -= in.start_ns - ts;
         ts = in.start_ns;
@@ -459,7 +459,8 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       if (dur <= 0) return;
       ev.Raw(JsonWriter().Open('{').Field("name", name).Field("ph", "X").Field("pid", 1)
                  .Field("tid", tid).Field("ts", (ts - in.start_ns) / 1e3, 3).Field("dur", dur / 1e3, 3)
-                 .Key("args").Open('{').Field("step", step).Close().Close().Take());
+                 .Key("args").Open('{').Field("step", step.step).Field("seqs", step.num_seqs)
+                 .Field("tokens", step.num_tokens).Close().Close().Take());
     };
     auto thread_name = [&](int tid, const std::string& name) {
       ev.Raw(JsonWriter().Open('{').Field("name", "thread_name").Field("ph", "M").Field("pid", 1)
@@ -478,36 +479,36 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     }
     for (const StepRecord& s : in.steps) {
       int64_t t = s.plan_start_ns;
-      add("schedule", 0, t, s.schedule_ns, s.step);
-      add(o.mode == Mode::kV0 ? "build batch" : "encode", 0, t + s.schedule_ns, s.encode_ns, s.step);
-      add(o.mode == Mode::kV0 ? "broadcast" : "publish", 0, t + s.schedule_ns + s.encode_ns, s.publish_ns, s.step);
+      add("schedule", 0, t, s.schedule_ns, s);
+      add(o.mode == Mode::kV0 ? "build batch" : "encode", 0, t + s.schedule_ns, s.encode_ns, s);
+      add(o.mode == Mode::kV0 ? "broadcast" : "publish", 0, t + s.schedule_ns + s.encode_ns, s.publish_ns, s);
       if (!s.ranks.empty()) {
         int64_t last_result = 0;
         for (size_t r = 0; r < s.ranks.size(); ++r) {
           const proto::PhaseTimings& p = s.ranks[r];
           const int tid = 1 + 2 * static_cast<int>(r);
           const auto at = [](uint64_t v) { return static_cast<int64_t>(v); };
-          add("wait for diff", tid, at(p.recv_at_ns - p.recv_wait_ns), at(p.recv_wait_ns), s.step);
-          add("apply", tid, at(p.recv_at_ns), at(p.apply_ns), s.step);
-          add("build inputs", tid, at(p.recv_at_ns + p.apply_ns), at(p.build_ns), s.step);
-          if (p.launch_at_ns > 0) add("launch", tid, at(p.launch_at_ns), 1000, s.step);  // a 1 us mark
+          add("wait for diff", tid, at(p.recv_at_ns - p.recv_wait_ns), at(p.recv_wait_ns), s);
+          add("apply", tid, at(p.recv_at_ns), at(p.apply_ns), s);
+          add("build inputs", tid, at(p.recv_at_ns + p.apply_ns), at(p.build_ns), s);
+          if (p.launch_at_ns > 0) add("launch", tid, at(p.launch_at_ns), 1000, s);  // a 1 us mark
           add("collect + result", tid, at(p.collect_at_ns),
-              at(p.result_at_ns) - at(p.collect_at_ns) + 1000, s.step);
+              at(p.result_at_ns) - at(p.collect_at_ns) + 1000, s);
           // forward_ns is the GPU time by events on the cuda backend.
           add("forward (GPU time)", tid + 1, at(p.collect_at_ns) - at(p.forward_ns),
-              at(p.forward_ns), s.step);
+              at(p.forward_ns), s);
           last_result = std::max(last_result, at(p.result_at_ns));
         }
-        add("results in", 0, last_result, s.done_at_ns - last_result, s.step);
+        add("results in", 0, last_result, s.done_at_ns - last_result, s);
         continue;
       }
       int64_t end = s.done_at_ns - s.result_return_ns;
       int64_t w = end - s.sample_ns - s.forward_ns - s.build_ns - s.apply_ns;
-      add("apply", 1, w, s.apply_ns, s.step);
-      add("build inputs", 1, w + s.apply_ns, s.build_ns, s.step);
-      add("forward", 1, w + s.apply_ns + s.build_ns, s.forward_ns, s.step);
-      add("sample", 1, end - s.sample_ns, s.sample_ns, s.step);
-      add("return", 0, end, s.result_return_ns, s.step);
+      add("apply", 1, w, s.apply_ns, s);
+      add("build inputs", 1, w + s.apply_ns, s.build_ns, s);
+      add("forward", 1, w + s.apply_ns + s.build_ns, s.forward_ns, s);
+      add("sample", 1, end - s.sample_ns, s.sample_ns, s);
+      add("return", 0, end, s.result_return_ns, s);
     }
     ev.Close().Field("displayTimeUnit", "ms");
     SYMTP_RETURN_IF_ERROR(WriteFile(o.trace_file, ev.Close().Take() + "\n"));
