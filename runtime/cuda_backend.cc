@@ -190,6 +190,13 @@ class CudaBackend : public Backend, public BatchBroadcast {
         model::GpuModel m,
         model::GpuModel::Create(cfg, rank, opts.tp, b->device_, mo, b->comm_.get()));
     b->model_.emplace(std::move(m));
+    if (opts.gpu_warmup) {
+      const int64_t t0 = MonotonicNs();
+      SYMTP_RETURN_IF_ERROR_CTX(b->model_->WarmUp(b->stream_.get(), boot),
+                                absl::StrCat("rank ", rank, " GPU warm-up"));
+      SYMTP_LOG(INFO, "worker") << absl::StrFormat("rank %d warm-up: %.0f ms", rank,
+                                                   (MonotonicNs() - t0) / 1e6);
+    }
     return b;
   }
 

@@ -106,6 +106,7 @@ struct JobOptions {
   int exchange_min_rows = -1;  // fewest rows of a step that uses the exchange (0: off, -1: by TP)
   ExchangeTransport exchange_transport = ExchangeTransport::kAuto;
   bool cuda_graphs = true;
+  bool gpu_warmup = true;          // model::GpuModel::WarmUp before the worker is ready
   bool pipeline = true;            // v1 worker launches step t+1 before collecting step t
   AllReduce allreduce = AllReduce::kAuto;
   Attention attention = Attention::kTensorCore;  // kernels/ops/attention.h

@@ -230,6 +230,8 @@ struct GpuModel::State {
   absl::Status Init();
   absl::Status InitWeights(cudaStream_t s);
   absl::Status Forward(const BatchInput& in, cudaStream_t stream, const StepOptions& so);
+  absl::Status WarmUp(cudaStream_t stream, Deadline deadline);
+  bool warming = false;  // WarmUp's steps: eager, no graph bookkeeping
   absl::Status Enqueue(const StepShape& sh, cudaStream_t s);
   absl::StatusOr<cuda::GraphExec> Capture(const StepShape& sh, cudaStream_t s);
   // out = in x w, summed over the ranks; then, unless norm_weight is null,
@@ -732,7 +734,7 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
 
   // ---- run: graph replay, capture, or eager
   bool done = false;
-  if (padded && opt.cuda_graphs && T > 0) {
+  if (padded && opt.cuda_graphs && T > 0 && !warming) {
     // Steps whose attention the planner leaves whole get their own graph,
     // without the split merge (one kernel boundary a layer fewer); a row the
     // attention stores itself is the same bits in either graph
@@ -802,6 +804,73 @@ absl::Status GpuModel::State::Forward(const BatchInput& in, cudaStream_t stream,
   last_sampled = sample;
   last_logits_copied = copy_logits;
   ++step;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
+  if (!trace_out.empty()) return absl::OkStatus();
+  const int B = cfg.block_size;
+  const GraphStats saved_stats = stats;
+  StepOptions so;
+  so.copy_logits = false;
+  auto run = [&](const BatchInput& in, bool mixed) -> absl::Status {
+    // Greedy rows (which TP > 1 may sample from the shards' candidates), and
+    // with `mixed` every other row with temperature, top-k and top-p (from
+    // the gathered logits).
+    so.sampling.assign(in.sample_index.size(), SamplingParams{});
+    for (size_t i = 1; mixed && i < so.sampling.size(); i += 2) {
+      so.sampling[i] = SamplingParams{0.8f, 40, 0.9f, i};
+    }
+    warming = true;
+    const absl::Status st = Forward(in, s, so);
+    warming = false;
+    SYMTP_RETURN_IF_ERROR(st);
+    return WaitEvent(step_done.get(), deadline, "GpuModel warm-up step");
+  };
+
+  // Prefill: max_tokens rows over `seqs` sequences in consecutive blocks.
+  const int seqs = std::max(1, std::min({8, max_seqs, max_sampled, num_blocks}));
+  const int per_seq_cap = std::min(cfg.max_seq_len, (num_blocks / seqs) * B);
+  const int total = std::min(max_tokens, seqs * per_seq_cap);
+  BatchBuilder prefill(B, cap_blocks);
+  std::vector<int32_t> tokens, table;
+  int next_block = 0, first_len = 0;
+  for (int i = 0; i < seqs && total > 0; ++i) {
+    const int len = total / seqs + (i < total % seqs ? 1 : 0);
+    if (len == 0) continue;
+    if (i == 0) first_len = len;
+    tokens.resize(len);
+    for (int t = 0; t < len; ++t) tokens[t] = static_cast<int32_t>((7919u * (t + 31u * i)) % V);
+    table.resize((len + B - 1) / B);
+    for (int32_t& b : table) b = next_block++;
+    SYMTP_RETURN_IF_ERROR(prefill.Add(tokens, 0, table, /*sample_last=*/true));
+  }
+  if (prefill.batch().num_tokens() > 0) SYMTP_RETURN_IF_ERROR(run(prefill.batch(), /*mixed=*/true));
+
+  // Decode: each sequence attends over the prefill's first sequence's full
+  // blocks (`shared`, written above) plus its new token, alone at the start
+  // of a block of its own, so no key it reads is unwritten.
+  const int shared = std::min({first_len / B, 512 / B, (cfg.max_seq_len - 1) / B});
+  for (size_t k = 0; k < graph_sizes.size(); ++k) {
+    const int P = graph_sizes[k];
+    if (shared + P > num_blocks) break;
+    BatchBuilder decode(B, cap_blocks);
+    table.resize(shared + 1);
+    for (int j = 0; j < shared; ++j) table[j] = j;
+    for (int i = 0; i < P; ++i) {
+      table[shared] = shared + i;
+      const int32_t token = static_cast<int32_t>((104729u * (i + 1)) % V);
+      SYMTP_RETURN_IF_ERROR(decode.Add({&token, 1}, shared * B, table, /*sample_last=*/true));
+    }
+    SYMTP_RETURN_IF_ERROR(run(decode.batch(), /*mixed=*/k % 2 == 1));
+  }
+
+  stats = saved_stats;
+  step = 0;
+  last_num_sampled = 0;
+  half_num_sampled[0] = half_num_sampled[1] = -1;
+  last_sampled = false;
+  last_logits_copied = false;
   return absl::OkStatus();
 }
 
@@ -1121,6 +1190,11 @@ absl::Status GpuModel::Forward(const BatchInput& in, cudaStream_t stream,
                                const StepOptions& options) {
   if (!s_) return absl::FailedPreconditionError("GpuModel: used after move");
   return s_->Forward(in, stream, options);
+}
+
+absl::Status GpuModel::WarmUp(cudaStream_t stream, Deadline deadline) {
+  if (!s_) return absl::FailedPreconditionError("GpuModel: used after move");
+  return s_->WarmUp(stream, deadline);
 }
 
 absl::Status GpuModel::WaitForStep(Deadline deadline) {

@@ -278,7 +278,7 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
                   DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
                   int seqs = 5, bool eager_without_gemv_swiglu = false, int split_chunk = 64,
-                  model::GraphStats* stats = nullptr) {
+                  model::GraphStats* stats = nullptr, bool warm_up = false) {
   GpuModelOptions oa = Opts(dt, true, dk);
   oa.attention_split_chunk = split_chunk;
   auto a = GpuModel::Create(cfg, 0, 1, 0, oa, nullptr);
@@ -290,6 +290,21 @@ void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
   ASSERT_OK(b);
   if (fail_first_capture) {
     a->FailNextCaptureForTesting(absl::InternalError("injected capture failure"));
+  }
+  if (warm_up) {
+    // The warm-up writes KV blocks (the first layer's first block changes)
+    // and nothing a later step reads: `a` must still match `b` bitwise.
+    const size_t block_bytes = static_cast<size_t>(cfg.block_size) *
+                               a->layout().kv_heads_local * cfg.head_dim * DTypeSize(dt);
+    std::vector<uint8_t> before(block_bytes), after(block_bytes);
+    ASSERT_EQ(cudaMemcpy(before.data(), a->k_cache(0), block_bytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_OK(a->WarmUp(stream, Deadline::AfterMs(60'000)));
+    ASSERT_EQ(cudaMemcpy(after.data(), a->k_cache(0), block_bytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_NE(before, after) << "the warm-up wrote no key";
+    EXPECT_EQ(a->steps_enqueued(), 0);
+    EXPECT_EQ(a->graph_stats().eager_steps, 0);
   }
   SimBatch sim(cfg, kBlocks, 3);
   const std::vector<int> prompts = {60, 20, 62, 1, 45};
@@ -381,6 +396,21 @@ TEST_F(GpuModelTest, CudaGraphPerAttentionSplitDecisionBitwiseBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 5, false, 256,
                &st);
   EXPECT_EQ(st.captures, 1);
+}
+
+TEST_F(GpuModelTest, WarmUpLeavesStepsAndGraphsAsTheyWere) {
+  // The same steps after GpuModel::WarmUp: bitwise the eager model's, and the
+  // same captures, replays and eager steps as without it (its steps count
+  // toward no graph).
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    model::GraphStats cold, warm;
+    GraphVsEager(Cfg("tiny"), dt, stream(), DecodeKernel::kTensorCore, false, 5, false, 64, &cold);
+    GraphVsEager(Cfg("tiny"), dt, stream(), DecodeKernel::kTensorCore, false, 5, false, 64, &warm,
+                 /*warm_up=*/true);
+    EXPECT_EQ(warm.captures, cold.captures) << DTypeName(dt);
+    EXPECT_EQ(warm.replays, cold.replays) << DTypeName(dt);
+    EXPECT_EQ(warm.eager_steps, cold.eager_steps) << DTypeName(dt);
+  }
 }
 
 TEST_F(GpuModelTest, DeviceSamplingDrawsWhatTheCpuSamplerDraws) {
