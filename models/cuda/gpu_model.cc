@@ -825,7 +825,17 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
     const absl::Status st = Forward(in, s, so);
     warming = false;
     SYMTP_RETURN_IF_ERROR(st);
-    return WaitEvent(step_done.get(), deadline, "GpuModel warm-up step");
+    // Wait in short slices, polling the communicator between them, so
+    // that a peer that dies during the warm-up is an error at once.
+    for (;;) {
+      const absl::Status w =
+          WaitEvent(step_done.get(), Deadline::AfterMs(10), "GpuModel warm-up step");
+      if (!absl::IsDeadlineExceeded(w)) return w;
+      if (comm != nullptr) SYMTP_RETURN_IF_ERROR_CTX(comm->Poll(), "GpuModel warm-up step");
+      if (deadline.Expired()) {
+        return absl::DeadlineExceededError("GpuModel warm-up step: the GPU did not finish in time");
+      }
+    }
   };
 
   // Prefill: max_tokens rows over `seqs` sequences in consecutive blocks.
