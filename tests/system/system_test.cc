@@ -561,6 +561,9 @@ TEST_F(SystemTest, OutputsAreWrittenWholeWithNoTemporaryLeft) {
   std::string t = ReadFile(trace);
   ASSERT_FALSE(t.empty());
   EXPECT_EQ(t.back() == '\n' ? t[t.size() - 2] : t.back(), '}');
+  // Each step's events name its shape: the first step admits --max-batch
+  // (4) of Workload()'s requests.
+  EXPECT_THAT(t, HasSubstr(R"("args":{"step":0,"seqs":4,"tokens":)")) << t.substr(0, 2000);
   for (const std::string& dir : {Out("run"), Out("traces")}) {
     for (const auto& e : fs::directory_iterator(dir)) {
       EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
