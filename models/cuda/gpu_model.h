@@ -214,11 +214,13 @@ class GpuModel {
   // Runs, once and eagerly, the step shapes a job meets first: a prefill of
   // max_batch_tokens rows over up to 8 sequences (the exchange's row chunks
   // where they apply), then a decode step at each CUDA graph batch size over
-  // up to 512 keys a sequence, sampling greedy and top-k / top-p rows. A
-  // shape's first cuBLASLt call costs host time that stalls the GPU: the
-  // library's first heuristic query per output type (40-110 ms), about 0.2
-  // ms a new shape's heuristic and about 2.5 ms a kernel's first launch. Paid
-  // here, it is out of the first requests' latency. It writes only KV cache
+  // up to 512 keys a sequence, sampling greedy and top-k / top-p rows; then
+  // the layer GEMMs and the LM head alone over a ladder of row counts (every
+  // 8 rows to 2048, every 64 above). A shape's first cuBLASLt call costs
+  // host time that stalls the GPU: the library's first heuristic query per
+  // output type (40-110 ms), about 0.2 ms a new shape's heuristic and about
+  // 2.5 ms a kernel's first launch. Paid here, it is out of the first
+  // requests' latency. It writes only KV cache
   // blocks (every real position is written before it is read), captures and
   // counts no graph, leaves graph_stats() as it was and starts the step count
   // again at 0. Every rank of a TP group calls it (its steps all-reduce).
