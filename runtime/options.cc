@@ -298,7 +298,7 @@ SYMTP_FLAG(max_inflight, max_inflight, "v1 async depth: steps published ahead", 
 SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (false: one step at a time)", Switch);
 SYMTP_TOPIC(gpu, "GPU execution");
 SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
-SYMTP_FLAG(gpu_warmup, gpu_warmup, "cuda: before a worker is ready, run a full prefill and a decode step at each graph batch size once, so cuBLASLt's first-call costs (its first heuristic queries, a kernel's first launch) fall in start-up, not in the first requests", Switch);
+SYMTP_FLAG(gpu_warmup, gpu_warmup, "cuda: before a worker is ready, run a full prefill, a decode step at each graph batch size and the layer GEMMs over a ladder of row counts once, so cuBLASLt's first-call costs (its first heuristic queries, a kernel's first launch) fall in start-up, not in the first requests", Switch);
 SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
 SYMTP_FLAG(gemv_max_rows, gemv_max_rows, "cuda bf16: GEMMs of at most this many rows run the project's weight-streaming GEMV instead of cuBLASLt (0: cuBLASLt always)", Int<0, 4>);
 SYMTP_TOPIC(allreduce, "All-reduce");
