@@ -451,7 +451,7 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
     // the worker phases are the per-step maxima laid end to end.
     JsonWriter ev(1);
     ev.Open('{').Key("traceEvents").Open('[');
-    auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, const StepRecord& step) {
+    auto add = [&](const char* name, int tid, int64_t ts, int64_t dur, const StepRecord& rec) {
       if (ts < in.start_ns) {  // e.g. waiting for the first diff since start-up
         dur -= in.start_ns - ts;
         ts = in.start_ns;
@@ -459,8 +459,8 @@ absl::Status WriteRunOutputs(const RunSummaryInput& in) {
       if (dur <= 0) return;
       ev.Raw(JsonWriter().Open('{').Field("name", name).Field("ph", "X").Field("pid", 1)
                  .Field("tid", tid).Field("ts", (ts - in.start_ns) / 1e3, 3).Field("dur", dur / 1e3, 3)
-                 .Key("args").Open('{').Field("step", step.step).Field("seqs", step.num_seqs)
-                 .Field("tokens", step.num_tokens).Close().Close().Take());
+                 .Key("args").Open('{').Field("step", rec.step).Field("seqs", rec.num_seqs)
+                 .Field("tokens", rec.num_tokens).Close().Close().Take());
     };
     auto thread_name = [&](int tid, const std::string& name) {
       ev.Raw(JsonWriter().Open('{').Field("name", "thread_name").Field("ph", "M").Field("pid", 1)

@@ -813,6 +813,20 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
   const GraphStats saved_stats = stats;
   StepOptions so;
   so.copy_logits = false;
+  // Waits for everything enqueued so far in short slices, polling the
+  // communicator between them, so that a peer that dies during the warm-up
+  // is an error at once.
+  auto wait_done = [&](const char* what) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done.get(), s));
+    for (;;) {
+      const absl::Status w = WaitEvent(step_done.get(), Deadline::AfterMs(10), what);
+      if (!absl::IsDeadlineExceeded(w)) return w;
+      if (comm != nullptr) SYMTP_RETURN_IF_ERROR_CTX(comm->Poll(), what);
+      if (deadline.Expired()) {
+        return absl::DeadlineExceededError(absl::StrCat(what, ": the GPU did not finish in time"));
+      }
+    }
+  };
   auto run = [&](const BatchInput& in, bool mixed) -> absl::Status {
     // Greedy rows (which TP > 1 may sample from the shards' candidates), and
     // with `mixed` every other row with temperature, top-k and top-p (from
@@ -825,17 +839,7 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
     const absl::Status st = Forward(in, s, so);
     warming = false;
     SYMTP_RETURN_IF_ERROR(st);
-    // Wait in short slices, polling the communicator between them, so
-    // that a peer that dies during the warm-up is an error at once.
-    for (;;) {
-      const absl::Status w =
-          WaitEvent(step_done.get(), Deadline::AfterMs(10), "GpuModel warm-up step");
-      if (!absl::IsDeadlineExceeded(w)) return w;
-      if (comm != nullptr) SYMTP_RETURN_IF_ERROR_CTX(comm->Poll(), "GpuModel warm-up step");
-      if (deadline.Expired()) {
-        return absl::DeadlineExceededError("GpuModel warm-up step: the GPU did not finish in time");
-      }
-    }
+    return wait_done("GpuModel warm-up step");
   };
 
   // Prefill: max_tokens rows over `seqs` sequences in consecutive blocks.
@@ -892,8 +896,7 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
         SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, m, VL, H, DType::kF32, s));
       }
     }
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done.get(), s));
-    SYMTP_RETURN_IF_ERROR(WaitEvent(step_done.get(), deadline, "GpuModel warm-up GEMMs"));
+    SYMTP_RETURN_IF_ERROR(wait_done("GpuModel warm-up GEMMs"));
   }
 
   stats = saved_stats;
