@@ -20,7 +20,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "decode_sweep.sh: unknown argument $1" >&2; exit 2;;
   esac
 done
-run() { if [[ -n ${SYMTP_BIN:-} ]]; then "$SYMTP_BIN" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi; }
+source "$ROOT/tools/lib/launch.sh"
 mkdir -p "$OUT"
 failed=0
 for m in $MODELS; do
@@ -30,7 +30,7 @@ for m in $MODELS; do
       for b in $BATCHES; do
         dir=$OUT/${m}_tp${tp}_graphs${g}_att${att}_b$b
         echo "decode_sweep: $m tp=$tp graphs=$g attention=$att batch=$b" >&2
-        run --backend="$BACKEND" --tp="$tp" --model="$m" --model-overrides="$OVERRIDES" \
+        symtp_run --backend="$BACKEND" --tp="$tp" --model="$m" --model-overrides="$OVERRIDES" \
           --cuda-graphs="$g" --attention="$att" --steady-batch="$b" --max-batch="$b" --steady-context="$CONTEXT" \
           --steady-steps="$STEPS" --warmup-steps=5 --max-batched-tokens=4096 --prefill-chunk=4096 \
           --progress=false $EXTRA --out="$dir" 2>"$dir.log" || { echo "decode_sweep: FAILED, see $dir.log" >&2; failed=1; }

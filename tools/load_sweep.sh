@@ -44,7 +44,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "load_sweep.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
-run() { if [[ -n ${SYMTP_BIN:-} ]]; then "$SYMTP_BIN" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi; }
+source "$ROOT/tools/lib/launch.sh"
 rm -rf "$OUT/runs"
 mkdir -p "$OUT/runs"
 failed=0
@@ -52,7 +52,7 @@ for rate in $RATES; do
   for mode in $MODES; do
     dir=$OUT/runs/${mode}_r${rate}
     echo "load: $mode rate=$rate" >&2
-    if ! run --backend="$BACKEND" --mode="$mode" --tp="$TP" --model="$MODEL" \
+    if ! symtp_run --backend="$BACKEND" --mode="$mode" --tp="$TP" --model="$MODEL" \
         --model-overrides="$OVERRIDES" --num-requests="$REQUESTS" --arrival-rate="$rate" \
         --prompt-len="$PROMPT" --output-len="$OUTPUT" --max-batch="$MAX_BATCH" --seed="$SEED" \
         --progress=false --out="$dir" "${EXTRA[@]}" >"$dir.log" 2>&1; then

@@ -35,10 +35,12 @@ while [[ $# -gt 0 ]]; do
     *) echo "overlap.sh: unknown argument $1 (--help)" >&2; exit 2;;
   esac
 done
+source "$ROOT/tools/lib/launch.sh"
+# An arm's own binary (SYMTP_BIN_<arm>) where given.
 run() {
-  local arm_bin=SYMTP_BIN_$1; shift
-  local bin=${!arm_bin:-${SYMTP_BIN:-}}
-  if [[ -n $bin ]]; then "$bin" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi
+  local arm_bin=SYMTP_BIN_$1
+  shift
+  symtp_launch "${!arm_bin:-${SYMTP_BIN:-}}" "$@"
 }
 mkdir -p "$OUT"
 read -ra arm_list <<<"$ARMS"

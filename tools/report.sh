@@ -38,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "report.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
-run() { if [[ -n ${SYMTP_BIN:-} ]]; then "$SYMTP_BIN" launch "$@"; else "$ROOT/tools/launch.sh" "$@"; fi; }
+source "$ROOT/tools/lib/launch.sh"
 mkdir -p "$OUT/runs"
 failed=0
 for tp in $TPS; do
@@ -46,7 +46,7 @@ for tp in $TPS; do
     for mode in v0 v1; do
       dir=$OUT/runs/${mode}_tp${tp}_b${b}
       echo "report: $mode tp=$tp batch=$b" >&2
-      if ! run --backend="$BACKEND" --mode=$mode --tp=$tp --model="$MODEL" --model-overrides="$OVERRIDES" \
+      if ! symtp_run --backend="$BACKEND" --mode=$mode --tp=$tp --model="$MODEL" --model-overrides="$OVERRIDES" \
           --steady-batch=$b --max-batch=$b --steady-context=$CONTEXT --steady-steps=$STEPS \
           --warmup-steps=$WARMUP --max-batched-tokens=$(( b > 2048 ? b : 2048 )) \
           --prefill-chunk=2048 --progress=false --out="$dir" "${EXTRA[@]}" >"$dir.log" 2>&1; then
