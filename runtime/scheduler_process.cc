@@ -15,6 +15,7 @@
 #include "protocol/diff.h"
 #include "runtime/job_sizing.h"
 #include "runtime/layout.h"
+#include "runtime/publish_pacer.h"
 
 namespace symtp::runtime {
 
@@ -83,9 +84,11 @@ void WorkloadFeed::RecordRest(const sched::Scheduler& sched) {
   }
 }
 
-void WorkloadFeed::WaitForArrival() {
-  if (all_admitted()) return;
-  const int64_t wait = summary_->start_ns + workload_.Peek().arrival_offset_ns - MonotonicNs();
+void WorkloadFeed::WaitForArrival(int64_t until) {
+  const int64_t next =
+      all_admitted() ? INT64_MAX : summary_->start_ns + workload_.Peek().arrival_offset_ns;
+  if (next == INT64_MAX && until == INT64_MAX) return;
+  const int64_t wait = std::min(next, until) - MonotonicNs();
   if (wait > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(wait / 1000, 10'000)));
 }
 
@@ -96,13 +99,25 @@ namespace {
 // oldest step's results, otherwise wait for the next arrival.
 class SchedulerProcess {
  public:
-  SchedulerProcess(const JobOptions& opts, JobHandle* job) : opts_(opts), job_(job) {}
+  SchedulerProcess(const JobOptions& opts, JobHandle* job)
+      : opts_(opts), job_(job), pacer_(opts.late_publish, opts.publish_lead_us * 1000) {}
 
   absl::Status Run(int64_t process_start_ns) {
     SYMTP_RETURN_IF_ERROR(Start(process_start_ns));
     while (!feed_->all_admitted() || !sched_->Done()) {
       SYMTP_RETURN_IF_ERROR(CheckAbort(job_->control));
       SYMTP_RETURN_IF_ERROR(feed_->Admit(MonotonicNs(), &*sched_));
+      if (const int64_t at = PlanAt(); at > 0) {
+        // Late publishing: the next step waits, for arrivals to join it,
+        // until shortly before the step ahead should end, or until that
+        // step's results show it ended sooner. Waits in slices of at most
+        // 50 us, admitting arrivals between them.
+        if (MonotonicNs() < at && !OldestResultsReady()) {
+          pacing_ = true;
+          feed_->WaitForArrival(std::min(at, MonotonicNs() + 50'000));
+          continue;
+        }
+      }
       SYMTP_ASSIGN_OR_RETURN(bool published, PlanAndPublish());
       if (published) continue;
       if (!inflight_.empty()) {
@@ -144,6 +159,27 @@ class SchedulerProcess {
     return absl::OkStatus();
   }
 
+  // When the pacer would plan the next step (0: now).
+  int64_t PlanAt() const {
+    if (!sched_->CanPlan()) return 0;
+    PublishPacer::Ahead ahead;
+    ahead.steps = static_cast<int>(inflight_.size());
+    if (!inflight_.empty()) {
+      const StepRecord& newest = summary_.steps[inflight_.back()];
+      ahead.decode_only = newest.decode_only;
+      ahead.num_seqs = newest.num_seqs;
+    }
+    return pacer_.PlanAt(ahead, feed_->arrivals_due() && sched_->num_waiting() == 0);
+  }
+
+  // Whether every rank's result of the oldest step in flight is in.
+  bool OldestResultsReady() {
+    for (ipc::RingConsumer& c : results_) {
+      if (!c.Ready()) return false;
+    }
+    return true;
+  }
+
   // Plans the next step and publishes its diff, when the scheduler has room
   // for another step in flight and anything to run.
   absl::StatusOr<bool> PlanAndPublish() {
@@ -172,6 +208,8 @@ class SchedulerProcess {
     rec.wire_bytes = wire_.size();
     summary_.steps.push_back(rec);
     inflight_.push_back(summary_.steps.size() - 1);
+    paced_steps_ += pacing_;
+    pacing_ = false;
     return true;
   }
 
@@ -188,6 +226,7 @@ class SchedulerProcess {
     const int64_t done = MonotonicNs();
     RecordRankTimings(done, &rec);
     SYMTP_RETURN_IF_ERROR(sched_->OnStepResults(rank_results_, done));
+    pacer_.OnCollected(done, rec.forward_ns, rec.decode_only, rec.num_seqs);
     inflight_.pop_front();
     SYMTP_RETURN_IF_ERROR(feed_->RecordFinished(rank_results_[0].sampled, &*sched_));
     progress_->Update(rec.step, feed_->finished(), feed_->tokens_out());
@@ -234,7 +273,8 @@ class SchedulerProcess {
                                        .Field("decode_tokens", st.decode_tokens)
                                        .Field("preemptions", st.preemptions)
                                        .Field("discarded_after_eos", st.discarded_after_eos)
-                                       .Field("max_inflight", opts_.max_inflight).Close().Take()};
+                                       .Field("max_inflight", opts_.max_inflight)
+                                       .Field("paced_steps", paced_steps_).Close().Take()};
     SYMTP_LOG(INFO, "sched") << "done: " << feed_->size() << " requests, " << summary_.steps.size()
                              << " steps, " << feed_->tokens_out() << " tokens in "
                              << (summary_.end_ns - summary_.start_ns) / 1e9
@@ -253,6 +293,9 @@ class SchedulerProcess {
   std::optional<WorkloadFeed> feed_;
   std::optional<Progress> progress_;
   std::deque<size_t> inflight_;  // indices into summary_.steps
+  PublishPacer pacer_;
+  bool pacing_ = false;     // the step being planned waited for the pacer
+  int64_t paced_steps_ = 0;  // steps that did
   sched::StepPlan plan_;
   std::vector<uint8_t> wire_, rbuf_;
   std::vector<proto::StepResult> rank_results_;

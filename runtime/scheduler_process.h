@@ -42,10 +42,13 @@ class WorkloadFeed {
                               sched::Scheduler* sched);
   // At the end: records the finished requests no sampled list named.
   void RecordRest(const sched::Scheduler& sched);
-  // Sleeps until the next arrival (at most 10 ms: the caller loops).
-  void WaitForArrival();
+  // Sleeps until the next arrival or `until` (MonotonicNs time), whichever
+  // comes first, and at most 10 ms: the caller loops.
+  void WaitForArrival(int64_t until = INT64_MAX);
 
   bool all_admitted() const { return next_ >= n_; }
+  // Requests not yet admitted arrive at their own times (an open loop).
+  bool arrivals_due() const { return opts_.arrival_rate > 0 && !all_admitted(); }
   int size() const { return n_; }
   int finished() const { return finished_; }
   uint64_t tokens_out() const { return tokens_out_; }

@@ -278,14 +278,21 @@ TEST_F(SystemTest, JobPrintsAResultsBlockAndWritesPerRequestTimes) {
 // arrivals for the same seed, in order, with arrivals during steps at the
 // rate used here.
 TEST_F(SystemTest, OpenLoopArrivalsAreThePoissonTimesInBothModes) {
+  // v1 with late publishing too: it plans steps later, not differently (the
+  // same tokens), and did hold some back (paced_steps).
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"v1", "--mode=v1"}, {"v0", "--mode=v0"},
+      {"v1_late", "--mode=v1 --late-publish --publish-lead-us=0"}};
   std::map<std::string, std::vector<std::string>> arrivals;
-  for (const char* mode : {"v1", "v0"}) {
+  for (const auto& [mode, flags] : runs) {
     const std::string out = Out(absl::StrCat("poisson_", mode));
-    Proc p = Start({"launch", "--backend=cpu", "--tp=2", "--model=tiny", "--num-requests=40",
-                    "--arrival-rate=4000", "--prompt-len=uniform:8:64", "--output-len=uniform:2:16",
-                    "--max-batch=8", "--seed=5", absl::StrCat("--mode=", mode), "--progress=false",
-                    absl::StrCat("--out=", out)},
-                   prefix_);
+    std::vector<std::string> args = {"launch", "--backend=cpu", "--tp=2", "--model=tiny",
+                                     "--num-requests=40", "--arrival-rate=400",
+                                     "--prompt-len=uniform:8:64", "--output-len=uniform:2:16",
+                                     "--max-batch=8", "--seed=5", "--progress=false",
+                                     absl::StrCat("--out=", out)};
+    for (absl::string_view f : absl::StrSplit(flags, ' ')) args.emplace_back(f);
+    Proc p = Start(args, prefix_);
     int st = Wait(p, 60'000);
     ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(p.err_path);
     std::ifstream f(out + "/requests.jsonl");
@@ -303,6 +310,11 @@ TEST_F(SystemTest, OpenLoopArrivalsAreThePoissonTimesInBothModes) {
     }
   }
   EXPECT_EQ(arrivals["v1"], arrivals["v0"]);
+  EXPECT_EQ(arrivals["v1_late"], arrivals["v1"]);
+  EXPECT_EQ(ReadTokens(Out("poisson_v1_late")), ReadTokens(Out("poisson_v1")));
+  EXPECT_THAT(ReadFile(Out("poisson_v1") + "/summary.json"), ::testing::HasSubstr("\"paced_steps\":0"));
+  EXPECT_THAT(ReadFile(Out("poisson_v1_late") + "/summary.json"),
+              ::testing::Not(::testing::HasSubstr("\"paced_steps\":0")));
 }
 
 // Steady decode holds the batch for the steps asked for, also where the
