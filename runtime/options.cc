@@ -295,7 +295,7 @@ SYMTP_FLAG(num_kv_blocks, num_kv_blocks, "KV blocks (0: derived from the workloa
 SYMTP_FLAG(kv_cache_mib, kv_cache_mib, "KV cache per rank in MiB; the scheduler uses the smallest block count the workers report", Real<0., double{1 << 24}>);
 SYMTP_FLAG(kv_cache_fraction, kv_cache_fraction, "cuda: KV cache = this fraction of the GPU memory free after the weights (per rank, smallest wins)", Real<0., 0.95>);
 SYMTP_FLAG(max_inflight, max_inflight, "v1 async depth: steps published ahead", Int<1, 16>);
-SYMTP_FLAG(late_publish, late_publish, "v1, arrivals by rate: when a decode step is the only one ahead and nothing waits for admission, plan the next step only --publish-lead-us before that step should end (the last decode step's forward time after it started), so requests that arrive meanwhile join it", Switch);
+SYMTP_FLAG(late_publish, late_publish, "v1, arrivals by rate: when a decode step is the only one ahead and nothing waits for admission, plan the next step only --publish-lead-us before that step should end (the last decode step's forward time after it started), so requests that arrive meanwhile join it (false: plan as soon as there is room)", Switch);
 SYMTP_FLAG(publish_lead_us, publish_lead_us, "v1 late publishing: how long before the step ahead should end the next step is planned", Int<0, 1000000>);
 SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (false: one step at a time)", Switch);
 SYMTP_TOPIC(gpu, "GPU execution");

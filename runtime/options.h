@@ -101,7 +101,7 @@ struct JobOptions {
   double kv_cache_mib = 0;       //   KV cache bytes per rank (MiB), or
   double kv_cache_fraction = 0;  //   fraction of the GPU memory free after the weights (cuda)
   int max_inflight = 2;          // async depth (v1)
-  bool late_publish = false;     // v1: runtime/publish_pacer.h
+  bool late_publish = true;      // v1: runtime/publish_pacer.h
   int publish_lead_us = 500;     // v1 late publishing: how long before the step ahead ends
 
   // CUDA backend.

@@ -54,10 +54,10 @@ TITLES = {"decode_step": "Decode step vs batch", "copy_exchange": "Prefill all-r
           "micro_batches": "Micro-batch overlap (removed)",
           "attention_bandwidth": "Decode attention bandwidth", "ring_latency": "Ring latency",
           "fault_teardown": "Fault teardown", "chaos": "Chaos trials and hostile flags",
-          "load": "v0 and v1 under load", "load_inflight": "v1's pipeline depth and TTFT at low load", "first_steps": "A job's first steps", "gpu_warmup": "GPU warm-up before a worker is ready (kept)", "gpu_warmup_ladder": "GPU warm-up: GEMMs over a row ladder (kept)", "gemm_warmup_plans": "GPU warm-up: every row count planned (dropped)", "cublaslt_first_use": "cuBLASLt's first-call costs in a job's steps (probe)", "exchange_decode": "Exchange row chunks at decode, TP 4 (dropped)"}
+          "load": "v0 and v1 under load", "load_inflight": "v1's pipeline depth and TTFT at low load", "first_steps": "A job's first steps", "gpu_warmup": "GPU warm-up before a worker is ready (kept)", "gpu_warmup_ladder": "GPU warm-up: GEMMs over a row ladder (kept)", "gemm_warmup_plans": "GPU warm-up: every row count planned (dropped)", "late_publish": "v1 late publishing at low load (kept)", "cublaslt_first_use": "cuBLASLt's first-call costs in a job's steps (probe)", "exchange_decode": "Exchange row chunks at decode, TP 4 (dropped)"}
 # The measurements of the system as it is; the others are studies (an A/B
 # of one change, kept or dropped), listed in bench/results/README.md.
-HEADLINE = {"decode_step", "gpu_warmup", "gpu_warmup_ladder", "torch_baseline", "prefill_wgmma", "v0_vs_v1", "load", "kernel_table", "allreduce",
+HEADLINE = {"decode_step", "gpu_warmup", "gpu_warmup_ladder", "late_publish", "torch_baseline", "prefill_wgmma", "v0_vs_v1", "load", "kernel_table", "allreduce",
             "attention_bandwidth", "ring_latency", "fault_teardown", "chaos"}
 MACHINES = ["h200x4", "h200x2", "h200", "h100x4", "h100x2", "h100", "cpu-dev"]
 
