@@ -95,7 +95,8 @@ void WorkloadFeed::WaitForArrival(int64_t until) {
 namespace {
 
 // One scheduler process. Run() is the loop: admit what arrived, plan and
-// publish the next step while the pipeline has room, otherwise collect the
+// publish the next step while the pipeline has room (at low load no sooner
+// than the pacer says: runtime/publish_pacer.h), otherwise collect the
 // oldest step's results, otherwise wait for the next arrival.
 class SchedulerProcess {
  public:
