@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# v0 and v1 under load: the same seeded workload (random prompt and output
-# lengths, Poisson arrivals) at each offered request rate, once per mode, the
-# modes alternating within a rate; then load.md / load.json (tools/load_report.py):
-# throughput, TTFT, TPOT and end-to-end latency percentiles, GPU idle between
-# steps, and v1 against v0 at each rate.
+# Arms under load (by default v0 and v1): the same seeded workload (random
+# prompt and output lengths, Poisson arrivals) at each offered request rate,
+# once per arm and repeat, the arms alternating within a rate (their order
+# reversed on odd repeats); then load.md / load.json (tools/load_report.py):
+# throughput, TTFT, TPOT, ITL and end-to-end latency percentiles, GPU idle
+# between steps, and each arm against the first at each rate.
 usage() {
   cat <<'USAGE'
 usage: tools/load_sweep.sh [options] [-- extra launcher flags]
@@ -17,7 +18,11 @@ usage: tools/load_sweep.sh [options] [-- extra launcher flags]
   --prompt-len DIST         prompt lengths (default uniform:128:1024)
   --output-len DIST         output lengths (default uniform:64:256)
   --max-batch N             most sequences in a step (default 256)
-  --modes "v0 v1"           modes, in the order they run at each rate
+  --arms "v0=--mode=v0 v1=--mode=v1"
+                            arms, NAME=FLAGS (FLAGS comma-separated, may be
+                            empty), in the order they run; the first is the
+                            baseline the others are compared with
+  --repeats N               runs per arm and rate (default 1)
   --seed N                  workload seed, the same for every run (default 1)
   --check                   fail if a run fails or leaves a request unfinished
   --out DIR                 output folder (default out/load)
@@ -29,7 +34,8 @@ USAGE
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BACKEND=auto TP=2 MODEL=tiny OVERRIDES="" RATES="8 16 32 0" REQUESTS=200
-PROMPT=uniform:128:1024 OUTPUT=uniform:64:256 MAX_BATCH=256 MODES="v0 v1" SEED=1
+PROMPT=uniform:128:1024 OUTPUT=uniform:64:256 MAX_BATCH=256 ARMS="v0=--mode=v0 v1=--mode=v1"
+SEED=1 REPEATS=1
 OUT=out/load EXTRA=() CHECK=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -38,30 +44,47 @@ while [[ $# -gt 0 ]]; do
     --overrides) OVERRIDES=$2; shift 2;; --rates) RATES=$2; shift 2;;
     --requests) REQUESTS=$2; shift 2;; --prompt-len) PROMPT=$2; shift 2;;
     --output-len) OUTPUT=$2; shift 2;; --max-batch) MAX_BATCH=$2; shift 2;;
-    --modes) MODES=$2; shift 2;; --seed) SEED=$2; shift 2;; --out) OUT=$2; shift 2;;
+    --arms) ARMS=$2; shift 2;; --repeats) REPEATS=$2; shift 2;;
+    --seed) SEED=$2; shift 2;; --out) OUT=$2; shift 2;;
     --check) CHECK=(--check); shift;;
     --) shift; EXTRA=("$@"); break;;
     *) echo "load_sweep.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
 source "$ROOT/tools/lib/launch.sh"
+read -ra arm_list <<<"$ARMS"
+names=()
+for arm in "${arm_list[@]}"; do
+  name=${arm%%=*}
+  [[ $arm == *=* && $name =~ ^[A-Za-z0-9.-]+$ ]] || {
+    echo "load_sweep.sh: an arm is NAME=FLAGS with NAME of letters, digits, . and -: $arm" >&2; exit 2; }
+  names+=("$name")
+done
 rm -rf "$OUT/runs"
 mkdir -p "$OUT/runs"
 failed=0
 for rate in $RATES; do
-  for mode in $MODES; do
-    dir=$OUT/runs/${mode}_r${rate}
-    echo "load: $mode rate=$rate" >&2
-    if ! symtp_run --backend="$BACKEND" --mode="$mode" --tp="$TP" --model="$MODEL" \
-        --model-overrides="$OVERRIDES" --num-requests="$REQUESTS" --arrival-rate="$rate" \
-        --prompt-len="$PROMPT" --output-len="$OUTPUT" --max-batch="$MAX_BATCH" --seed="$SEED" \
-        --progress=false --out="$dir" "${EXTRA[@]}" >"$dir.log" 2>&1; then
-      echo "load: run $mode rate=$rate FAILED (see $dir.log)" >&2
-      tail -3 "$dir.log" >&2
-      failed=1
+  for ((k = 0; k < REPEATS; ++k)); do
+    order=("${arm_list[@]}")
+    if ((k % 2 == 1)); then
+      order=(); for ((i = ${#arm_list[@]} - 1; i >= 0; --i)); do order+=("${arm_list[i]}"); done
     fi
+    for arm in "${order[@]}"; do
+      name=${arm%%=*} flags=${arm#*=}; flags=${flags//,/ }
+      dir=$OUT/runs/${name}_r${rate}_k$k
+      echo "load: $name rate=$rate repeat=$k" >&2
+      # shellcheck disable=SC2086
+      if ! symtp_run --backend="$BACKEND" --tp="$TP" --model="$MODEL" \
+          --model-overrides="$OVERRIDES" --num-requests="$REQUESTS" --arrival-rate="$rate" \
+          --prompt-len="$PROMPT" --output-len="$OUTPUT" --max-batch="$MAX_BATCH" --seed="$SEED" \
+          --progress=false --out="$dir" $flags "${EXTRA[@]}" >"$dir.log" 2>&1; then
+        echo "load: run $name rate=$rate repeat=$k FAILED (see $dir.log)" >&2
+        tail -3 "$dir.log" >&2
+        failed=1
+      fi
+    done
   done
 done
 python3 "$ROOT/tools/load_report.py" --runs "$OUT/runs" --out "$OUT" --model "$MODEL" \
-  --overrides "$OVERRIDES" "${CHECK[@]}" || failed=1
+  --overrides "$OVERRIDES" --arms "${names[*]}" "${CHECK[@]}" || failed=1
 exit $failed
