@@ -121,6 +121,7 @@ class SchedulerProcess {
       }
       SYMTP_ASSIGN_OR_RETURN(bool published, PlanAndPublish());
       if (published) continue;
+      pacing_ = false;  // the wait ended with nothing to plan: no step was paced
       if (!inflight_.empty()) {
         SYMTP_RETURN_IF_ERROR(CollectOldest());
       } else if (feed_->all_admitted()) {
