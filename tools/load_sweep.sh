@@ -65,10 +65,7 @@ mkdir -p "$OUT/runs"
 failed=0
 for rate in $RATES; do
   for ((k = 0; k < REPEATS; ++k)); do
-    order=("${arm_list[@]}")
-    if ((k % 2 == 1)); then
-      order=(); for ((i = ${#arm_list[@]} - 1; i >= 0; --i)); do order+=("${arm_list[i]}"); done
-    fi
+    mapfile -t order < <(symtp_arm_order "$k" "${arm_list[@]}")
     for arm in "${order[@]}"; do
       name=${arm%%=*} flags=${arm#*=}; flags=${flags//,/ }
       dir=$OUT/runs/${name}_r${rate}_k$k

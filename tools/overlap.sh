@@ -65,11 +65,7 @@ for shape in $SHAPES; do
     *) echo "overlap.sh: unknown shape $shape" >&2; exit 2;;
   esac
   for ((r = 0; r < REPEATS; ++r)); do
-    # Alternate the arms' order between repeats (drift and warm-up even out).
-    order=("${arm_list[@]}")
-    if ((r % 2 == 1)); then
-      order=(); for ((i = ${#arm_list[@]} - 1; i >= 0; --i)); do order+=("${arm_list[i]}"); done
-    fi
+    mapfile -t order < <(symtp_arm_order "$r" "${arm_list[@]}")
     for arm in "${order[@]}"; do
       name=${arm%%=*} flags=${arm#*=}; flags=${flags//,/ }
       for skip in "${skips[@]}"; do
