@@ -101,23 +101,21 @@ namespace {
 class SchedulerProcess {
  public:
   SchedulerProcess(const JobOptions& opts, JobHandle* job)
-      : opts_(opts), job_(job), pacer_(opts.late_publish, opts.publish_lead_us * 1000) {}
+      : opts_(opts), job_(job), pacer_(opts.late_publish, int64_t{opts.publish_lead_us} * 1000) {}
 
   absl::Status Run(int64_t process_start_ns) {
     SYMTP_RETURN_IF_ERROR(Start(process_start_ns));
     while (!feed_->all_admitted() || !sched_->Done()) {
       SYMTP_RETURN_IF_ERROR(CheckAbort(job_->control));
       SYMTP_RETURN_IF_ERROR(feed_->Admit(MonotonicNs(), &*sched_));
-      if (const int64_t at = PlanAt(); at > 0) {
-        // Late publishing: the next step waits, for arrivals to join it,
-        // until shortly before the step ahead should end, or until that
-        // step's results show it ended sooner. Waits in slices of at most
-        // 50 us, admitting arrivals between them.
-        if (MonotonicNs() < at && !OldestResultsReady()) {
-          pacing_ = true;
-          feed_->WaitForArrival(std::min(at, MonotonicNs() + 50'000));
-          continue;
-        }
+      // Late publishing: the next step waits, for arrivals to join it, until
+      // shortly before the step ahead should end, or until that step's
+      // results show it ended sooner. Waits in slices of at most 50 us,
+      // admitting arrivals between them.
+      if (const int64_t at = PlanAt(); MonotonicNs() < at && !OldestResultsReady()) {
+        pacing_ = true;
+        feed_->WaitForArrival(std::min(at, MonotonicNs() + 50'000));
+        continue;
       }
       SYMTP_ASSIGN_OR_RETURN(bool published, PlanAndPublish());
       if (published) continue;
