@@ -182,6 +182,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     mo.gemv_max_rows = opts.gemv_max_rows;
     mo.gemv_allreduce_push = opts.gemv_allreduce_push;
     mo.gemv_swiglu = opts.gemv_swiglu;
+    mo.defer_norm = opts.defer_norm;
     // The candidates' all-gather needs every rank to sample the step with the
     // same parameters: v1's workers do; v0 samples on rank 0 alone.
     mo.sharded_sampling = opts.sharded_sampling && opts.mode == Mode::kV1;

@@ -303,6 +303,7 @@ SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Swit
 SYMTP_FLAG(gpu_warmup, gpu_warmup, "cuda: before a worker is ready, run a full prefill, a decode step at each graph batch size and the layer GEMMs over a ladder of row counts once, so cuBLASLt's first-call costs (its first heuristic queries, a kernel's first launch) fall in start-up, not in the first requests", Switch);
 SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
 SYMTP_FLAG(gemv_max_rows, gemv_max_rows, "cuda bf16: GEMMs of at most this many rows run the project's weight-streaming GEMV instead of cuBLASLt (0: cuBLASLt always)", Int<0, 4>);
+SYMTP_FLAG(defer_norm, defer_norm, "cuda bf16, TP 1: fold each RMSNorm's weight into the GEMM after it, and in steps whose GEMMs run cuBLASLt leave the norm to the kernel after that GEMM (RoPE, SiLU), the residual adds to the O and down GEMMs' epilogues: two kernels fewer per layer (false: AddRmsNorm kernels)", Switch);
 SYMTP_TOPIC(allreduce, "All-reduce");
 SYMTP_FLAG(allreduce, allreduce, "auto | nccl | custom", Choice<AllReduce>);
 SYMTP_FLAG(custom_allreduce_max_bytes, custom_allreduce_max_bytes, "capacity of the custom all-reduce (scratch ~2 x (TP-1) x this per rank, and ~4.3 x this more for LL128 at TP 2); larger messages, and those above the calibrated crossover, go to NCCL; -1: 16 MiB at TP 4 (prefill's 16 MiB messages and exchange chunks are faster on the custom two-shot there), 8 MiB otherwise", I64<-1, (int64_t{256} << 20)>);

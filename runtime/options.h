@@ -124,6 +124,7 @@ struct JobOptions {
   int gemv_max_rows = 4;         // model::GpuModelOptions::gemv_max_rows
   bool gemv_allreduce_push = true;  // model::GpuModelOptions::gemv_allreduce_push
   bool gemv_swiglu = true;          // model::GpuModelOptions::gemv_swiglu
+  bool defer_norm = true;           // model::GpuModelOptions::defer_norm
   bool sharded_sampling = true;  // model::GpuModelOptions::sharded_sampling
   bool bench_skip_allreduce = false;  // benchmark only: wrong results for TP > 1
 

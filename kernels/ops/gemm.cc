@@ -185,7 +185,9 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
     it = st->plans.emplace(key, plan).first;
   }
   const Plan& p = it->second;
-  const float alpha = 1.f, beta = 0.f;
+  // The plan does not depend on beta: the same algorithm reads C when
+  // accumulating (C and D share one layout, as an in-place product needs).
+  const float alpha = 1.f, beta = g.accumulate ? 1.f : 0.f;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(st->handle, p.op, &alpha, g.w, p.w, g.a, p.a, &beta, g.c,
                                         p.c, g.c, p.c, &p.algo, g.workspace, g.workspace_bytes,
                                         stream));

@@ -1,6 +1,6 @@
 // The GEMM of every linear layer, through cuBLASLt:
 //
-//   C[M, N] = A[M, K] · W[N, K]ᵀ      (all row-major; y = x · Wᵀ of MODEL.md)
+//   C[M, N] = A[M, K] · W[N, K]ᵀ (+ C)  (all row-major; y = x · Wᵀ of MODEL.md)
 //
 // A holds activations (M = tokens), W a weight in its [out_features,
 // in_features] layout. bf16 inputs accumulate in fp32 (CUBLAS_COMPUTE_32F)
@@ -58,9 +58,12 @@ struct GemmArgs {
   DType out_dtype = DType::kBF16;  // C: in_dtype, or kF32 with bf16 inputs
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // C = A · Wᵀ + C (the sum in fp32, rounded once) instead of C = A · Wᵀ:
+  // a residual add in the GEMM's epilogue. cuBLASLt only (Gemv: no).
+  bool accumulate = false;
 };
 
-// Enqueues C = A · Wᵀ on `stream`. m = 0 is a no-op. InvalidArgument for a
+// Enqueues C = A · Wᵀ (+ C with accumulate) on `stream`. m = 0 is a no-op. InvalidArgument for a
 // bad shape or dtype combination; cuBLAS errors with their status.
 absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& args, cudaStream_t stream);
 

@@ -319,7 +319,7 @@ cudaError_t LaunchM(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
 // GemvSupports for a C of `out_n` columns (n, or n / 2 with SwiGLU).
 bool Takes(const GemmArgs& g, int64_t out_n) {
   const auto [lda, ldw, ldc] = StridesOf(g, out_n);
-  return g.in_dtype == DType::kBF16 &&
+  return !g.accumulate && g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
          g.k <= kGemvMaxK && (g.m <= 2 || g.k <= 8192) && g.k % 8 == 0 && lda >= g.k &&

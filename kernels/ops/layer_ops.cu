@@ -191,6 +191,43 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
   }
 }
 
+// SiluMul with a deferred RMSNorm (DeferredNorm): block b takes row b /
+// per_row_blocks, computes the row's factor, and covers its part of the row
+// (16-byte chunks with kVec, elements otherwise).
+template <typename T, bool kVec>
+__global__ void SiluMulNormKernel(const T* __restrict__ gate_up, T* __restrict__ out, int ffn,
+                                  int per_row_blocks, const T* __restrict__ norm_x,
+                                  int norm_hidden, float norm_eps) {
+  SYMTP_TRACE_KERNEL(kSiluMul);
+  internal::GridDependencyWait();
+  internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x / per_row_blocks;
+  const int part = static_cast<int>(blockIdx.x % per_row_blocks);
+  const float s = internal::BlockRowRms(norm_x + r * norm_hidden, norm_hidden, norm_eps, scratch);
+  const int stride = per_row_blocks * static_cast<int>(blockDim.x);
+  if constexpr (kVec) {
+    constexpr int kN = Vec<T>::kN;
+    const int per_row = ffn / kN;
+    const uint4* row = reinterpret_cast<const uint4*>(gate_up + r * 2 * ffn);
+    uint4* o = reinterpret_cast<uint4*>(out + r * ffn);
+    for (int c = part * static_cast<int>(blockDim.x) + threadIdx.x; c < per_row; c += stride) {
+      Vec<T> g, u;
+      g.Load(row[c]);
+      u.Load(row[per_row + c]);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) g.v[k] = SiluTimes(g.v[k] * s, u.v[k] * s);
+      o[c] = g.Store();
+    }
+  } else {
+    const T* row = gate_up + r * 2 * ffn;
+    T* o = out + r * ffn;
+    for (int c = part * static_cast<int>(blockDim.x) + threadIdx.x; c < ffn; c += stride) {
+      o[c] = FromFloat<T>(SiluTimes(ToFloat<T>(row[c]) * s, ToFloat<T>(row[ffn + c]) * s));
+    }
+  }
+}
+
 template <typename T>
 __global__ void GatherRowsKernel(const T* __restrict__ src, int64_t src_ld,
                                  const int32_t* __restrict__ index, T* __restrict__ dst,
@@ -288,15 +325,29 @@ absl::Status AddRmsNorm(void* residual, const void* delta, const void* weight, v
 }
 
 absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DType dtype,
-                     cudaStream_t stream) {
-  if (rows < 0 || ffn <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("SiluMul: bad shape rows=%d ffn=%d", rows, ffn));
+                     cudaStream_t stream, const DeferredNorm& norm) {
+  if (rows < 0 || ffn <= 0 || (norm.x != nullptr && norm.hidden <= 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SiluMul: bad shape rows=%d ffn=%d norm_hidden=%d", rows, ffn, norm.hidden));
   }
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "SiluMul", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     constexpr int kN = 16 / static_cast<int>(sizeof(T));
+    if (norm.x != nullptr) {
+      // Enough blocks per row to give every SM two at decode's row counts;
+      // one per row from 264 rows on, so a row's factor is computed once.
+      const bool vec = ffn % kN == 0 && Aligned16(gate_up) && Aligned16(out);
+      const int64_t units = vec ? ffn / kN : ffn;
+      const int64_t most = std::max<int64_t>(1, internal::CeilDiv(units, 256));
+      const int per_row = static_cast<int>(
+          std::clamp<int64_t>(internal::CeilDiv(int64_t{264}, rows), 1, most));
+      return CUDA_STATUS(internal::LaunchDependent(
+          vec ? SiluMulNormKernel<T, true> : SiluMulNormKernel<T, false>,
+          dim3(static_cast<unsigned>(rows * per_row)), dim3(256), 0, stream,
+          static_cast<const T*>(gate_up), static_cast<T*>(out), ffn, per_row,
+          static_cast<const T*>(norm.x), norm.hidden, norm.eps));
+    }
     if (ffn % kN == 0 && Aligned16(gate_up) && Aligned16(out)) {
       CUDA_RETURN_IF_ERROR(internal::LaunchDependent(
           SiluMulVecKernel<T>, dim3(GridFor(rows * (ffn / kN), 256)), dim3(256), 0, stream,

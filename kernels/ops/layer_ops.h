@@ -20,6 +20,19 @@
 
 namespace symtp::kernels {
 
+// An RMSNorm applied by the kernel after the GEMM it precedes
+// (GpuModelOptions::defer_norm): the GEMM read the un-normalized residual
+// stream x, with the norm's weight folded into its columns (FoldNormWeight,
+// weight_init.h); since a row's factor commutes with the product, the
+// consumer multiplies row r of the GEMM's output by
+//   1 / sqrt(mean(x[r]^2) + eps),   x[r] = x + r * hidden (elements, dtype),
+// summed in fp32. x == nullptr: no norm.
+struct DeferredNorm {
+  const void* x = nullptr;
+  int hidden = 0;
+  float eps = 0.f;
+};
+
 // out[r, :] = table[tokens[r], :]; a token outside [0, vocab) gives a zero
 // row (callers validate tokens on the host; this only keeps reads in bounds).
 absl::Status EmbeddingLookup(const int32_t* tokens, const void* table, void* out, int64_t rows,
@@ -62,16 +75,21 @@ absl::Status WriteKvCache(const void* k, const void* v, int64_t row_stride,
 // row r holds num_q_heads q heads at qkv + r * row_stride, then num_kv_heads
 // k heads, then num_kv_heads v heads (head_dim elements each). Rotated k
 // (unrotated where the position is outside [0, max_pos)) and v go to cache
-// slot slot_mapping[r] when it is >= 0.
+// slot slot_mapping[r] when it is >= 0. With `norm`, each row's q, k and v
+// are first multiplied by its factor (q and k before the rotation, which
+// then runs on the fp32 products); a row whose position is outside [0,
+// max_pos) keeps its q heads as they are.
 absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, int num_kv_heads,
                               int head_dim, const int32_t* positions, const int32_t* slot_mapping,
                               int64_t rows, const double2* table, int max_pos, void* k_cache,
-                              void* v_cache, DType dtype, cudaStream_t stream);
+                              void* v_cache, DType dtype, cudaStream_t stream,
+                              const DeferredNorm& norm = {});
 
 // out[r, i] = silu(in[r, i]) * in[r, ffn + i], silu(z) = z / (1 + exp(-z)),
-// for in = [gate | up] of width 2*ffn.
+// for in = [gate | up] of width 2*ffn. With `norm`, gate and up are first
+// multiplied by row r's factor (in fp32): out = silu(g s) * (u s).
 absl::Status SiluMul(const void* gate_up, void* out, int64_t rows, int ffn, DType dtype,
-                     cudaStream_t stream);
+                     cudaStream_t stream, const DeferredNorm& norm = {});
 
 // dst[i, :] = src[index[i], :] for i < rows (row strides in elements).
 absl::Status GatherRows(const void* src, int64_t src_ld, const int32_t* index, void* dst,

@@ -53,13 +53,16 @@ __device__ __forceinline__ void CopyRow(const T* __restrict__ src, T* __restrict
 // and v heads also go to the cache slot slots[r] (skipped when negative). A
 // position outside [0, max_pos) leaves the row unrotated (k still cached).
 // The row's values are loaded up to kU heads at a time, before any is
-// stored, and the table entry once per thread.
+// stored, and the table entry once per thread. With norm_x (kWriteKv only),
+// the row's values are first multiplied by its deferred RMSNorm factor
+// (layer_ops.h DeferredNorm).
 template <typename T, bool kWriteKv, bool kVec>
 __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_heads, int head_dim,
                              const int32_t* __restrict__ positions,
                              const double2* __restrict__ table, int max_pos, int num_q_heads,
                              int num_kv_heads, const int32_t* __restrict__ slots,
-                             T* __restrict__ k_cache, T* __restrict__ v_cache) {
+                             T* __restrict__ k_cache, T* __restrict__ v_cache,
+                             const T* __restrict__ norm_x, int norm_hidden, float norm_eps) {
   SYMTP_TRACE_KERNEL(kRopeKv);
   // The attention kernel after it may start now: it loads the older keys,
   // which this kernel does not write, before it waits for it.
@@ -68,6 +71,11 @@ __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_head
   constexpr int kU = 8;
   const int64_t r = blockIdx.x;
   const int i = threadIdx.x, half = blockDim.x;
+  __shared__ float scratch[32];
+  const bool scaled = kWriteKv && norm_x != nullptr;
+  const float scale =
+      scaled ? internal::BlockRowRms(norm_x + r * norm_hidden, norm_hidden, norm_eps, scratch)
+             : 1.f;
   const int pos = positions[r];
   const int32_t slot = kWriteKv ? slots[r] : -1;
   const int width = num_kv_heads * head_dim;
@@ -94,8 +102,12 @@ __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_head
       const int h = h0 + u * static_cast<int>(blockDim.y);
       if (h >= heads) continue;
       T t0 = a[u], t1 = b[u];
+      if (scaled && !rotate) {  // k heads to the cache, unrotated
+        t0 = FromFloat<T>(ToFloat<T>(a[u]) * scale);
+        t1 = FromFloat<T>(ToFloat<T>(b[u]) * scale);
+      }
       if (rotate) {
-        const double x0 = ToFloat<T>(a[u]), x1 = ToFloat<T>(b[u]);
+        const double x0 = ToFloat<T>(a[u]) * scale, x1 = ToFloat<T>(b[u]) * scale;
         // No contraction into FMAs: the CPU reference rounds each product.
         const double o0 = __dsub_rn(__dmul_rn(x0, cs.x), __dmul_rn(x1, cs.y));
         const double o1 = __dadd_rn(__dmul_rn(x1, cs.x), __dmul_rn(x0, cs.y));
@@ -114,9 +126,15 @@ __global__ void RopeKvKernel(T* __restrict__ x, int64_t row_stride, int rot_head
   if constexpr (kWriteKv) {
     if (slot < 0) return;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    CopyRow<T, kVec>(row + static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim,
-                     v_cache + static_cast<int64_t>(slot) * width, width, tid,
-                     blockDim.x * blockDim.y);
+    const T* v = row + static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim;
+    T* vd = v_cache + static_cast<int64_t>(slot) * width;
+    if (scaled) {
+      for (int j = tid; j < width; j += blockDim.x * blockDim.y) {
+        vd[j] = FromFloat<T>(ToFloat<T>(v[j]) * scale);
+      }
+    } else {
+      CopyRow<T, kVec>(v, vd, width, tid, blockDim.x * blockDim.y);
+    }
   }
 }
 
@@ -169,7 +187,7 @@ absl::Status ApplyRope(void* x, int64_t row_stride, int num_heads, int head_dim,
     RopeKvKernel<T, false, false>
         <<<static_cast<unsigned>(rows), RopeBlock(num_heads, head_dim), 0, stream>>>(
             static_cast<T*>(x), row_stride, num_heads, head_dim, positions, table, max_pos, 0, 0,
-            nullptr, nullptr, nullptr);
+            nullptr, nullptr, nullptr, nullptr, 0, 0.f);
     return CUDA_STATUS(cudaGetLastError());
   });
 }
@@ -199,15 +217,16 @@ absl::Status WriteKvCache(const void* k, const void* v, int64_t row_stride,
 absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, int num_kv_heads,
                               int head_dim, const int32_t* positions, const int32_t* slot_mapping,
                               int64_t rows, const double2* table, int max_pos, void* k_cache,
-                              void* v_cache, DType dtype, cudaStream_t stream) {
+                              void* v_cache, DType dtype, cudaStream_t stream,
+                              const DeferredNorm& norm) {
   const int64_t width = static_cast<int64_t>(num_kv_heads) * head_dim;
   if (rows < 0 || num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
       head_dim > 2048 || row_stride < static_cast<int64_t>(num_q_heads) * head_dim + 2 * width ||
-      max_pos <= 0) {
+      max_pos <= 0 || (norm.x != nullptr && norm.hidden <= 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "ApplyRopeWriteKv: bad shape rows=%d q_heads=%d kv_heads=%d head_dim=%d row_stride=%d "
-        "max_pos=%d",
-        rows, num_q_heads, num_kv_heads, head_dim, row_stride, max_pos));
+        "max_pos=%d norm_hidden=%d",
+        rows, num_q_heads, num_kv_heads, head_dim, row_stride, max_pos, norm.hidden));
   }
   if (rows == 0) return absl::OkStatus();
   return internal::DispatchDType(dtype, "ApplyRopeWriteKv", [&](auto tag) -> absl::Status {
@@ -222,7 +241,8 @@ absl::Status ApplyRopeWriteKv(void* qkv, int64_t row_stride, int num_q_heads, in
         vec ? RopeKvKernel<T, true, true> : RopeKvKernel<T, true, false>,
         dim3(static_cast<unsigned>(rows)), threads, 0, stream, static_cast<T*>(qkv), row_stride,
         rot, head_dim, positions, table, max_pos, num_q_heads, num_kv_heads, slot_mapping,
-        static_cast<T*>(k_cache), static_cast<T*>(v_cache)));
+        static_cast<T*>(k_cache), static_cast<T*>(v_cache), static_cast<const T*>(norm.x),
+        norm.hidden, norm.eps));
   });
 }
 

@@ -45,7 +45,47 @@ __global__ void SyntheticInitKernel(T* __restrict__ dst, SyntheticBlock b) {
   }
 }
 
+template <typename T>
+__global__ void ScaleColumnsKernel(T* __restrict__ w, int64_t rows, int64_t cols,
+                                   const T* __restrict__ gamma) {
+  const int64_t total = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    w[i] = internal::FromFloat<T>(internal::ToFloat<T>(w[i]) *
+                                  internal::ToFloat<T>(gamma[i % cols]));
+  }
+}
+
+template <typename T>
+__global__ void FillOnesKernel(T* __restrict__ x, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = internal::FromFloat<T>(1.f);
+  }
+}
+
 }  // namespace
+
+absl::Status FoldNormWeight(void* w, int64_t rows, int64_t cols, void* gamma, DType dtype,
+                            cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || w == nullptr || gamma == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FoldNormWeight: bad shape rows=%d cols=%d or null pointer", rows, cols));
+  }
+  return internal::DispatchDType(dtype, "FoldNormWeight", [&](auto tag) -> absl::Status {
+    using T = decltype(tag);
+    constexpr int kThreads = 256;
+    const unsigned blocks = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>((rows * cols + kThreads - 1) / kThreads, 132 * 64)));
+    ScaleColumnsKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(w), rows, cols,
+                                                           static_cast<const T*>(gamma));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    FillOnesKernel<T><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0,
+                        stream>>>(static_cast<T*>(gamma), cols);
+    return CUDA_STATUS(cudaGetLastError());
+  });
+}
 
 absl::Status InitSyntheticWeight(void* dst, DType dtype, const SyntheticBlock& block_in,
                                  cudaStream_t stream) {

@@ -36,4 +36,13 @@ struct SyntheticBlock {
 absl::Status InitSyntheticWeight(void* dst, DType dtype, const SyntheticBlock& block,
                                  cudaStream_t stream);
 
+// Folds an RMSNorm's weight into the linear layer after it, for a norm left
+// to the GEMM's consumer (layer_ops.h DeferredNorm): w[r, c] = w[r, c] *
+// gamma[c] rounded to dtype for every row of w ([rows, cols], row-major),
+// then gamma[c] = 1, so that the AddRmsNorm kernels that still run before
+// this layer (steps that do not defer the norm) apply only the factor.
+// Enqueued on `stream`; InvalidArgument on bad shapes or dtype.
+absl::Status FoldNormWeight(void* w, int64_t rows, int64_t cols, void* gamma, DType dtype,
+                            cudaStream_t stream);
+
 }  // namespace symtp::kernels

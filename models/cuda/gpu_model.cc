@@ -145,6 +145,10 @@ struct GpuModel::State {
   int H = 0, D = 0, NHl = 0, NKVl = 0, QW = 0, KVW = 0, QKVW = 0, FL = 0, VL = 0, V = 0;
   int num_sms = 0;
   int plan_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
+  // GpuModelOptions::defer_norm in effect (TP 1, bf16): the norm weights are
+  // folded into the QKV and gate/up weights, and steps of more than
+  // gemv_max_rows rows run no AddRmsNorm before the last layer.
+  bool defer_norm = false;
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
   std::vector<int> graph_sizes;
@@ -247,8 +251,9 @@ struct GpuModel::State {
   // the last layer), chunk by chunk over the exchange.
   absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
                                 cudaStream_t s);
+  // accumulate: C += A · Wᵀ (cuBLASLt's epilogue; never the GEMV).
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
-                    cudaStream_t s);
+                    cudaStream_t s, bool accumulate = false);
   // Whether Gemm runs `g` on kernels::Gemv rather than cuBLASLt.
   bool TakesGemv(const kernels::GemmArgs& g) const {
     return g.m <= opt.gemv_max_rows && kernels::GemvSupports(g);
@@ -277,11 +282,12 @@ std::vector<int> DefaultGraphSizes() {
 }  // namespace
 
 absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
-                                   DType out_dt, cudaStream_t s) {
+                                   DType out_dt, cudaStream_t s, bool accumulate) {
   const bool ws = m >= opt.gemm_workspace_min_rows;
   kernels::GemmArgs g = kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, ws ? gemm_ws : nullptr,
                                                     ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
+  g.accumulate = accumulate;
   if (TakesGemv(g)) return kernels::Gemv(g, s);
   return kernels::Gemm(gemm, g, s);
 }
@@ -441,22 +447,29 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   const int chunks = ExchangeChunks(rows);
+  // The deferred norm (defer_norm) where the layer GEMMs run cuBLASLt: the
+  // residual stream x is the QKV and gate/up GEMMs' input, the O and down
+  // GEMMs add into it, and RoPE and SiLU apply each row's norm factor.
+  const bool defer = defer_norm && chunks <= 1 && rows > opt.gemv_max_rows;
+  const void* norm_in = defer ? x : h;
+  const kernels::DeferredNorm dnorm =
+      defer ? kernels::DeferredNorm{x, H, eps} : kernels::DeferredNorm{};
   if (chunks > 1 && CopyExchange()) {
     SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
   }
   for (int l = 0; l < cfg.layers; ++l) {
     const LayerPtrs& w = L[l];
-    if (l == 0) {  // later layers' attention norm ran with the previous all-reduce
+    if (l == 0 && !defer) {  // later layers' attention norm ran with the previous all-reduce
       SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, nullptr, w.attn_norm, h, rows, H, eps, dt, s));
       SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     }
     if (l == 0 || chunks <= 1) {  // a chunked layer ran the next one's QKV GEMM
-      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(Gemm(norm_in, w.wqkv, qkv, rows, QKVW, H, dt, s));
       SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
     }
     SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
                                                     rows, rope, cfg.max_seq_len, w.k_cache,
-                                                    w.v_cache, dt, s));
+                                                    w.v_cache, dt, s, dnorm));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     kernels::PagedAttentionArgs a;
     a.q = qkv;
@@ -494,7 +507,8 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
       SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
       continue;
     }
-    SYMTP_RETURN_IF_ERROR(RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
+    SYMTP_RETURN_IF_ERROR(defer ? Gemm(attn, w.wo, x, rows, H, QW, dt, s, /*accumulate=*/true)
+                                : RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
     const kernels::GemmArgs gu_args =
         kernels::ContiguousGemmArgs(h, w.wgu, act, rows, 2 * FL, H, dt, nullptr, 0);
@@ -502,15 +516,23 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     const bool swiglu =
         opt.gemv_swiglu && TakesGemv(gu_args) && kernels::GemvSwiGluSupports(gu_args);
     SYMTP_RETURN_IF_ERROR(swiglu ? kernels::GemvSwiGlu(gu_args, s)
-                                 : Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+                                 : Gemm(norm_in, w.wgu, gu, rows, 2 * FL, H, dt, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    if (!swiglu) SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s));
+    if (!swiglu) SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s, dnorm));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     // The next layer's attention norm, or the final norm when this step
     // samples (a step that samples nothing needs neither).
     const bool last = l + 1 == cfg.layers;
     const void* next_norm = !last ? L[l + 1].attn_norm : sh.num_sampled > 0 ? final_norm : nullptr;
-    SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, next_norm, s));
+    if (defer) {  // the next layer's norm is deferred too; the final one is not
+      SYMTP_RETURN_IF_ERROR(Gemm(act, w.wdown, x, rows, H, FL, dt, s, /*accumulate=*/true));
+      if (last && next_norm != nullptr) {
+        SYMTP_RETURN_IF_ERROR(
+            kernels::AddRmsNorm(x, nullptr, final_norm, h, rows, H, eps, dt, s));
+      }
+    } else {
+      SYMTP_RETURN_IF_ERROR(RowParallel(act, FL, w.wdown, proj, rows, next_norm, s));
+    }
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
   }
   if (sh.num_sampled == 0) return absl::OkStatus();
@@ -887,11 +909,15 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
   // waits for another.
   if (cfg.layers > 0) {
     const LayerPtrs& w = L[0];
+    // The operands the steps use: with the deferred norm the residual stream
+    // is the input and the accumulated output (its values do not matter here).
+    void* in = defer_norm ? x : h;
+    void* out = defer_norm ? x : proj;
     for (int m = 8; m <= max_tokens; m += m < 2048 ? 8 : 64) {
-      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wqkv, qkv, m, QKVW, H, dt, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(attn, w.wo, proj, m, H, QW, dt, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(h, w.wgu, gu, m, 2 * FL, H, dt, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(act, w.wdown, proj, m, H, FL, dt, s));
+      SYMTP_RETURN_IF_ERROR(Gemm(in, w.wqkv, qkv, m, QKVW, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(Gemm(attn, w.wo, out, m, H, QW, dt, s, defer_norm));
+      SYMTP_RETURN_IF_ERROR(Gemm(in, w.wgu, gu, m, 2 * FL, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(Gemm(act, w.wdown, out, m, H, FL, dt, s, defer_norm));
       if (m <= max_sampled) {
         SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, m, VL, H, DType::kF32, s));
       }
@@ -940,6 +966,13 @@ absl::Status GpuModel::State::InitWeights(cudaStream_t s) {
   }
   SYMTP_RETURN_IF_ERROR(fill("final_norm", final_norm, 0));
   SYMTP_RETURN_IF_ERROR(fill("lm_head", lm_head, 0));
+  if (defer_norm) {  // the final norm stays: the LM head reads h
+    for (int l = 0; l < cfg.layers; ++l) {
+      LayerPtrs& w = L[l];
+      SYMTP_RETURN_IF_ERROR(kernels::FoldNormWeight(w.wqkv, QKVW, H, w.attn_norm, dt, s));
+      SYMTP_RETURN_IF_ERROR(kernels::FoldNormWeight(w.wgu, 2 * FL, H, w.mlp_norm, dt, s));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -951,6 +984,7 @@ absl::Status GpuModel::State::Init() {
         absl::StrCat("GpuModel: dtype must be float or bfloat16, got ", kernels::DTypeName(dt)));
   }
   esz = kernels::DTypeSize(dt);
+  defer_norm = opt.defer_norm && tp == 1 && dt == DType::kBF16;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   trace_out = env::KernelTraceOut().value_or("");
   if (!trace_out.empty()) SYMTP_RETURN_IF_ERROR(trace::Enable(23));  // 320 MiB

@@ -111,6 +111,39 @@ TEST_F(GemmTest, Bf16ToFp32Logits) {
   for (int64_t M : {1, 5, 64}) Check(M, 1000, 256, DType::kBF16, DType::kF32, 0);
 }
 
+// accumulate: C = A · Wᵀ + C, the random C read back from where the
+// product goes (bf16 and fp32 out, with and without the workspace).
+TEST_F(GemmTest, AccumulateAddsTheProductToC) {
+  for (DType out : {DType::kBF16, DType::kF32}) {
+    for (int64_t M : {8, 300}) {
+      const int64_t N = 512, K = 256;
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " " << DTypeName(out));
+      std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * K), 91 + M);
+      std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * K), 92);
+      std::vector<float> c0 = testing::RandomFloats(static_cast<size_t>(M * N), 93, -8.f, 8.f);
+      testing::RoundTo(&a, DType::kBF16);
+      testing::RoundTo(&w, DType::kBF16);
+      testing::RoundTo(&c0, out);
+      DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(c0.size(), out);
+      da.Upload(a);
+      dw.Upload(w);
+      dc.Upload(c0);
+      GemmArgs g = StridedArgs(da, dw, dc, M, N, K, K, K, N, DType::kBF16, out);
+      g.accumulate = true;
+      if (M > 128) {
+        g.workspace = ws_.get();
+        g.workspace_bytes = ws_.bytes();
+      }
+      EXPECT_FALSE(GemvSupports(g));
+      ASSERT_OK(Gemm(handle_, g, stream()));
+      Sync();
+      std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += c0[i];
+      testing::CheckClose(dc.Download(), want, out == DType::kBF16 ? 1e-2 : 1e-4, "A W^T + C");
+    }
+  }
+}
+
 TEST_F(GemmTest, PlansAreCachedAndZeroRowsIsNoop) {
   Check(16, 128, 128, DType::kBF16, DType::kBF16, 0);
   const size_t n = handle_.cached_plans();

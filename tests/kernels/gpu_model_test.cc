@@ -61,10 +61,12 @@ class GpuModelTest : public testing::GpuTest {
   // the CPU's (CheckClose), or within `norm_tol` in norm when rtol == 0.
   void CompareWithCpu(const model::ModelConfig& cfg, DType dt, std::vector<int> prompts, int chunk,
                       int decode_steps, double rtol, double norm_tol,
-                      DecodeKernel dk = DecodeKernel::kTiled) {
+                      DecodeKernel dk = DecodeKernel::kTiled, bool defer_norm = true) {
     auto cpu = CpuModel::Create(cfg, 0, 1, kBlocks, nullptr);
     ASSERT_OK(cpu);
-    auto gpu = GpuModel::Create(cfg, 0, 1, 0, Opts(dt, false, dk), nullptr);
+    GpuModelOptions o = Opts(dt, false, dk);
+    o.defer_norm = defer_norm;
+    auto gpu = GpuModel::Create(cfg, 0, 1, 0, o, nullptr);
     ASSERT_OK(gpu);
     SimBatch sim(cfg, kBlocks, 42);
     for (int p : prompts) sim.AddSequence(p, cfg.vocab);
@@ -100,8 +102,8 @@ class GpuModelTest : public testing::GpuTest {
       }
       if (all_done) break;
     }
-    std::printf("[ metric ] %s %s: worst ||gpu-cpu||/||cpu|| of the logits = %.3g\n",
-                cfg.name.c_str(), DTypeName(dt), worst_norm);
+    std::printf("[ metric ] %s %s%s: worst ||gpu-cpu||/||cpu|| of the logits = %.3g\n",
+                cfg.name.c_str(), DTypeName(dt), defer_norm ? "" : " (norm kernels)", worst_norm);
   }
 };
 
@@ -129,6 +131,58 @@ TEST_F(GpuModelTest, TinyBf16TensorCoreAttentionLogitsCloseToCpu) {
 TEST_F(GpuModelTest, SmallTwoLayersBf16TensorCoreAttentionLogitsCloseToCpu) {
   CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64}, 64, 3, 0, 0.08,
                  DecodeKernel::kTensorCore);
+}
+
+// The norm kernels with the weights as they are (defer_norm off), where the
+// tests above run the default: the deferred norm in steps of more than
+// gemv_max_rows rows (prefill and 6-row decode), the folded weights elsewhere.
+TEST_F(GpuModelTest, SmallTwoLayersBf16NormKernelsLogitsCloseToCpu) {
+  CompareWithCpu(Cfg("small", "layers=2"), DType::kBF16, {30, 9, 64, 5, 11, 40}, 64, 3, 0, 0.08,
+                 DecodeKernel::kTensorCore, /*defer_norm=*/false);
+}
+
+// The deferred norm is in effect where it should be: a 6-row decode step's
+// logits differ from the norm kernels' in their bits and agree within
+// bf16's rounding, and an fp32 model (never deferred) gives the same bits
+// either way.
+TEST_F(GpuModelTest, DeferredNormChangesOnlyTheRoundingOfBf16Steps) {
+  const model::ModelConfig cfg = Cfg("small", "layers=2");
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dt));
+    GpuModelOptions oa = Opts(dt, false, DecodeKernel::kTensorCore);
+    GpuModelOptions ob = oa;
+    ob.defer_norm = false;
+    auto a = GpuModel::Create(cfg, 0, 1, 0, oa, nullptr);
+    auto b = GpuModel::Create(cfg, 0, 1, 0, ob, nullptr);
+    ASSERT_OK(a);
+    ASSERT_OK(b);
+    SimBatch sim(cfg, kBlocks, 7);
+    for (int p : {12, 30, 5, 17, 9, 21}) sim.AddSequence(p, cfg.vocab);
+    for (int step = 0; step < 3; ++step) {  // a prefill step, then two decode steps
+      std::vector<int> rows;
+      auto batch = sim.NextStep(256, &rows);
+      ASSERT_OK(batch);
+      ASSERT_OK(a->Forward(*batch, stream()));
+      ASSERT_OK(b->Forward(*batch, stream()));
+      ASSERT_OK(a->WaitForStep(Deadline::AfterMs(60'000)));
+      ASSERT_OK(b->WaitForStep(Deadline::AfterMs(60'000)));
+      const std::vector<float> la = HostLogits(*a), lb = HostLogits(*b);
+      ASSERT_EQ(la.size(), lb.size());
+      const bool same = std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0;
+      if (dt == DType::kF32) {
+        EXPECT_TRUE(same) << "step " << step;
+      } else {
+        EXPECT_FALSE(same) << "step " << step << ": the deferred norm did not run";
+        EXPECT_LT(testing::NormRelError(la, lb), 0.05) << "step " << step;
+      }
+      const int V = cfg.vocab;
+      std::vector<int32_t> next(batch->sample_index.size());
+      for (size_t i = 0; i < next.size(); ++i) {
+        next[i] = model::ArgMax(absl::MakeConstSpan(lb.data() + i * V, V));
+      }
+      sim.Commit(rows, next);
+    }
+  }
 }
 
 // 16 greedy decode steps: the GPU samples on the device and feeds its own

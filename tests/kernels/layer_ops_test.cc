@@ -242,6 +242,142 @@ TEST_P(LayerOpsTest, SiluMul) {
   }
 }
 
+// Row r's deferred-norm factor 1 / sqrt(mean(x[r]^2) + eps), in double.
+std::vector<double> RowFactors(const std::vector<float>& x, int rows, int hidden, float eps) {
+  std::vector<double> f(rows);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < hidden; ++i) {
+      const double v = x[static_cast<size_t>(r) * hidden + i];
+      ss += v * v;
+    }
+    f[r] = 1.0 / std::sqrt(ss / hidden + eps);
+  }
+  return f;
+}
+
+// With a deferred norm, q, k and v of each row are scaled by the row's
+// factor of the residual stream (random, rows of 16-byte chunks or not)
+// before the rotation and the cache writes: against a double reference.
+TEST_P(LayerOpsTest, RopeWriteKvAppliesTheDeferredNorm) {
+  const DType dt = GetParam();
+  const int max_pos = 2048, nq = 4, nkv = 2, B = 16, blocks = 6, T = 7, D = 128;
+  const float eps = 1e-5f;
+  auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * (D / 2));
+  ASSERT_OK(table);
+  ASSERT_OK(BuildRopeTable(table->as<double2>(), max_pos, D, 10000.f, stream()));
+  for (int H : {4096, 1001}) {
+    SCOPED_TRACE(H);
+    const int64_t stride = (nq + 2 * nkv) * D;
+    std::vector<float> qkv = RandomFloats(static_cast<size_t>(T) * stride, 60 + H, -4.f, 4.f);
+    std::vector<float> x = RandomFloats(static_cast<size_t>(T) * H, 61 + H, -3.f, 3.f);
+    RoundTo(&qkv, dt);
+    RoundTo(&x, dt);
+    const std::vector<int32_t> pos = {5, -1, 2047, 3000, 0, 1000, 17};
+    const std::vector<int32_t> slots = {3, -1, 95, 40, 0, -1, 17};
+    const size_t cache = static_cast<size_t>(blocks) * B * nkv * D;
+    DevArray d_qkv(qkv.size(), dt), d_x(x.size(), dt), kc(cache, dt), vc(cache, dt);
+    d_qkv.Upload(qkv);
+    d_x.Upload(x);
+    cuda::DeviceBuffer d_pos = testing::UploadRaw(pos), d_slots = testing::UploadRaw(slots);
+    ASSERT_OK(ApplyRopeWriteKv(d_qkv.get(), stride, nq, nkv, D, d_pos.as<int32_t>(),
+                               d_slots.as<int32_t>(), T, table->as<double2>(), max_pos, kc.get(),
+                               vc.get(), dt, stream(), DeferredNorm{d_x.get(), H, eps}));
+    Sync();
+    const std::vector<double> f = RowFactors(x, T, H, eps);
+    std::vector<double> want(qkv.begin(), qkv.end());
+    std::vector<double> want_k(cache, 0.0), want_v(cache, 0.0);
+    std::vector<bool> written(cache, false);
+    const int half = D / 2;
+    for (int t = 0; t < T; ++t) {
+      const size_t row = static_cast<size_t>(t) * stride;
+      const bool rotate = pos[t] >= 0 && pos[t] < max_pos;
+      for (int h = 0; h < nq + nkv && rotate; ++h) {
+        for (int i = 0; i < half; ++i) {
+          const double a = static_cast<double>(pos[t]) * std::pow(10000.0, -2.0 * i / D);
+          const size_t k = row + static_cast<size_t>(h) * D + i;
+          const double x0 = qkv[k] * f[t], x1 = qkv[k + half] * f[t];
+          want[k] = x0 * std::cos(a) - x1 * std::sin(a);
+          want[k + half] = x1 * std::cos(a) + x0 * std::sin(a);
+        }
+      }
+      if (slots[t] < 0) continue;
+      for (int i = 0; i < nkv * D; ++i) {
+        const size_t c = static_cast<size_t>(slots[t]) * nkv * D + i;
+        const size_t k = row + static_cast<size_t>(nq) * D + i;
+        want_k[c] = rotate ? want[k] : qkv[k] * f[t];
+        want_v[c] = qkv[k + static_cast<size_t>(nkv) * D] * f[t];
+        written[c] = true;
+      }
+    }
+    const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+    std::vector<float> got = d_qkv.Download();
+    // The q and k heads of the rows that rotate, and the untouched rows.
+    std::vector<float> got_rows, got_k, got_v;
+    std::vector<double> want_rows, wk, wv;
+    for (int t = 0; t < T; ++t) {
+      const bool rotate = pos[t] >= 0 && pos[t] < max_pos;
+      for (int64_t c = 0; c < (nq + nkv) * D; ++c) {
+        const size_t k = static_cast<size_t>(t) * stride + c;
+        if (!rotate) {
+          ASSERT_EQ(got[k], qkv[k]) << "row " << t << " column " << c;
+          continue;
+        }
+        got_rows.push_back(got[k]);
+        want_rows.push_back(want[k]);
+      }
+    }
+    const std::vector<float> k_all = kc.Download(), v_all = vc.Download();
+    for (size_t c = 0; c < cache; ++c) {
+      if (!written[c]) {
+        ASSERT_TRUE(std::isnan(k_all[c]) && std::isnan(v_all[c])) << "slot element " << c;
+        continue;
+      }
+      got_k.push_back(k_all[c]);
+      got_v.push_back(v_all[c]);
+      wk.push_back(want_k[c]);
+      wv.push_back(want_v[c]);
+    }
+    CheckClose(got_rows, want_rows, tol, "rotated, scaled q and k");
+    CheckClose(got_k, wk, tol, "k cache");
+    CheckClose(got_v, wv, tol, "v cache");
+  }
+}
+
+// SiLU-and-multiply with a deferred norm: gate and up scaled by the row's
+// factor, for few rows (several blocks a row) and many (one block a row).
+TEST_P(LayerOpsTest, SiluMulAppliesTheDeferredNorm) {
+  const DType dt = GetParam();
+  const float eps = 1e-5f;
+  for (int T : {5, 300}) {
+    for (int F : {1000, 1001}) {
+      for (int H : {512, 333}) {
+        SCOPED_TRACE(::testing::Message() << "T=" << T << " F=" << F << " H=" << H);
+        std::vector<float> gu = RandomFloats(static_cast<size_t>(T) * 2 * F, 70 + F, -6.f, 6.f);
+        std::vector<float> x = RandomFloats(static_cast<size_t>(T) * H, 71 + H, -2.f, 2.f);
+        RoundTo(&gu, dt);
+        RoundTo(&x, dt);
+        DevArray d_gu(gu.size(), dt), d_x(x.size(), dt), d_out(static_cast<size_t>(T) * F, dt);
+        d_gu.Upload(gu);
+        d_x.Upload(x);
+        ASSERT_OK(SiluMul(d_gu.get(), d_out.get(), T, F, dt, stream(),
+                          DeferredNorm{d_x.get(), H, eps}));
+        Sync();
+        const std::vector<double> f = RowFactors(x, T, H, eps);
+        std::vector<double> want(static_cast<size_t>(T) * F);
+        for (int t = 0; t < T; ++t) {
+          for (int i = 0; i < F; ++i) {
+            const double g = gu[static_cast<size_t>(t) * 2 * F + i] * f[t];
+            const double u = gu[static_cast<size_t>(t) * 2 * F + F + i] * f[t];
+            want[static_cast<size_t>(t) * F + i] = g / (1.0 + std::exp(-g)) * u;
+          }
+        }
+        CheckClose(d_out.Download(), want, Tol(dt), "silu(g s) * (u s)");
+      }
+    }
+  }
+}
+
 TEST_P(LayerOpsTest, GatherRows) {
   const DType dt = GetParam();
   for (int C : {100, 96}) {  // 96: 16-byte chunks for both types

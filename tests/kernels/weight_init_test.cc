@@ -120,6 +120,39 @@ TEST_F(WeightInitTest, StridedDestinationLeavesGapsUntouched) {
   }
 }
 
+// w[r, c] * gamma[c] rounded once to the dtype (the product of two fp32
+// or bf16 values is exact in double), then gamma all ones.
+TEST_F(WeightInitTest, FoldNormWeightScalesColumnsAndLeavesUnitWeights) {
+  const int64_t rows = 37, cols = 1000;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    std::vector<float> w = testing::RandomFloats(static_cast<size_t>(rows * cols), 5, -2.f, 2.f);
+    std::vector<float> g = testing::RandomFloats(static_cast<size_t>(cols), 6, 0.5f, 1.5f);
+    testing::RoundTo(&w, dt);
+    testing::RoundTo(&g, dt);
+    DevArray dw(w.size(), dt), dg(g.size(), dt);
+    dw.Upload(w);
+    dg.Upload(g);
+    ASSERT_OK(FoldNormWeight(dw.get(), rows, cols, dg.get(), dt, stream()));
+    ASSERT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
+    const std::vector<float> got = dw.Download();
+    size_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        float want = w[r * cols + c] * g[c];
+        if (dt == DType::kBF16) want = testing::RoundBf16(want);
+        if (got[r * cols + c] != want && bad++ < 5) {
+          ADD_FAILURE() << "element " << r << "," << c << ": " << got[r * cols + c] << " vs "
+                        << want;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0u);
+    for (float v : dg.Download()) ASSERT_EQ(v, 1.f);
+  }
+  EXPECT_FALSE(FoldNormWeight(nullptr, rows, cols, nullptr, DType::kBF16, stream()).ok());
+}
+
 TEST_F(WeightInitTest, RejectsBadBlock) {
   SyntheticBlock b;
   b.global_cols = 10;

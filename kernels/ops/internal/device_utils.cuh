@@ -61,17 +61,51 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// Sum over the whole block; every thread gets the result. `scratch` holds at
-// least 32 floats. Contains __syncthreads(): call from all threads.
+// Sum over the whole block (1-, 2- or 3-D, threads in linear order); every
+// thread gets the result. `scratch` holds at least 32 floats. Contains
+// __syncthreads(): call from all threads.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int nwarps = (blockDim.x * blockDim.y * blockDim.z + 31) >> 5;
   v = WarpSum(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   v = lane < nwarps ? scratch[lane] : 0.f;
   return WarpSum(v);
+}
+
+// RMSNorm's factor of one row, 1 / sqrt(mean(x[0:n]^2) + eps), with the
+// squares summed in fp32 (AddRmsNorm's formula, in another order); every
+// thread of the block gets it. 16-byte loads where the row allows them.
+// Contains __syncthreads(): call from all threads.
+template <typename T>
+__device__ __forceinline__ float BlockRowRms(const T* __restrict__ x, int n, float eps,
+                                             float* scratch) {
+  const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+  constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  float ss = 0.f;
+  if (n % kN == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);
+    for (int i = tid; i < n / kN; i += nt) {
+      const uint4 raw = x4[i];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const float f = ToFloat<T>(e[k]);
+        ss += f * f;
+      }
+    }
+  } else {
+    for (int i = tid; i < n; i += nt) {
+      const float f = ToFloat<T>(x[i]);
+      ss += f * f;
+    }
+  }
+  ss = BlockSum(ss, scratch);
+  return rsqrtf(ss / static_cast<float>(n) + eps);
 }
 
 // Runs `f.template operator()<T>()` with T = float or __nv_bfloat16.
