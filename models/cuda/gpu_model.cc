@@ -147,7 +147,8 @@ struct GpuModel::State {
   int plan_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
   // GpuModelOptions::defer_norm in effect (TP 1, bf16): the norm weights are
   // folded into the QKV and gate/up weights, and steps of more than
-  // gemv_max_rows rows run no AddRmsNorm before the last layer.
+  // gemv_max_rows and at most kDeferNormMaxRows rows run no AddRmsNorm before
+  // the final norm.
   bool defer_norm = false;
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
@@ -274,6 +275,13 @@ kernels::DeviceSamplingParams ToDeviceParams(const SamplingParams& sp, uint64_t 
   p.position = position;
   return p;
 }
+
+// The most rows a step defers its norms at (GpuModelOptions::defer_norm).
+// On an H200 (llama-8b TP 1) the deferral took the step to 0.98x at 8-64
+// rows but was level at 256 and 1.01x on a 4096-token prefill, where the
+// AddRmsNorm kernels it removes are a smaller share than what the
+// accumulating GEMMs and the per-row factors add.
+constexpr int kDeferNormMaxRows = 128;
 
 std::vector<int> DefaultGraphSizes() {
   return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512};
@@ -447,10 +455,12 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   const int chunks = ExchangeChunks(rows);
-  // The deferred norm (defer_norm) where the layer GEMMs run cuBLASLt: the
-  // residual stream x is the QKV and gate/up GEMMs' input, the O and down
-  // GEMMs add into it, and RoPE and SiLU apply each row's norm factor.
-  const bool defer = defer_norm && chunks <= 1 && rows > opt.gemv_max_rows;
+  // The deferred norm (defer_norm) where the layer GEMMs run cuBLASLt, up
+  // to kDeferNormMaxRows rows: the residual stream x is the QKV and gate/up
+  // GEMMs' input, the O and down GEMMs add into it, and RoPE and SiLU apply
+  // each row's norm factor.
+  const bool defer =
+      defer_norm && chunks <= 1 && rows > opt.gemv_max_rows && rows <= kDeferNormMaxRows;
   const void* norm_in = defer ? x : h;
   const kernels::DeferredNorm dnorm =
       defer ? kernels::DeferredNorm{x, H, eps} : kernels::DeferredNorm{};
@@ -911,13 +921,14 @@ absl::Status GpuModel::State::WarmUp(cudaStream_t s, Deadline deadline) {
     const LayerPtrs& w = L[0];
     // The operands the steps use: with the deferred norm the residual stream
     // is the input and the accumulated output (its values do not matter here).
-    void* in = defer_norm ? x : h;
-    void* out = defer_norm ? x : proj;
     for (int m = 8; m <= max_tokens; m += m < 2048 ? 8 : 64) {
+      const bool defer = defer_norm && m <= kDeferNormMaxRows;
+      void* in = defer ? x : h;
+      void* out = defer ? x : proj;
       SYMTP_RETURN_IF_ERROR(Gemm(in, w.wqkv, qkv, m, QKVW, H, dt, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(attn, w.wo, out, m, H, QW, dt, s, defer_norm));
+      SYMTP_RETURN_IF_ERROR(Gemm(attn, w.wo, out, m, H, QW, dt, s, defer));
       SYMTP_RETURN_IF_ERROR(Gemm(in, w.wgu, gu, m, 2 * FL, H, dt, s));
-      SYMTP_RETURN_IF_ERROR(Gemm(act, w.wdown, out, m, H, FL, dt, s, defer_norm));
+      SYMTP_RETURN_IF_ERROR(Gemm(act, w.wdown, out, m, H, FL, dt, s, defer));
       if (m <= max_sampled) {
         SYMTP_RETURN_IF_ERROR(Gemm(hs, lm_head, logits_local, m, VL, H, DType::kF32, s));
       }

@@ -148,8 +148,8 @@ struct GpuModelOptions {
   bool gemv_swiglu = true;
   // TP 1, bf16: each layer's RMSNorm weights are folded into the QKV and
   // gate/up weights at start-up (rounded to bf16), and a step whose GEMMs run
-  // cuBLASLt (more than gemv_max_rows rows) runs no AddRmsNorm kernel before
-  // the final norm: the O and down GEMMs add their products to the residual
+  // cuBLASLt (more than gemv_max_rows rows), up to 128 rows, runs no
+  // AddRmsNorm kernel before the final norm: the O and down GEMMs add their products to the residual
   // stream in their epilogue, the QKV and gate/up GEMMs read the residual
   // stream, and the RoPE and SiLU kernels after them multiply each row by its
   // norm factor (kernels::DeferredNorm). Other steps run the AddRmsNorm
