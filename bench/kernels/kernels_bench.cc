@@ -91,6 +91,9 @@ ABSL_FLAG(int, model_gemm_workspace_min_rows, -1,
           "model's default, 0: always with it)");
 ABSL_FLAG(std::string, model_overrides, "",
           "model_decode: more overrides after layers= (e.g. heads=16,kv_heads=4)");
+ABSL_FLAG(bool, model_defer_norm, true,
+          "model_decode: GpuModelOptions::defer_norm (false for a TP > 1 rank's shapes, whose "
+          "norms run with the all-reduce: the AddRmsNorm kernels stand in for those)");
 
 namespace symtp::bench {
 namespace {
@@ -853,6 +856,7 @@ absl::Status BenchModelDecode(int layers, const ModelSelection& sel, cudaStream_
     if (const int r = absl::GetFlag(FLAGS_model_gemm_workspace_min_rows); r >= 0) {
       o.gemm_workspace_min_rows = r;
     }
+    o.defer_norm = absl::GetFlag(FLAGS_model_defer_norm);
     SYMTP_ASSIGN_OR_RETURN(model::GpuModel m, model::GpuModel::Create(cfg, 0, 1, 0, o, nullptr));
     for (size_t bi = 0; bi < batches.size(); ++bi) {
       const int batch = batches[bi], ctx = sel.contexts[bi];

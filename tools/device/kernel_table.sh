@@ -10,7 +10,8 @@
 # one run. tools/kernel_table.py makes the table ($OUT/kernel_table.md and
 # .json). At TP > 1 the profiled step is one rank's: a TP = 1 model with that
 # rank's shapes (heads, KV heads, FFN and vocabulary divided by TP; ncu
-# serializes kernels, so two ranks waiting for each other cannot be profiled).
+# serializes kernels, so two ranks waiting for each other cannot be profiled),
+# with AddRmsNorm kernels where the rank's norms run in the all-reduce.
 #   run(kind=nvidia-h100-x2, carry=[".deps"], command="tools/device/kernel_table.sh")
 set -uo pipefail
 source "$(dirname "$0")/ncu_setup.sh"
@@ -45,6 +46,7 @@ for tp in $TPS; do
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
     build-gpu/bench/kernels/kernels_bench --sections model --layers "$LAYERS" --model-batches "$BATCHES" \
     --model-contexts "$keys" --model-kernels tensor-core --model-graphs on ${ov:+--model-overrides "$ov"} \
+    --model-defer-norm=$([[ $tp == 1 ]] && echo true || echo false) \
     >"$OUT/tp$tp.ncu.csv" 2>"$OUT/tp$tp.ncu.err" || echo "ncu TP=$tp failed: $(tail -2 "$OUT/tp$tp.ncu.err")"
 done
 python3 tools/kernel_table.py --dir "$OUT" --tps "$TPS" --batches "$BATCHES" --layers "$LAYERS"
