@@ -278,9 +278,9 @@ kernels::DeviceSamplingParams ToDeviceParams(const SamplingParams& sp, uint64_t 
 
 // The most rows a step defers its norms at (GpuModelOptions::defer_norm).
 // On an H200 (llama-8b TP 1) the deferral took the step to 0.98x at 8-64
-// rows but was level at 256 and 1.01x on a 4096-token prefill, where the
-// AddRmsNorm kernels it removes are a smaller share than what the
-// accumulating GEMMs and the per-row factors add.
+// rows and 0.99x at 128, but was level at 256 and 1.01x on a 4096-token
+// prefill (not broken down by kernel): a norm kernel's fixed cost is what
+// it saves, and that matters only in short steps.
 constexpr int kDeferNormMaxRows = 128;
 
 std::vector<int> DefaultGraphSizes() {
