@@ -165,6 +165,9 @@ absl::Status Gemm(CublasLtHandle& handle, const GemmArgs& g, cudaStream_t stream
     return absl::InvalidArgumentError(absl::StrFormat(
         "Gemm: unsupported dtypes %s -> %s", DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
+  if (g.a_rms_eps >= 0.f) {
+    return absl::InvalidArgumentError("Gemm: a_rms_eps is applied by Gemv only");
+  }
   if (g.m == 0) return absl::OkStatus();
   PlanKey key;
   key.m = g.m;

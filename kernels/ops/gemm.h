@@ -59,8 +59,14 @@ struct GemmArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // C = A · Wᵀ + C (the sum in fp32, rounded once) instead of C = A · Wᵀ:
-  // a residual add in the GEMM's epilogue. cuBLASLt only (Gemv: no).
+  // a residual add in the GEMM's epilogue. C must not overlap A.
   bool accumulate = false;
+  // Gemv and GemvSwiGlu only (Gemm rejects it), >= 0: row i of the product
+  // is multiplied by A's own RMSNorm factor 1 / sqrt(mean(A[i]^2) + eps)
+  // (summed in fp32) before it is rounded: the deferred norm of
+  // layer_ops.h's DeferredNorm with x = A, applied by the GEMV, which holds
+  // A's rows anyway. < 0: off.
+  float a_rms_eps = -1.f;
 };
 
 // Enqueues C = A · Wᵀ (+ C with accumulate) on `stream`. m = 0 is a no-op. InvalidArgument for a
@@ -104,7 +110,8 @@ inline constexpr int64_t kGemvMaxK = 16384;
 // strides multiples of 8, A and W 16-byte aligned.
 bool GemvSupports(const GemmArgs& args);
 
-// Enqueues C = A · Wᵀ on `stream` (the workspace is ignored).
+// Enqueues C = A · Wᵀ on `stream` (the workspace is ignored), with A's row
+// factors (a_rms_eps) and + C (accumulate) where asked.
 // InvalidArgument when !GemvSupports(args).
 absl::Status Gemv(const GemmArgs& args, cudaStream_t stream);
 
@@ -121,7 +128,7 @@ absl::Status GemvPush(const GemmArgs& args, const LLPush& push, cudaStream_t str
 // flush: W is [n, k] with the gate rows first and the up rows after (n = 2
 // F), and C, [m, F] with row stride ldc (0: F), gets SiLU(gate) * up from
 // the bf16-rounded sums, so no SiluMul kernel runs after it; the same bits as
-// Gemv into an [m, n] C then SiluMul.
+// Gemv into an [m, n] C then SiluMul (a_rms_eps alike). No accumulate.
 bool GemvSwiGluSupports(const GemmArgs& args);
 absl::Status GemvSwiGlu(const GemmArgs& args, cudaStream_t stream);
 

@@ -103,7 +103,7 @@ __device__ __forceinline__ void StoreLLLine(char* p, uint32_t lo, uint32_t hi, u
 
 // What a block does with its rows' sums.
 enum class Epilogue {
-  kStore,  // C[mm][row] = sum
+  kStore,  // C[mm][row] = sum (times A's row factor; plus C with accumulate)
   // C is bf16 and contiguous, rows cut at multiples of 8, and each 16-byte
   // unit of C also goes to every rank of `push` (this one's own slot
   // included) as two LL lines once the block has written it.
@@ -125,7 +125,8 @@ constexpr int RowStep(Epilogue e) {
 template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
 __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
-               TOut* __restrict__ c, int64_t ldc, int m, int n, int k, const LLPush push) {
+               TOut* __restrict__ c, int64_t ldc, int m, int n, int k, const LLPush push,
+               float rms_eps, bool accumulate) {
   SYMTP_TRACE_KERNEL(kGemv);
   constexpr int kWarps = kT / 32;
   static_assert(kChunk % kR == 0, "a pass of kR rows never straddles a flush");
@@ -167,6 +168,22 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
                                       : make_uint4(0, 0, 0, 0);
     }
   }
+  // A's RMSNorm factors (GemmArgs::a_rms_eps), from the rows the block holds
+  // (the same order of additions in every block and epilogue); the barrier
+  // before the first flush publishes them.
+  __shared__ float row_scale[kM];
+  const bool scaled = rms_eps >= 0.f;
+  if (scaled) {
+    __shared__ float scratch[32];
+#pragma unroll
+    for (int mm = 0; mm < kM; ++mm) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < kU; ++i) ss = Dot8(xv[mm][i], xv[mm][i], ss);
+      ss = internal::BlockSum(ss, scratch);
+      if (tid == 0) row_scale[mm] = rsqrtf(ss / static_cast<float>(k) + rms_eps);
+    }
+  }
 
   for (int base = r0; base < r1; base += kChunk) {
     const int end = min(base + kChunk, r1);
@@ -204,6 +221,10 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
         for (int v = 0; v < kWarps; ++v) g += part[2 * pair][mm][v];
 #pragma unroll
         for (int v = 0; v < kWarps; ++v) u += part[2 * pair + 1][mm][v];
+        if (scaled) {
+          g *= row_scale[mm];
+          u *= row_scale[mm];
+        }
         g = internal::ToFloat(internal::FromFloat<bf16>(g));
         u = internal::ToFloat(internal::FromFloat<bf16>(u));
         c[mm * ldc + (base >> 1) + pair] = internal::FromFloat<TOut>(internal::SiluTimes(g, u));
@@ -215,7 +236,10 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
         float s = 0.f;
 #pragma unroll
         for (int v = 0; v < kWarps; ++v) s += part[row][mm][v];
-        c[mm * ldc + base + row] = internal::FromFloat<TOut>(s);
+        if (scaled) s *= row_scale[mm];
+        TOut* out = c + mm * ldc + base + row;
+        if (accumulate) s += internal::ToFloat(*out);
+        *out = internal::FromFloat<TOut>(s);
       }
     }
     __syncthreads();
@@ -289,7 +313,8 @@ cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
   return internal::LaunchDependent(
       kernel, dim3(static_cast<unsigned>(grid)), dim3(kT), 0, s, static_cast<const bf16*>(g.a),
       st.lda, static_cast<const bf16*>(g.w), st.ldw, static_cast<TOut*>(g.c), st.ldc,
-      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), push);
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), push, g.a_rms_eps,
+      g.accumulate);
 }
 
 // The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
@@ -319,7 +344,7 @@ cudaError_t LaunchM(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
 // GemvSupports for a C of `out_n` columns (n, or n / 2 with SwiGLU).
 bool Takes(const GemmArgs& g, int64_t out_n) {
   const auto [lda, ldw, ldc] = StridesOf(g, out_n);
-  return !g.accumulate && g.in_dtype == DType::kBF16 &&
+  return g.in_dtype == DType::kBF16 &&
          (g.out_dtype == DType::kBF16 || g.out_dtype == DType::kF32) && g.m >= 1 &&
          g.m <= kGemvMaxRows && g.n >= 1 && g.n <= (int64_t{1} << 30) && g.k >= 8 &&
          g.k <= kGemvMaxK && (g.m <= 2 || g.k <= 8192) && g.k % 8 == 0 && lda >= g.k &&
@@ -348,14 +373,15 @@ absl::Status Gemv(const GemmArgs& g, cudaStream_t stream) {
 }
 
 absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream) {
-  if (!GemvSupports(g) || g.out_dtype != DType::kBF16 || StridesOf(g, g.n).ldc != g.n ||
+  if (!GemvSupports(g) || g.accumulate || g.a_rms_eps >= 0.f || g.out_dtype != DType::kBF16 ||
+      StridesOf(g, g.n).ldc != g.n ||
       g.n % 8 != 0 || !internal::Aligned16(g.c) || push.size < 2 || push.size > LLPush::kMaxRanks ||
       push.rank < 0 || push.rank >= push.size || push.epoch == nullptr ||
       static_cast<size_t>(g.m * g.n / 4) > push.lines) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GemvPush: unsupported m=%d n=%d k=%d ldc=%d %s -> %s, push size %d rank %d lines %d "
         "(bf16 out, contiguous C with n a multiple of 8 and 16-byte aligned, 2..8 ranks, "
-        "2 m n / 8 lines)",
+        "2 m n / 8 lines, neither accumulate nor a_rms_eps)",
         g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype), push.size, push.rank,
         push.lines));
   }
@@ -365,14 +391,15 @@ absl::Status GemvPush(const GemmArgs& g, const LLPush& push, cudaStream_t stream
 }
 
 bool GemvSwiGluSupports(const GemmArgs& g) {
-  return g.out_dtype == DType::kBF16 && g.n % 2 == 0 && Takes(g, OutColumns<Epilogue::kSwiGlu>(g));
+  return !g.accumulate && g.out_dtype == DType::kBF16 && g.n % 2 == 0 &&
+         Takes(g, OutColumns<Epilogue::kSwiGlu>(g));
 }
 
 absl::Status GemvSwiGlu(const GemmArgs& g, cudaStream_t stream) {
   if (!GemvSwiGluSupports(g)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GemvSwiGlu: unsupported m=%d n=%d k=%d ldc=%d %s -> %s (Gemv's conditions, bf16 out, n "
-        "even: the gate rows then the up rows, C of n / 2 columns)",
+        "even: the gate rows then the up rows, C of n / 2 columns, no accumulate)",
         g.m, g.n, g.k, g.ldc, DTypeName(g.in_dtype), DTypeName(g.out_dtype)));
   }
   const LLPush none;

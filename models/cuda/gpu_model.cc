@@ -146,9 +146,8 @@ struct GpuModel::State {
   int num_sms = 0;
   int plan_blocks_per_sm = 1;  // kernels::DecodePlanBlocksPerSm at this head dim and page
   // GpuModelOptions::defer_norm in effect (TP 1, bf16): the norm weights are
-  // folded into the QKV and gate/up weights, and steps of more than
-  // gemv_max_rows and at most kDeferNormMaxRows rows run no AddRmsNorm before
-  // the final norm.
+  // folded into the QKV and gate/up weights, and steps of at most
+  // kDeferNormMaxRows rows run no AddRmsNorm before the final norm.
   bool defer_norm = false;
   int max_tokens = 0, max_seqs = 0, max_sampled = 0, max_items = 0, cap_blocks = 0, max_splits = 1,
       num_blocks = 0;
@@ -252,9 +251,17 @@ struct GpuModel::State {
   // the last layer), chunk by chunk over the exchange.
   absl::Status ChunkedLayerTail(int l, int rows, int chunks, const void* next_norm,
                                 cudaStream_t s);
-  // accumulate: C += A · Wᵀ (cuBLASLt's epilogue; never the GEMV).
+  // accumulate: C += A · Wᵀ in the GEMM's epilogue.
   absl::Status Gemm(const void* a, const void* w, void* c, int m, int n, int k, DType out_dt,
                     cudaStream_t s, bool accumulate = false);
+  // The arguments Gemm runs, and running them (the GEMV where it takes them).
+  kernels::GemmArgs GemmArgsFor(const void* a, const void* w, void* c, int m, int n, int k,
+                                DType out_dt, bool accumulate) const;
+  absl::Status RunGemm(const kernels::GemmArgs& g, cudaStream_t s);
+  // A deferred step's GEMM of the residual stream x (QKV, gate/up): where
+  // the GEMV takes it, it applies the rows' norm factors itself and
+  // *factored is true; otherwise the kernel after it must (DeferredNorm).
+  absl::Status NormInGemm(const void* w, void* c, int m, int n, cudaStream_t s, bool* factored);
   // Whether Gemm runs `g` on kernels::Gemv rather than cuBLASLt.
   bool TakesGemv(const kernels::GemmArgs& g) const {
     return g.m <= opt.gemv_max_rows && kernels::GemvSupports(g);
@@ -289,15 +296,32 @@ std::vector<int> DefaultGraphSizes() {
 
 }  // namespace
 
-absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
-                                   DType out_dt, cudaStream_t s, bool accumulate) {
+kernels::GemmArgs GpuModel::State::GemmArgsFor(const void* a, const void* w, void* c, int m, int n,
+                                               int k, DType out_dt, bool accumulate) const {
   const bool ws = m >= opt.gemm_workspace_min_rows;
   kernels::GemmArgs g = kernels::ContiguousGemmArgs(a, w, c, m, n, k, dt, ws ? gemm_ws : nullptr,
                                                     ws ? opt.gemm_workspace_bytes : 0);
   g.out_dtype = out_dt;
   g.accumulate = accumulate;
+  return g;
+}
+
+absl::Status GpuModel::State::RunGemm(const kernels::GemmArgs& g, cudaStream_t s) {
   if (TakesGemv(g)) return kernels::Gemv(g, s);
   return kernels::Gemm(gemm, g, s);
+}
+
+absl::Status GpuModel::State::Gemm(const void* a, const void* w, void* c, int m, int n, int k,
+                                   DType out_dt, cudaStream_t s, bool accumulate) {
+  return RunGemm(GemmArgsFor(a, w, c, m, n, k, out_dt, accumulate), s);
+}
+
+absl::Status GpuModel::State::NormInGemm(const void* w, void* c, int m, int n, cudaStream_t s,
+                                         bool* factored) {
+  kernels::GemmArgs g = GemmArgsFor(x, w, c, m, n, H, dt, false);
+  *factored = TakesGemv(g);
+  if (*factored) g.a_rms_eps = cfg.rms_eps;
+  return RunGemm(g, s);
 }
 
 absl::Status GpuModel::State::Mark(int cls, cudaStream_t s) {
@@ -455,15 +479,13 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
   SYMTP_RETURN_IF_ERROR(kernels::EmbeddingLookup(d_tokens, embed, x, rows, H, V, dt, s));
   SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
   const int chunks = ExchangeChunks(rows);
-  // The deferred norm (defer_norm) where the layer GEMMs run cuBLASLt, up
-  // to kDeferNormMaxRows rows: the residual stream x is the QKV and gate/up
-  // GEMMs' input, the O and down GEMMs add into it, and RoPE and SiLU apply
-  // each row's norm factor.
-  const bool defer =
-      defer_norm && chunks <= 1 && rows > opt.gemv_max_rows && rows <= kDeferNormMaxRows;
+  // The deferred norm (defer_norm), up to kDeferNormMaxRows rows: the
+  // residual stream x is the QKV and gate/up GEMMs' input, the O and down
+  // GEMMs add into it, and each row's norm factor is applied by the GEMV
+  // that reads x where it runs, else by the RoPE and SiLU kernels after it.
+  const bool defer = defer_norm && chunks <= 1 && rows <= kDeferNormMaxRows;
   const void* norm_in = defer ? x : h;
-  const kernels::DeferredNorm dnorm =
-      defer ? kernels::DeferredNorm{x, H, eps} : kernels::DeferredNorm{};
+  const kernels::DeferredNorm dnorm{x, H, eps}, no_norm{};
   if (chunks > 1 && CopyExchange()) {
     SYMTP_RETURN_IF_ERROR_CTX(comm->CopyBeginStep(s), "copy exchange step");
   }
@@ -473,13 +495,15 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
       SYMTP_RETURN_IF_ERROR(kernels::AddRmsNorm(x, nullptr, w.attn_norm, h, rows, H, eps, dt, s));
       SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     }
+    bool qkv_factored = false;  // the QKV GEMV applied the deferred norm
     if (l == 0 || chunks <= 1) {  // a chunked layer ran the next one's QKV GEMM
-      SYMTP_RETURN_IF_ERROR(Gemm(norm_in, w.wqkv, qkv, rows, QKVW, H, dt, s));
+      SYMTP_RETURN_IF_ERROR(defer ? NormInGemm(w.wqkv, qkv, rows, QKVW, s, &qkv_factored)
+                                  : Gemm(h, w.wqkv, qkv, rows, QKVW, H, dt, s));
       SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
     }
-    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(qkv, QKVW, NHl, NKVl, D, d_positions, d_slots,
-                                                    rows, rope, cfg.max_seq_len, w.k_cache,
-                                                    w.v_cache, dt, s, dnorm));
+    SYMTP_RETURN_IF_ERROR(kernels::ApplyRopeWriteKv(
+        qkv, QKVW, NHl, NKVl, D, d_positions, d_slots, rows, rope, cfg.max_seq_len, w.k_cache,
+        w.v_cache, dt, s, defer && !qkv_factored ? dnorm : no_norm));
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     kernels::PagedAttentionArgs a;
     a.q = qkv;
@@ -520,15 +544,24 @@ absl::Status GpuModel::State::Enqueue(const StepShape& sh, cudaStream_t s) {
     SYMTP_RETURN_IF_ERROR(defer ? Gemm(attn, w.wo, x, rows, H, QW, dt, s, /*accumulate=*/true)
                                 : RowParallel(attn, QW, w.wo, proj, rows, w.mlp_norm, s));
     SYMTP_RETURN_IF_ERROR(Mark(kClsRowPar, s));
-    const kernels::GemmArgs gu_args =
-        kernels::ContiguousGemmArgs(h, w.wgu, act, rows, 2 * FL, H, dt, nullptr, 0);
+    kernels::GemmArgs gu_args =
+        kernels::ContiguousGemmArgs(norm_in, w.wgu, act, rows, 2 * FL, H, dt, nullptr, 0);
     // Where the gate/up GEMM is a GEMV, it writes SiLU(gate) * up itself.
     const bool swiglu =
         opt.gemv_swiglu && TakesGemv(gu_args) && kernels::GemvSwiGluSupports(gu_args);
-    SYMTP_RETURN_IF_ERROR(swiglu ? kernels::GemvSwiGlu(gu_args, s)
-                                 : Gemm(norm_in, w.wgu, gu, rows, 2 * FL, H, dt, s));
+    bool gu_factored = false;  // the gate/up GEMV applied the deferred norm
+    if (swiglu) {
+      if (defer) gu_args.a_rms_eps = eps;
+      SYMTP_RETURN_IF_ERROR(kernels::GemvSwiGlu(gu_args, s));
+    } else {
+      SYMTP_RETURN_IF_ERROR(defer ? NormInGemm(w.wgu, gu, rows, 2 * FL, s, &gu_factored)
+                                  : Gemm(h, w.wgu, gu, rows, 2 * FL, H, dt, s));
+    }
     SYMTP_RETURN_IF_ERROR(Mark(kClsGemm, s));
-    if (!swiglu) SYMTP_RETURN_IF_ERROR(kernels::SiluMul(gu, act, rows, FL, dt, s, dnorm));
+    if (!swiglu) {
+      SYMTP_RETURN_IF_ERROR(
+          kernels::SiluMul(gu, act, rows, FL, dt, s, defer && !gu_factored ? dnorm : no_norm));
+    }
     SYMTP_RETURN_IF_ERROR(Mark(kClsOther, s));
     // The next layer's attention norm, or the final norm when this step
     // samples (a step that samples nothing needs neither).

@@ -134,7 +134,6 @@ TEST_F(GemmTest, AccumulateAddsTheProductToC) {
         g.workspace = ws_.get();
         g.workspace_bytes = ws_.bytes();
       }
-      EXPECT_FALSE(GemvSupports(g));
       ASSERT_OK(Gemm(handle_, g, stream()));
       Sync();
       std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
@@ -167,6 +166,12 @@ TEST_F(GemmTest, RejectsBadArguments) {
   g.out_dtype = DType::kBF16;
   EXPECT_THAT(Gemm(handle_, g, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("dtype")));
+  g.in_dtype = g.out_dtype = DType::kBF16;
+  g.a_rms_eps = 1e-5f;  // the GEMV's alone
+  EXPECT_THAT(Gemm(handle_, g, stream()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("a_rms_eps")));
+  g.a_rms_eps = -1.f;
+  g.in_dtype = DType::kF32;
   CublasLtHandle empty;
   EXPECT_THAT(Gemm(empty, g, stream()),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::_));
@@ -228,29 +233,79 @@ TEST_F(GemvTest, Fp32Logits) {
   for (int64_t M : {1, 4}) Check(M, 1008, 512, DType::kF32, 0);
 }
 
+// Gemv with A's row factors (a_rms_eps) and with + C (accumulate), alone and
+// together: C = f_i (A W^T) + C0 with f_i = 1 / sqrt(mean(A[i]^2) + eps),
+// against the double reference, over each thread shape.
+TEST_F(GemvTest, RowFactorsAndAccumulate) {
+  const float eps = 1e-5f;
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 300, 4096},
+                                {2, 1000, 2048},
+                                {3, 130, 3000},
+                                {4, 96, 7168},
+                                {2, 64, 14336}}) {
+    for (const auto& [scale, acc] : {std::pair{true, false}, {false, true}, {true, true}}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K
+                                        << " scale=" << scale << " accumulate=" << acc);
+      std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * K), M * 5 + K, -3, 3);
+      std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * K), N * 11 + K);
+      std::vector<float> c0 = testing::RandomFloats(static_cast<size_t>(M * N), 17, -8.f, 8.f);
+      testing::RoundTo(&a, DType::kBF16);
+      testing::RoundTo(&w, DType::kBF16);
+      testing::RoundTo(&c0, DType::kBF16);
+      DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc(c0.size(), DType::kBF16);
+      da.Upload(a);
+      dw.Upload(w);
+      dc.Upload(c0);
+      GemmArgs g =
+          ContiguousGemmArgs(da.get(), dw.get(), dc.get(), M, N, K, DType::kBF16, nullptr, 0);
+      if (scale) g.a_rms_eps = eps;
+      g.accumulate = acc;
+      ASSERT_TRUE(GemvSupports(g));
+      ASSERT_OK(Gemv(g, stream()));
+      Sync();
+      std::vector<double> want = ReferenceGemm(a, K, w, K, M, N, K);
+      for (int64_t i = 0; i < M; ++i) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(a[i * K + k]) * a[i * K + k];
+        const double f = scale ? 1.0 / std::sqrt(ss / K + eps) : 1.0;
+        for (int64_t j = 0; j < N; ++j) {
+          want[i * N + j] = f * want[i * N + j] + (acc ? c0[i * N + j] : 0.0);
+        }
+      }
+      testing::CheckClose(dc.Download(), want, 1e-2, "f A W^T (+ C)");
+    }
+  }
+}
+
 // GemvSwiGlu is bitwise Gemv into [m, 2 F] then SiluMul: every M, each K
 // form, units left over, F below and above the grid, a strided C.
 TEST_F(GemvTest, SwiGluEqualsGemvThenSiluMul) {
-  for (const auto& [M, F, K, pad] :
-       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 7168, 4096, 0},
-        {2, 300, 2048, 8},
-        {3, 1000, 3000, 0},
-        {4, 96, 7168, 16},
-        {4, 5000, 1024, 0}}) {
-    SCOPED_TRACE(::testing::Message() << "M=" << M << " F=" << F << " K=" << K << " pad=" << pad);
+  for (const auto& [M, F, K, pad, eps] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, float>{1, 7168, 4096, 0, -1.f},
+        {2, 300, 2048, 8, -1.f},
+        {3, 1000, 3000, 0, -1.f},
+        {4, 96, 7168, 16, -1.f},
+        {4, 5000, 1024, 0, -1.f},
+        {1, 7168, 4096, 0, 1e-5f},  // with A's row factors (a_rms_eps) in both
+        {3, 1000, 3000, 8, 1e-5f},
+        {4, 96, 7168, 0, 1e-5f}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " F=" << F << " K=" << K << " pad=" << pad
+                                      << " a_rms_eps=" << eps);
     std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * K), M * 3 + K);
     std::vector<float> w = testing::RandomFloats(static_cast<size_t>(2 * F * K), F * 7 + K);
     DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dgu(M * 2 * F, DType::kBF16),
         dref(M * F, DType::kBF16), dc(M * (F + pad), DType::kBF16);
     da.Upload(a);
     dw.Upload(w);
-    ASSERT_OK(Gemv(
-        ContiguousGemmArgs(da.get(), dw.get(), dgu.get(), M, 2 * F, K, DType::kBF16, nullptr, 0),
-        stream()));
+    GemmArgs gs =
+        ContiguousGemmArgs(da.get(), dw.get(), dgu.get(), M, 2 * F, K, DType::kBF16, nullptr, 0);
+    gs.a_rms_eps = eps;
+    ASSERT_OK(Gemv(gs, stream()));
     ASSERT_OK(SiluMul(dgu.get(), dref.get(), M, F, DType::kBF16, stream()));
     GemmArgs g =
         ContiguousGemmArgs(da.get(), dw.get(), dc.get(), M, 2 * F, K, DType::kBF16, nullptr, 0);
     g.ldc = F + pad;
+    g.a_rms_eps = eps;
     ASSERT_TRUE(GemvSwiGluSupports(g));
     ASSERT_OK(GemvSwiGlu(g, stream()));
     Sync();
@@ -276,6 +331,10 @@ TEST_F(GemvTest, SwiGluEqualsGemvThenSiluMul) {
   EXPECT_FALSE(GemvSwiGluSupports(odd));
   EXPECT_THAT(GemvSwiGlu(odd, stream()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("GemvSwiGlu")));
+  odd.n = 64;
+  EXPECT_TRUE(GemvSwiGluSupports(odd));
+  odd.accumulate = true;  // C is the activation, not a sum to add to
+  EXPECT_FALSE(GemvSwiGluSupports(odd));
 }
 
 TEST_F(GemvTest, RejectsWhatItDoesNotTake) {

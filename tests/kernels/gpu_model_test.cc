@@ -141,15 +141,20 @@ TEST_F(GpuModelTest, SmallTwoLayersBf16NormKernelsLogitsCloseToCpu) {
                  DecodeKernel::kTensorCore, /*defer_norm=*/false);
 }
 
-// The deferred norm is in effect where it should be: a 7-row decode step's
-// logits differ from the norm kernels' in their bits and agree within
-// bf16's rounding, as do the 194-row prefill step's (more rows than the
-// deferral takes: the norm kernels on the folded weights), and an fp32
-// model (never deferred) gives the same bits either way.
+// The deferred norm is in effect where it should be: the logits of 7-row
+// decode steps (cuBLASLt, the factors applied by RoPE and SiLU) and of
+// 3-row ones (the GEMV applying them) differ from the norm kernels' in
+// their bits and agree within bf16's rounding, as do a 194-row prefill
+// step's (more rows than the deferral takes: the norm kernels on the folded
+// weights); an fp32 model (never deferred) gives the same bits either way.
 TEST_F(GpuModelTest, DeferredNormChangesOnlyTheRoundingOfBf16Steps) {
   const model::ModelConfig cfg = Cfg("small", "layers=2");
-  for (DType dt : {DType::kBF16, DType::kF32}) {
-    SCOPED_TRACE(DTypeName(dt));
+  for (const auto& [dt, prompts] :
+       {std::pair<DType, std::vector<int>>{DType::kBF16, {12, 30, 5, 17, 9, 21, 100}},
+        {DType::kBF16, {12, 30, 5}},
+        {DType::kF32, {12, 30, 5, 17, 9, 21, 100}},
+        {DType::kF32, {12, 30, 5}}}) {
+    SCOPED_TRACE(::testing::Message() << DTypeName(dt) << ", " << prompts.size() << " sequences");
     GpuModelOptions oa = Opts(dt, false, DecodeKernel::kTensorCore);
     GpuModelOptions ob = oa;
     ob.defer_norm = false;
@@ -158,7 +163,7 @@ TEST_F(GpuModelTest, DeferredNormChangesOnlyTheRoundingOfBf16Steps) {
     ASSERT_OK(a);
     ASSERT_OK(b);
     SimBatch sim(cfg, kBlocks, 7);
-    for (int p : {12, 30, 5, 17, 9, 21, 100}) sim.AddSequence(p, cfg.vocab);
+    for (int p : prompts) sim.AddSequence(p, cfg.vocab);
     for (int step = 0; step < 3; ++step) {  // a prefill step, then two decode steps
       std::vector<int> rows;
       auto batch = sim.NextStep(256, &rows);
