@@ -147,13 +147,14 @@ struct GpuModelOptions {
   // batch 1 / 4: 0.985 / 0.966x at TP 4; bench/results/h100x2/gemv_swiglu/).
   bool gemv_swiglu = true;
   // TP 1, bf16: each layer's RMSNorm weights are folded into the QKV and
-  // gate/up weights at start-up (rounded to bf16), and a step whose GEMMs run
-  // cuBLASLt (more than gemv_max_rows rows), up to 128 rows, runs no
-  // AddRmsNorm kernel before the final norm: the O and down GEMMs add their products to the residual
-  // stream in their epilogue, the QKV and gate/up GEMMs read the residual
-  // stream, and the RoPE and SiLU kernels after them multiply each row by its
-  // norm factor (kernels::DeferredNorm). Other steps run the AddRmsNorm
-  // kernels with the folded (unit) weights. Two kernels fewer per layer.
+  // gate/up weights at start-up (rounded to bf16), and a step of at most 128
+  // rows runs no AddRmsNorm kernel before the final norm: the O and down
+  // GEMMs add their products to the residual stream in their epilogue, the
+  // QKV and gate/up GEMMs read the residual stream, and each row's norm
+  // factor is applied to their output by the GEMV itself where it runs
+  // (kernels::GemmArgs::a_rms_eps), else by the RoPE and SiLU kernels after
+  // them (kernels::DeferredNorm). Longer steps run the AddRmsNorm kernels
+  // with the folded (unit) weights. Two kernels fewer per layer.
   bool defer_norm = true;
   // Benchmark only: skip the row-parallel all-reduces (wrong results for
   // TP > 1) to measure how much of them the copy exchange hides. With it, a
