@@ -174,14 +174,23 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   __shared__ float row_scale[kM];
   const bool scaled = rms_eps >= 0.f;
   if (scaled) {
-    __shared__ float scratch[32];
+    // All rows in one pass: each warp sums its lanes' squares per row, then
+    // warp 0 sums the warps' (kM values, one barrier).
+    __shared__ float warp_ss[kM][kWarps];
 #pragma unroll
     for (int mm = 0; mm < kM; ++mm) {
       float ss = 0.f;
 #pragma unroll
       for (int i = 0; i < kU; ++i) ss = Dot8(xv[mm][i], xv[mm][i], ss);
-      ss = internal::BlockSum(ss, scratch);
-      if (tid == 0) row_scale[mm] = rsqrtf(ss / static_cast<float>(k) + rms_eps);
+      ss = internal::WarpSum(ss);
+      if (lane == 0) warp_ss[mm][warp] = ss;
+    }
+    __syncthreads();
+    if (tid < kM) {
+      float ss = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) ss += warp_ss[tid][v];
+      row_scale[tid] = rsqrtf(ss / static_cast<float>(k) + rms_eps);
     }
   }
 
