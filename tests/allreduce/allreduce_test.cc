@@ -606,7 +606,7 @@ TEST_F(AllReduceGpuTest, GemvPushThenFusedReceiveMatchesGemvThenFused) {
     const cudaStream_t s = stream.get();
     constexpr float kEps = 1e-5f;
     constexpr int kHidden = 4096;
-    for (const int k : {2048, 7168}) {
+    for (const int k : {2048, 4096, 7168}) {
       for (int rows = 1; rows <= 4; ++rows) {
         const std::string what = absl::StrCat("GemvPush ", rows, "x", kHidden, " k ", k);
         const size_t n = static_cast<size_t>(rows) * kHidden;

@@ -230,7 +230,9 @@ TEST_F(GemvTest, MatchesReference) {
 }
 
 TEST_F(GemvTest, Fp32Logits) {
-  for (int64_t M : {1, 4}) Check(M, 1008, 512, DType::kF32, 0);
+  for (int64_t M : {1, 4}) {
+    for (int64_t K : {512, 4096}) Check(M, 1008, K, DType::kF32, 0);
+  }
 }
 
 // Gemv with A's row factors (a_rms_eps) and with + C (accumulate), alone and
