@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   const bool scaled = rms_eps >= 0.f;
   if (scaled) {
     // All rows in one pass: each warp sums its lanes' squares per row, then
-    // warp 0 sums the warps' (kM values, one barrier).
+    // one thread per row sums the warps' partials in warp order (one barrier).
     __shared__ float warp_ss[kM][kWarps];
 #pragma unroll
     for (int mm = 0; mm < kM; ++mm) {
