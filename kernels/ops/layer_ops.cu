@@ -11,6 +11,7 @@ namespace symtp::kernels {
 namespace {
 
 using internal::Aligned16;
+using internal::GridFor;
 
 using internal::bf16;
 using internal::FromFloat;
@@ -261,11 +262,6 @@ __global__ void ForwardTokensKernel(int32_t* __restrict__ tokens,
     const int32_t p = prev_row[i];
     if (p >= 0) tokens[i] = prev_tokens[p];
   }
-}
-
-unsigned GridFor(int64_t total, int threads) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 132 * 32)));
 }
 
 }  // namespace

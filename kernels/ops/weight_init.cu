@@ -76,13 +76,12 @@ absl::Status FoldNormWeight(void* w, int64_t rows, int64_t cols, void* gamma, DT
   return internal::DispatchDType(dtype, "FoldNormWeight", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     constexpr int kThreads = 256;
-    const unsigned blocks = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>((rows * cols + kThreads - 1) / kThreads, 132 * 64)));
-    ScaleColumnsKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(w), rows, cols,
-                                                           static_cast<const T*>(gamma));
+    ScaleColumnsKernel<T><<<internal::GridFor(rows * cols, kThreads, 132 * 64), kThreads, 0,
+                            stream>>>(static_cast<T*>(w), rows, cols,
+                                      static_cast<const T*>(gamma));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    FillOnesKernel<T><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0,
-                        stream>>>(static_cast<T*>(gamma), cols);
+    FillOnesKernel<T><<<internal::GridFor(cols, kThreads, cols), kThreads, 0, stream>>>(
+        static_cast<T*>(gamma), cols);
     return CUDA_STATUS(cudaGetLastError());
   });
 }
@@ -103,10 +102,8 @@ absl::Status InitSyntheticWeight(void* dst, DType dtype, const SyntheticBlock& b
   return internal::DispatchDType(dtype, "InitSyntheticWeight", [&](auto tag) -> absl::Status {
     using T = decltype(tag);
     constexpr int kThreads = 256;
-    const int64_t total = b.rows * b.cols;
-    const unsigned blocks =
-        static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 132 * 64));
-    SyntheticInitKernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dst), b);
+    SyntheticInitKernel<T><<<internal::GridFor(b.rows * b.cols, kThreads, 132 * 64), kThreads, 0,
+                             stream>>>(static_cast<T*>(dst), b);
     return CUDA_STATUS(cudaGetLastError());
   });
 }

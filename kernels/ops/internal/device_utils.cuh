@@ -231,4 +231,11 @@ inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 
 inline unsigned CeilDiv(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
+// Blocks of `threads` for a grid-stride loop over `total` elements: one per
+// `threads` elements, at least 1, at most `max_blocks`.
+inline unsigned GridFor(int64_t total, int threads, int64_t max_blocks = 132 * 32) {
+  const int64_t want = (total + threads - 1) / threads;
+  return static_cast<unsigned>(want < 1 ? 1 : want > max_blocks ? max_blocks : want);
+}
+
 }  // namespace symtp::kernels::internal
