@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/cuda_raii.h"
@@ -301,10 +302,12 @@ class CudaBackend : public Backend, public BatchBroadcast {
   std::string Describe() const override {
     return absl::StrFormat(
         "cuda device %d, %s, weights %d MiB, kv cache %d MiB (%d blocks), exchange-min-rows %d "
-        "(%s), graphs %s",
+        "(%s), decode graphs %s",
         device_, Name(opts_.dtype), model_->weight_bytes() >> 20, model_->kv_cache_bytes() >> 20,
         model_->num_kv_blocks(), ExchangeMinRows(opts_), ExchangeName(opts_),
-        opts_.cuda_graphs ? "on" : "off");
+        opts_.cuda_graphs
+            ? absl::StrCat("at batch ", absl::StrJoin(model_->graph_batch_sizes(), ","))
+            : std::string("off"));
   }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 

@@ -1086,6 +1086,13 @@ absl::Status GpuModel::State::Init() {
   for (int g : sizes) {
     if (g >= 1 && g <= gmax) graph_sizes.push_back(g);
   }
+  // The default sizes end with the job's own largest decode batch where it
+  // falls between two of them, so no decode batch of the job runs eagerly
+  // (a step of more rows than the largest graph launches kernel by kernel).
+  if (opt.graph_batch_sizes.empty() && gmax < sizes.back() &&
+      (graph_sizes.empty() || graph_sizes.back() < gmax)) {
+    graph_sizes.push_back(gmax);
+  }
 
   SYMTP_ASSIGN_OR_RETURN(cuda::Stream init_stream, cuda::Stream::Create());
   const cudaStream_t s = init_stream.get();
@@ -1370,6 +1377,9 @@ absl::StatusOr<StepProfile> GpuModel::LastStepProfile() {
 }
 
 GraphStats GpuModel::graph_stats() const { return s_->stats; }
+std::vector<int> GpuModel::graph_batch_sizes() const {
+  return s_->opt.cuda_graphs ? s_->graph_sizes : std::vector<int>{};
+}
 void GpuModel::FailNextCaptureForTesting(absl::Status status) {
   s_->inject_capture_failure = std::move(status);
 }

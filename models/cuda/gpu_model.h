@@ -94,7 +94,9 @@ struct GpuModelOptions {
   // with cuda_graphs, the second step of a padded size captures a graph and
   // later steps replay it (the first runs eagerly: NCCL and cuBLASLt set up
   // lazily). Empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256,
-  // 320, 384, 448, 512 up to max_seqs.
+  // 320, 384, 448, 512 up to max_seqs, and the largest decode batch the
+  // options allow (max_seqs, or fewer tokens or sampled rows) where it is
+  // below 512 and not among them; larger batches run eagerly.
   bool cuda_graphs = true;
   std::vector<int> graph_batch_sizes;
   // Copy the logits to pinned host memory (allocates max_sampled_rows x
@@ -265,6 +267,10 @@ class GpuModel {
   // Of the last profiled step; call after WaitForStep.
   absl::StatusOr<StepProfile> LastStepProfile();
   GraphStats graph_stats() const;
+  // The decode batch sizes that get a CUDA graph (GpuModelOptions::
+  // graph_batch_sizes as this model applies them), ascending; empty without
+  // cuda_graphs.
+  std::vector<int> graph_batch_sizes() const;
   // Test hook: the next CUDA graph capture fails with `status` after its step
   // has been recorded (the capture is ended and discarded as for any failed
   // capture), so that batch shape runs eagerly from then on.

@@ -338,12 +338,15 @@ TEST_F(GpuModelTest, PipelinedDecodeReadsEachStepWhileTheNextRuns) {
 void GraphVsEager(const model::ModelConfig& cfg, DType dt, cudaStream_t stream,
                   DecodeKernel dk = DecodeKernel::kTiled, bool fail_first_capture = false,
                   int seqs = 5, bool eager_without_gemv_swiglu = false, int split_chunk = 64,
-                  model::GraphStats* stats = nullptr, bool warm_up = false) {
+                  model::GraphStats* stats = nullptr, bool warm_up = false,
+                  int max_seqs = 16) {
   GpuModelOptions oa = Opts(dt, true, dk);
   oa.attention_split_chunk = split_chunk;
+  oa.max_seqs = max_seqs;
   auto a = GpuModel::Create(cfg, 0, 1, 0, oa, nullptr);
   GpuModelOptions ob = Opts(dt, false, dk);
   ob.attention_split_chunk = split_chunk;
+  ob.max_seqs = max_seqs;
   ob.gemv_swiglu = !eager_without_gemv_swiglu;
   auto b = GpuModel::Create(cfg, 0, 1, 0, ob, nullptr);
   ASSERT_OK(a);
@@ -456,6 +459,30 @@ TEST_F(GpuModelTest, CudaGraphPerAttentionSplitDecisionBitwiseBf16) {
   GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 5, false, 256,
                &st);
   EXPECT_EQ(st.captures, 1);
+}
+
+TEST_F(GpuModelTest, JobsLargestBatchBetweenGraphSizesGetsItsOwnGraph) {
+  // max_seqs = 5 lies between the default sizes 4 and 8: the 5-row decode
+  // steps replay a graph of 5 rows (not eager steps), bitwise the eager ones.
+  const auto sizes = [](int max_seqs, std::vector<int> requested) {
+    GpuModelOptions o = Opts(DType::kBF16, true, DecodeKernel::kTensorCore);
+    o.max_seqs = max_seqs;
+    o.graph_batch_sizes = std::move(requested);
+    auto m = GpuModel::Create(Cfg("tiny"), 0, 1, 0, o, nullptr);
+    EXPECT_OK(m);
+    return m.ok() ? m->graph_batch_sizes() : std::vector<int>{};
+  };
+  EXPECT_EQ(sizes(5, {}), (std::vector<int>{1, 2, 4, 5}));
+  EXPECT_EQ(sizes(16, {}), (std::vector<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(sizes(3, {}), (std::vector<int>{1, 2, 3}));
+  // Sizes the options name are taken as they are (up to the largest batch).
+  EXPECT_EQ(sizes(5, {3, 1, 7}), (std::vector<int>{1, 3}));
+  // Every 5-row decode step after the first replays the graph, bitwise the
+  // eager model's.
+  model::GraphStats st;
+  GraphVsEager(Cfg("tiny"), DType::kBF16, stream(), DecodeKernel::kTensorCore, false, 5, false,
+               /*split_chunk=*/256, &st, false, /*max_seqs=*/5);
+  EXPECT_GE(st.replays, 8);
 }
 
 TEST_F(GpuModelTest, WarmUpLeavesStepsAndGraphsAsTheyWere) {
