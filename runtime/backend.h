@@ -54,6 +54,9 @@ class Backend {
   virtual bool OldestDone() { return true; }
 
   virtual std::string Describe() const = 0;
+  // What the backend counted over the run, for the worker's last log line
+  // (empty: nothing to say).
+  virtual std::string RunStats() const { return {}; }
   // KV cache blocks this rank allocated (per layer).
   virtual int num_kv_blocks() const = 0;
 

@@ -309,6 +309,15 @@ class CudaBackend : public Backend, public BatchBroadcast {
             ? absl::StrCat("at batch ", absl::StrJoin(model_->graph_batch_sizes(), ","))
             : std::string("off"));
   }
+  std::string RunStats() const override {
+    if (!opts_.cuda_graphs) return {};
+    const model::GraphStats g = model_->graph_stats();
+    return absl::StrFormat(
+        "CUDA graphs: %d steps replayed, %d captured, %d failed to capture, %d steps eager "
+        "(prefill and mixed steps, a batch size's first step, decode batches above the largest "
+        "graph)",
+        g.replays, g.captures, g.capture_failures, g.eager_steps);
+  }
   int num_kv_blocks() const override { return model_->num_kv_blocks(); }
 
   ~CudaBackend() override {

@@ -47,8 +47,10 @@ class PipelinedStepper {
       SYMTP_RETURN_IF_ERROR(BuildAndLaunch());
     }
     if (inflight_) SYMTP_RETURN_IF_ERROR(Publish(*inflight_).status());
+    const std::string stats = backend_->RunStats();
     SYMTP_LOG(INFO, "worker") << label_ << ": " << launches_ << " steps, " << overlapped_
-                              << " launched while the previous step was still in flight";
+                              << " launched while the previous step was still in flight"
+                              << (stats.empty() ? "" : "; ") << stats;
     return absl::OkStatus();
   }
 
