@@ -299,7 +299,7 @@ SYMTP_FLAG(late_publish, late_publish, "v1, arrivals by rate: when a decode step
 SYMTP_FLAG(publish_lead_us, publish_lead_us, "v1 late publishing: how long before the step ahead should end the next step is planned", Int<0, 1000000>);
 SYMTP_FLAG(pipeline, pipeline, "v1 workers launch step t+1 while step t runs (false: one step at a time)", Switch);
 SYMTP_TOPIC(gpu, "GPU execution");
-SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs", Switch);
+SYMTP_FLAG(cuda_graphs, cuda_graphs, "capture decode steps as CUDA graphs, one per batch size of 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512 and --max-batch (below 512); a step pads to the next of them, larger ones run eagerly; the worker's last log line counts replayed and eager steps", Switch);
 SYMTP_FLAG(gpu_warmup, gpu_warmup, "cuda: before a worker is ready, run a full prefill, a decode step at each graph batch size and the layer GEMMs over a ladder of row counts once, so cuBLASLt's first-call costs (its first heuristic queries, a kernel's first launch) fall in start-up, not in the first requests", Switch);
 SYMTP_FLAG(attention, attention, "cuda bf16 attention kernels: tiled | tensor-core (decode and prefill)", Choice<Attention>);
 SYMTP_FLAG(gemv_max_rows, gemv_max_rows, "cuda bf16: GEMMs of at most this many rows run the project's weight-streaming GEMV instead of cuBLASLt (0: cuBLASLt always)", Int<0, 4>);
