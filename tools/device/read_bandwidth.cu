@@ -1,0 +1,118 @@
+// How fast one GPU streams bytes it only reads, against the copy bandwidth
+// the kernel tables' floor uses, whole and per launch at the sizes of a
+// model's weight GEMMs. Built and run by tools/device/read_bandwidth.sh
+// (nvcc, outside the CMake build: a measurement, not a product kernel).
+//  - cudaMemcpy and a copy kernel: read + write bytes over time.
+//  - A read-only kernel (16-byte __ldg loads, U in flight per thread, the
+//    values folded so the loads are kept) over 2 GiB at several grids.
+//  - The same kernel over chunks of S MB walked in order through the 2 GiB
+//    (no L2 reuse), 32 launches back to back: each launch's bandwidth,
+//    launch gaps included, as a weight GEMM of S MB would see it.
+// Times: median of 15 after 3 warm-ups, CUDA events.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#define CHECK(x)                                                                   \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                \
+      return 1;                                                                    \
+    }                                                                              \
+  } while (0)
+
+template <int U>
+__global__ void ReadFold(const uint4* __restrict__ p, size_t n, unsigned* out) {
+  unsigned acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n;
+       i += stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t j = i + static_cast<size_t>(u) * blockDim.x;
+      v[u] = j < n ? __ldg(p + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;  // never true for the fill below; keeps the loads
+}
+
+__global__ void CopyKernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    b[i] = a[i];
+  }
+}
+
+int main() {
+  const size_t bytes = size_t{2} << 30, n = bytes / 16;
+  uint4 *a = nullptr, *b = nullptr;
+  unsigned* out = nullptr;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  CHECK(cudaMalloc(&out, 4));
+  CHECK(cudaMemset(a, 1, bytes));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t s, e;
+  CHECK(cudaEventCreate(&s));
+  CHECK(cudaEventCreate(&e));
+  auto tbps = [&](auto launch, double moved) {
+    for (int i = 0; i < 3; ++i) launch();
+    std::vector<float> t;
+    for (int i = 0; i < 15; ++i) {
+      cudaEventRecord(s);
+      launch();
+      cudaEventRecord(e);
+      cudaEventSynchronize(e);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, s, e);
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return moved / (t[7] * 1e-3) / 1e12;
+  };
+  std::printf("{\"sms\": %d, \"whole_2gib\": {\n", sms);
+  std::printf("  \"cudamemcpy_d2d_read_write\": %.3f,\n",
+              tbps([&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice); }, 2.0 * bytes));
+  std::printf("  \"copy_kernel_read_write\": %.3f,\n",
+              tbps([&] { CopyKernel<<<sms * 8, 256>>>(a, b, n); }, 2.0 * bytes));
+  bool first = true;
+  for (int per_sm : {2, 4, 8}) {
+    for (int threads : {256, 512, 1024}) {
+      if (per_sm * threads > 2048) continue;
+      const double r4 = tbps([&] { ReadFold<4><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
+      const double r8 = tbps([&] { ReadFold<8><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
+      std::printf("%s  \"read_%dx%d_u4\": %.3f, \"read_%dx%d_u8\": %.3f", first ? "" : ",\n",
+                  per_sm, threads, r4, per_sm, threads, r8);
+      first = false;
+    }
+  }
+  std::printf("},\n\"per_launch\": {\n");
+  first = true;
+  for (size_t mb : {8, 16, 34, 50, 117, 235, 470}) {
+    const size_t cb = mb << 20, cn = cb / 16, chunks = bytes / cb;
+    for (int per_sm : {2, 4}) {
+      size_t k = 0;
+      const double bw = tbps(
+          [&] {
+            for (int i = 0; i < 32; ++i, ++k) {
+              ReadFold<4><<<sms * per_sm, 512>>>(a + (k % chunks) * cn, cn, out);
+            }
+          },
+          32.0 * cb);
+      std::printf("%s  \"mb%zu_%dx512\": %.3f", first ? "" : ",\n", mb, per_sm, bw);
+      first = false;
+    }
+  }
+  std::printf("}}\n");
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}
