@@ -5,9 +5,10 @@
 //  - cudaMemcpy and a copy kernel: read + write bytes over time.
 //  - A read-only kernel (16-byte __ldg loads, U in flight per thread, the
 //    values folded so the loads are kept) over 2 GiB at several grids.
-//  - The same kernel over chunks of S MB walked in order through the 2 GiB
+//  - The same kernel over chunks of S MiB walked in order through the 2 GiB
 //    (no L2 reuse), 32 launches back to back: each launch's bandwidth,
-//    launch gaps included, as a weight GEMM of S MB would see it.
+//    launch gaps included, as a weight GEMM of S MiB would see it; also at
+//    the GEMV's occupancy, with and without its arithmetic (ReadDot).
 // Times: median of 15 after 3 warm-ups, CUDA events.
 #include <cuda_runtime.h>
 
@@ -41,6 +42,36 @@ __global__ void ReadFold(const uint4* __restrict__ p, size_t n, unsigned* out) {
     for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   if (acc == 0x9e3779b9u) out[0] = acc;  // never true for the fill below; keeps the loads
+}
+
+// ReadFold with a GEMV's arithmetic at one row: each 16-byte load is eight
+// bf16 weights, unpacked and multiplied with an activation held in
+// registers into one of four running sums (the GEMV's four weight rows a
+// pass, 16 dependent multiply-adds each at U = 8).
+template <int U>
+__global__ void ReadDot(const uint4* __restrict__ p, size_t n, unsigned* out) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const float x = 1.f + threadIdx.x * 1e-3f;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n;
+       i += stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t j = i + static_cast<size_t>(u) * blockDim.x;
+      v[u] = j < n ? __ldg(p + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[u % 4] = fmaf(__uint_as_float(w[q] << 16), x, acc[u % 4]);
+        acc[u % 4] = fmaf(__uint_as_float(w[q] & 0xffff0000u), x, acc[u % 4]);
+      }
+    }
+  }
+  if (acc[0] + acc[1] + acc[2] + acc[3] == 1234.5f) out[0] = 1;  // keeps the products
 }
 
 __global__ void CopyKernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
@@ -96,18 +127,33 @@ int main() {
   }
   std::printf("},\n\"per_launch\": {\n");
   first = true;
+  // 2 x 256 threads per SM with 128 bytes of loads in flight per thread is
+  // the GEMV's occupancy at 1-4 rows; "dot" adds its arithmetic.
+  struct Form {
+    const char* name;
+    int per_sm, threads;
+    bool dot;
+  };
   for (size_t mb : {8, 16, 34, 50, 117, 235, 470}) {
     const size_t cb = mb << 20, cn = cb / 16, chunks = bytes / cb;
-    for (int per_sm : {2, 4}) {
+    for (const Form& f : {Form{"2x256_u8", 2, 256, false}, Form{"2x256_u8_dot", 2, 256, true},
+                          Form{"2x512_u4", 2, 512, false}, Form{"4x512_u4", 4, 512, false}}) {
       size_t k = 0;
       const double bw = tbps(
           [&] {
             for (int i = 0; i < 32; ++i, ++k) {
-              ReadFold<4><<<sms * per_sm, 512>>>(a + (k % chunks) * cn, cn, out);
+              const uint4* src = a + (k % chunks) * cn;
+              if (f.threads == 256 && f.dot) {
+                ReadDot<8><<<sms * f.per_sm, 256>>>(src, cn, out);
+              } else if (f.threads == 256) {
+                ReadFold<8><<<sms * f.per_sm, 256>>>(src, cn, out);
+              } else {
+                ReadFold<4><<<sms * f.per_sm, f.threads>>>(src, cn, out);
+              }
             }
           },
           32.0 * cb);
-      std::printf("%s  \"mb%zu_%dx512\": %.3f", first ? "" : ",\n", mb, per_sm, bw);
+      std::printf("%s  \"mb%zu_%s\": %.3f", first ? "" : ",\n", mb, f.name, bw);
       first = false;
     }
   }
