@@ -8,7 +8,9 @@ kernels as one GEMM row), with time, DRAM bytes and the fraction of the copy
 bandwidth measured in the same run; then the step's graph-replay time from
 symtp, the gaps (step without all-reduces minus the kernels' sum), the
 all-reduce cost (step with minus without them) and the floor: the weights and
-KV cache one rank must read once, at the copy bandwidth. The floor's KV is
+KV cache one rank must read once, at the copy bandwidth (and, where
+tools/device/read_bandwidth.sh wrote read_bandwidth.json in the same call, the
+read floor: the same bytes at the read-only stream's best rate). The floor's KV is
 that of symtp's median step (summary.json's steps.context: its sequences
 attend over more than the 1024 keys it starts from, having decoded during the
 batch's chunked prefill and the warm-up), and the profiled step attends over
@@ -120,15 +122,26 @@ def main():
         print(",".join(str(round(k or CONTEXT)) for k in keys))
         return 0
     bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
+    # The read-only stream of tools/device/read_bandwidth.sh, where it ran:
+    # its best whole-buffer rate, a stricter floor beside the copy's.
+    read_bw = None
+    rb = os.path.join(a.dir, "read_bandwidth.json")
+    if os.path.exists(rb):
+        whole = json.load(open(rb)).get("whole_2gib", {})
+        rates = [v for k, v in whole.items() if k.startswith("read_")]
+        read_bw = max(rates) * 1e12 if rates else None
     md = [f"# Decode step by kernel: llama-8b-shape, {a.layers} layers, context {CONTEXT} "
           "and what was decoded since, bf16, CUDA graphs", "",
-          f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write). At TP > 1 the "
+          f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write)"
+          + (f"; read-only stream {read_bw / 1e12:.2f} TB/s" if read_bw else "")
+          + ". At TP > 1 the "
           "kernels are one rank's (a TP = 1 model with that rank's shapes; the LM-head all-gather "
           "and vocabulary assembly are not among them).", ""]
     result = {"model": "llama-8b-shape", "layers": a.layers, "context": CONTEXT,
-              "copy_bandwidth_bytes_per_s": bw, "cases": []}
+              "copy_bandwidth_bytes_per_s": bw, "read_bandwidth_bytes_per_s": read_bw, "cases": []}
     summary = ["| TP | batch | keys | step (us) | kernels (us) | gaps (us) | all-reduces (us) "
-               "| floor (us) | step / floor |", "|---|---|---|---|---|---|---|---|---|"]
+               "| floor (us) | step / floor |" + (" read floor (us) | step / read floor |" if read_bw else ""),
+               "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if read_bw else "")]
     for tp in [int(t) for t in a.tps.split()]:
         path = os.path.join(a.dir, f"tp{tp}.ncu.csv")
         all_steps = steps(read_ncu(path)) if os.path.exists(path) else []
@@ -139,8 +152,10 @@ def main():
             keys = keys or CONTEXT
             weights, kv = must_read_bytes(tp, b, a.layers, keys)
             floor_us = (weights + kv) / bw * 1e6
+            read_floor_us = (weights + kv) / read_bw * 1e6 if read_bw else None
             case = {"tp": tp, "batch": b, "keys": keys, "step_us": t_ar, "step_no_allreduce_us": t_noar,
-                    "floor_us": floor_us, "weights_bytes": weights, "kv_bytes": kv, "kernels": []}
+                    "floor_us": floor_us, "read_floor_us": read_floor_us, "weights_bytes": weights,
+                    "kv_bytes": kv, "kernels": []}
             md += [f"## TP={tp}, batch {b}", ""]
             groups = {}
             for k in ks:
@@ -168,14 +183,17 @@ def main():
             fmt = lambda v: f"{v:.0f}" if v is not None else "-"
             summary.append(f"| {tp} | {b} | {keys:.0f} | {fmt(t_ar)} | {fmt(kern_us if groups else None)} | "
                            f"{fmt(gaps)} | {fmt(ar)} | {floor_us:.0f} | "
-                           f"{(t_ar / floor_us) if t_ar else float('nan'):.2f}x |")
+                           f"{(t_ar / floor_us) if t_ar else float('nan'):.2f}x |"
+                           + (f" {read_floor_us:.0f} | {(t_ar / read_floor_us) if t_ar else float('nan'):.2f}x |"
+                              if read_floor_us else ""))
             result["cases"].append(case)
     md[4:4] = ["## Summary", "",
                "Step: symtp's median decode forward time (graph replay). Gaps: the step without "
                "all-reduces minus the sum of its kernels' own durations. "
                "Keys: what a sequence attends over at symtp's median step, and in the profiled "
                "step. Floor: weights + KV cache (at those keys) of one rank read once at the "
-               "copy bandwidth.", ""] + summary + [""]
+               "copy bandwidth" + ("; read floor: the same bytes at the read-only stream's rate"
+                                   if read_bw else "") + ".", ""] + summary + [""]
     open(os.path.join(a.dir, "kernel_table.md"), "w").write("\n".join(md) + "\n")
     json.dump(result, open(os.path.join(a.dir, "kernel_table.json"), "w"), indent=1)
     print("\n".join(md))

@@ -6,8 +6,9 @@
 # over), then every kernel of one decode step at those keys (Nsight Compute
 # over kernels_bench's model section, which brackets one graph-replayed step
 # per batch with cudaProfilerStart/Stop: duration and DRAM bytes, clocks and
-# caches left alone); with the device-to-device copy bandwidth, all in this
-# one run. tools/kernel_table.py makes the table ($OUT/kernel_table.md and
+# caches left alone); with the device-to-device copy bandwidth and the
+# read-only stream's rate (tools/device/read_bandwidth.sh), all in this one
+# run. tools/kernel_table.py makes the table ($OUT/kernel_table.md and
 # .json). At TP > 1 the profiled step is one rank's: a TP = 1 model with that
 # rank's shapes (heads, KV heads, FFN and vocabulary divided by TP; ncu
 # serializes kernels, so two ranks waiting for each other cannot be profiled),
@@ -29,6 +30,9 @@ for _ in range(10):
 json.dump({"bytes_per_s": 2 * n / sorted(t)[5], "what": "1 GiB device-to-device copy, read + write"},
           open(sys.argv[1], "w"))
 PY
+# The read-only stream's rate beside it (the table's read floor).
+OUT="$OUT" tools/device/read_bandwidth.sh >/dev/null 2>"$OUT/read_bandwidth.err" ||
+  echo "read_bandwidth.sh failed (no read floor): $(tail -2 "$OUT/read_bandwidth.err")"
 for tp in $TPS; do
   for b in ${BATCHES//,/ }; do
     for skip in false $([[ $tp -gt 1 ]] && echo true); do
