@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "protocol/result.h"
 #include "runtime/job_sizing.h"
@@ -224,8 +226,12 @@ absl::Status RunV0Worker(const JobOptions& opts, const model::ModelConfig& cfg, 
                          JobHandle* job, Backend* backend, BatchBroadcast* broadcast,
                          int64_t process_start_ns) {
   job->SetPhase(ProcPhase::kRunning);
-  if (rank == 0) return V0Driver(opts, cfg, backend, broadcast, job, process_start_ns);
-  return V0Follower(backend, broadcast, job);
+  const absl::Status st = rank == 0
+                              ? V0Driver(opts, cfg, backend, broadcast, job, process_start_ns)
+                              : V0Follower(backend, broadcast, job);
+  const std::string stats = backend->RunStats();
+  if (st.ok() && !stats.empty()) SYMTP_LOG(INFO, "v0") << "rank " << rank << ": " << stats;
+  return st;
 }
 
 }  // namespace symtp::runtime
