@@ -111,14 +111,14 @@ size_t MaxEncodedResultSize(const StepResult& r) { return kHeaderSize + MaxPaylo
 absl::Status EncodeResult(const StepResult& r, std::vector<uint8_t>* out) {
   SYMTP_RETURN_IF_ERROR(CheckResult(r));
   return EncodeRecord(
-      kResultMagic, 0, r.step, kWhat, MaxPayload(r),
+      kResultMagic, r.graph ? kResultFlagGraph : 0, r.step, kWhat, MaxPayload(r),
       [&](uint8_t* p) { return EncodePayload(r, p); }, out);
 }
 
 absl::StatusOr<size_t> EncodeResultTo(const StepResult& r, absl::Span<uint8_t> out) {
   SYMTP_RETURN_IF_ERROR(CheckResult(r));
   return EncodeRecordTo(
-      kResultMagic, 0, r.step, kWhat, MaxPayload(r),
+      kResultMagic, r.graph ? kResultFlagGraph : 0, r.step, kWhat, MaxPayload(r),
       [&](uint8_t* p) { return EncodePayload(r, p); }, out);
 }
 
@@ -127,6 +127,7 @@ absl::Status DecodeResultInto(absl::Span<const uint8_t> record, StepResult* out)
                          DecodeRecord(record, kResultMagic, kResultKnownFlags, kWhat,
                                       [&](Reader& r) { return DecodePayload(r, out); }));
   out->step = h.seq;
+  out->graph = (h.flags & kResultFlagGraph) != 0;
   return absl::OkStatus();
 }
 

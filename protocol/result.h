@@ -13,7 +13,9 @@
 namespace symtp::proto {
 
 inline constexpr uint32_t kMaxRanks = 1u << 16;
-inline constexpr uint16_t kResultKnownFlags = 0;  // no result flags defined in version 1
+// Header flag bit 0: the step's forward replayed a CUDA graph on this rank.
+inline constexpr uint16_t kResultFlagGraph = 1;
+inline constexpr uint16_t kResultKnownFlags = kResultFlagGraph;
 
 struct SampledToken {
   uint64_t request_id = 0;
@@ -43,6 +45,7 @@ struct StepResult {
   uint64_t digest = 0;                // WorkerState::Digest() after the step
   std::vector<SampledToken> sampled;  // in the worker's sample order
   PhaseTimings timings;
+  bool graph = false;  // the forward replayed a CUDA graph (header flag kResultFlagGraph)
   friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 

@@ -23,6 +23,7 @@ struct BackendTimings {
   int64_t sample_ns = 0;
   int64_t device_forward_ns = 0;  // GPU time by events, 0 on the CPU backend
   int64_t device_idle_ns = 0;     // GPU idle since the previous step by events (0: unknown)
+  bool graph = false;             // the forward replayed a CUDA graph
 };
 
 class Backend {

@@ -226,7 +226,9 @@ class CudaBackend : public Backend, public BatchBroadcast {
     step_opts_.token_from_prev_sample.assign(prev_sample.begin(), prev_sample.end());
     sl.host_t0 = MonotonicNs();
     CUDA_RETURN_IF_ERROR(cudaEventRecord(sl.start.get(), stream_.get()));
+    const int64_t replays = model_->graph_stats().replays;
     SYMTP_RETURN_IF_ERROR(model_->Forward(in, stream_.get(), step_opts_));
+    sl.graph = model_->graph_stats().replays > replays;
     CUDA_RETURN_IF_ERROR(cudaEventRecord(sl.end.get(), stream_.get()));
     sl.model_step = model_->steps_enqueued() - 1;
     sl.sampled = !params.empty();
@@ -249,6 +251,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     t->forward_ns = MonotonicNs() - sl.host_t0;
     t->device_forward_ns = static_cast<int64_t>(ms * 1e6);
     t->device_idle_ns = 0;
+    t->graph = sl.graph;
     // GPU idle between the previous step's last op and this step's first
     // (negative, i.e. 0, when this step was queued before that one ended).
     if (collected_ > 0) {
@@ -373,6 +376,7 @@ class CudaBackend : public Backend, public BatchBroadcast {
     int64_t model_step = 0;
     int64_t host_t0 = 0;
     bool sampled = false;
+    bool graph = false;  // Forward replayed (or captured and launched) a graph
   };
   static constexpr int kSlots = 4;
   static_assert(kSlots >= kMaxInFlight + 2);

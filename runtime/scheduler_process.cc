@@ -236,6 +236,7 @@ class SchedulerProcess {
   // The step's worker phases: the maximum over ranks.
   void RecordRankTimings(int64_t done, StepRecord* rec) {
     rec->done_at_ns = done;
+    rec->graph = !rank_results_.empty();
     int64_t result_at = 0;
     for (const proto::StepResult& res : rank_results_) {
       const proto::PhaseTimings& pt = res.timings;
@@ -246,6 +247,7 @@ class SchedulerProcess {
       rec->rank_forward_ns.push_back(pt.forward_ns);
       rec->sample_ns = std::max<int64_t>(rec->sample_ns, pt.sample_ns);
       rec->gpu_idle_ns = std::max<int64_t>(rec->gpu_idle_ns, pt.gpu_idle_ns);
+      rec->graph = rec->graph && res.graph;
       if (!opts_.trace_file.empty()) rec->ranks.push_back(pt);
       result_at = std::max<int64_t>(result_at, static_cast<int64_t>(pt.result_at_ns));
       rec->worker_total_ns = std::max<int64_t>(rec->worker_total_ns, pt.total_ns);

@@ -215,6 +215,8 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     if (s.device_forward_ns > 0) dfwd.push_back(s.device_forward_ns);
     const double step_fwd = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
     (s.decode_only ? dec_fwd : pf_fwd).push_back(step_fwd);
+    m.decode_steps += s.decode_only ? 1 : 0;
+    m.decode_graph_steps += s.decode_only && s.graph ? 1 : 0;
     samp.push_back(s.sample_ns);
     wtotal.push_back(s.worker_total_ns);
     ret.push_back(s.result_return_ns);
@@ -340,6 +342,9 @@ std::string FormatResultsBlock(const RunSummaryInput& in, const RunMetrics& m) {
     line("Steady steps asked for (not reached):", absl::StrCat(o.steady_steps));
   }
   line("Step period (ms):", m.step_period_ms > 0 ? absl::StrFormat("%.3f", m.step_period_ms) : "n/a");
+  if (o.resolved_backend == BackendKind::kCuda && o.cuda_graphs) {
+    line("Decode steps from CUDA graphs:", absl::StrCat(m.decode_graph_steps, " / ", m.decode_steps));
+  }
   const MetricStats& fwd = m.device_forward_us.count > 0 ? m.device_forward_us : m.forward_us;
   line(m.device_forward_us.count > 0 ? "Median forward, GPU time (ms):" : "Median forward (ms):",
        fwd.count > 0 ? absl::StrFormat("%.3f", fwd.p50 / 1e3) : "n/a");
@@ -373,6 +378,9 @@ std::string SummaryJson(const RunSummaryInput& in, const RunMetrics& m) {
   stats("itl_ms", m.itl_ms);
   stats("e2e_ms", m.e2e_ms);
   j.Key("steps").Open('{').Field("total", m.total_steps).Field("measured", m.measured_steps);
+  if (o.resolved_backend == BackendKind::kCuda) {
+    j.Field("decode", m.decode_steps).Field("decode_from_graphs", m.decode_graph_steps);
+  }
   if (m.step_period_ms > 0) j.Field("period_ms", m.step_period_ms);
   else j.Key("period_ms").Null();
   stats("iteration_ms", m.iteration_ms);

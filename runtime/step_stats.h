@@ -18,6 +18,7 @@ struct StepRecord {
   uint64_t step = 0;
   int32_t num_seqs = 0, num_tokens = 0, num_samples = 0;
   bool decode_only = false;
+  bool graph = false;          // every rank's forward replayed a CUDA graph (v0: rank 0's)
   int64_t plan_start_ns = 0;   // absolute CLOCK_MONOTONIC
   int64_t schedule_ns = 0;     // planning
   int64_t encode_ns = 0;       // diff encode (v1) / padded batch build (v0)
@@ -81,6 +82,9 @@ struct RunMetrics {
          total_tokens_per_s = 0;
   MetricStats ttft_ms, tpot_ms, itl_ms, e2e_ms;
   int total_steps = 0, measured_steps = 0;
+  // Measured decode-only steps, and those whose forward replayed a CUDA graph
+  // on every rank (cuda backend).
+  int decode_steps = 0, decode_graph_steps = 0;
   // Step period over the measured window: (last measured step's completion -
   // the first's) / the steps between them, an even number of steps where
   // there are three or more. 0 with fewer than two steps.

@@ -204,6 +204,7 @@ absl::Status V0Driver(const JobOptions& opts, const model::ModelConfig& cfg, Bac
     rec.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
     rec.sample_ns = bt.sample_ns;
     rec.gpu_idle_ns = bt.device_idle_ns;  // rank 0: from its last forward to this one (incl. broadcast)
+    rec.graph = bt.graph;
     rec.worker_total_ns = done - t3;
     rec.done_at_ns = done;
     rec.wire_bytes = sizeof(h) + used.words * 4;

@@ -179,6 +179,7 @@ class PipelinedStepper {
     t.forward_ns = bt.device_forward_ns > 0 ? bt.device_forward_ns : bt.forward_ns;
     t.sample_ns = bt.sample_ns;
     t.gpu_idle_ns = bt.device_idle_ns;
+    result_.graph = bt.graph;
     // The worker's period for this step (publish to publish) less the wait
     // for its diff: the scheduler's iteration time is recv_wait + total.
     t.total_ns = last_publish_ns_ > 0

@@ -81,6 +81,7 @@ inline StepResult RandomResult(std::mt19937_64& rng) {
   r.timings.launch_at_ns = big - U(0, 1000);
   r.timings.collect_at_ns = U(0, ~uint64_t{0});
   r.timings.result_at_ns = big;
+  r.graph = U(0, 1) == 1;
   const int n = static_cast<int>(U(0, 300));
   uint64_t id = U(0, 1000);
   for (int i = 0; i < n; ++i) {

@@ -204,6 +204,29 @@ TEST(ResultsBlockTest, ShowsLatenciesThroughputAndStartup) {
   EXPECT_THAT(b, HasSubstr("GPU idle between steps (us):      n/a (cpu backend)"));
 }
 
+// The cuda backend reports how many measured decode steps replayed a CUDA
+// graph on every rank; the cpu backend, which has none, does not.
+TEST(RunMetricsTest, DecodeStepsFromGraphsOnTheCudaBackend) {
+  JobOptions o = CpuOptions();
+  o.warmup_steps = 2;
+  RunSummaryInput in;
+  in.opts = &o;
+  in.steps = PairedSteps(10, 10 * kMs, 0);
+  in.steps[4].decode_only = false;  // a prefill step, replayed or not, is not counted
+  for (StepRecord& s : in.steps) s.graph = s.step != 3 && s.step != 7;
+  const RunMetrics m = ComputeRunMetrics(in);
+  EXPECT_EQ(m.decode_steps, 7);        // steps 2-9 but 4
+  EXPECT_EQ(m.decode_graph_steps, 5);  // not 3 and 7
+  EXPECT_THAT(SummaryJson(in, m), Not(HasSubstr("decode_from_graphs")));
+  EXPECT_THAT(FormatResultsBlock(in, m), Not(HasSubstr("CUDA graphs")));
+  o.resolved_backend = BackendKind::kCuda;
+  EXPECT_THAT(SummaryJson(in, m), HasSubstr("\"decode\": 7,\n    \"decode_from_graphs\": 5,\n"));
+  EXPECT_THAT(FormatResultsBlock(in, m),
+              HasSubstr("Decode steps from CUDA graphs:           5 / 7\n"));
+  o.cuda_graphs = false;
+  EXPECT_THAT(FormatResultsBlock(in, m), Not(HasSubstr("CUDA graphs")));
+}
+
 TEST(SummaryJsonTest, RecordsBuildHostFlagsAndNullsForMissingMetrics) {
   JobOptions o = CpuOptions();
   o.prompt_len = {LengthKind::kUniform, 16, 64};

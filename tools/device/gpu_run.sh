@@ -102,6 +102,7 @@ if has launch; then
       d=$R/launch/cuda_fp32_tp${tp}_$ar
       timeout 120 $B/tools/symtp launch --backend=cuda --dtype=fp32 --allreduce=$ar --tp=$tp $W --out="$d" >"$d.log" 2>&1
       echo "cuda fp32 tp=$tp allreduce=$ar exit $? tokens==cpu: $(cmp -s "$d/tokens.jsonl" "$R/launch/cpu_tp1/tokens.jsonl" && echo yes || echo NO)" | tee -a "$LOG"
+      echo "  decode steps from CUDA graphs: $(python3 -c "import json, sys; s = json.load(open(sys.argv[1]))['steps']; print(s.get('decode_from_graphs'), '/', s.get('decode'))" "$d/summary.json" 2>/dev/null)" | tee -a "$LOG"
     done
     # The copy exchange on every step of 64 rows or more.
     if (( tp > 1 )); then
