@@ -8,7 +8,7 @@
 //  - The same kernel over chunks of S MiB walked in order through the 2 GiB
 //    (no L2 reuse), 32 launches back to back: each launch's bandwidth,
 //    launch gaps included, as a weight GEMM of S MiB would see it; also at
-//    the GEMV's occupancy, with and without its arithmetic (ReadDot).
+//    the GEMV's occupancy, with and without its arithmetic.
 // Times: median of 15 after 3 warm-ups, CUDA events.
 #include <cuda_runtime.h>
 
@@ -26,30 +26,15 @@
     }                                                                              \
   } while (0)
 
-template <int U>
-__global__ void ReadFold(const uint4* __restrict__ p, size_t n, unsigned* out) {
-  unsigned acc = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n;
-       i += stride) {
-    uint4 v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const size_t j = i + static_cast<size_t>(u) * blockDim.x;
-      v[u] = j < n ? __ldg(p + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x9e3779b9u) out[0] = acc;  // never true for the fill below; keeps the loads
-}
-
-// ReadFold with a GEMV's arithmetic at one row: each 16-byte load is eight
-// bf16 weights, unpacked and multiplied with an activation held in
-// registers into one of four running sums (the GEMV's four weight rows a
-// pass, 16 dependent multiply-adds each at U = 8).
-template <int U>
-__global__ void ReadDot(const uint4* __restrict__ p, size_t n, unsigned* out) {
+// Reads n 16-byte units, U loads in flight per thread before any is used.
+// kDot = false folds them with XOR (a read and nothing else); kDot = true
+// does a GEMV's arithmetic at one row: each load is eight bf16 weights,
+// unpacked and multiplied with an activation held in registers into one of
+// four running sums (the GEMV's four weight rows a pass, 16 dependent
+// multiply-adds each at U = 8). Either result only keeps the work alive.
+template <int U, bool kDot>
+__global__ void Read(const uint4* __restrict__ p, size_t n, unsigned* out) {
+  unsigned fold = 0;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const float x = 1.f + threadIdx.x * 1e-3f;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
@@ -63,15 +48,20 @@ __global__ void ReadDot(const uint4* __restrict__ p, size_t n, unsigned* out) {
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      if constexpr (kDot) {
+        const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        acc[u % 4] = fmaf(__uint_as_float(w[q] << 16), x, acc[u % 4]);
-        acc[u % 4] = fmaf(__uint_as_float(w[q] & 0xffff0000u), x, acc[u % 4]);
+        for (int q = 0; q < 4; ++q) {
+          acc[u % 4] = fmaf(__uint_as_float(w[q] << 16), x, acc[u % 4]);
+          acc[u % 4] = fmaf(__uint_as_float(w[q] & 0xffff0000u), x, acc[u % 4]);
+        }
+      } else {
+        fold ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
       }
     }
   }
-  if (acc[0] + acc[1] + acc[2] + acc[3] == 1234.5f) out[0] = 1;  // keeps the products
+  // Never true for the fill below.
+  if (fold == 0x9e3779b9u || acc[0] + acc[1] + acc[2] + acc[3] == 1234.5f) out[0] = 1;
 }
 
 __global__ void CopyKernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
@@ -118,8 +108,8 @@ int main() {
   for (int per_sm : {2, 4, 8}) {
     for (int threads : {256, 512, 1024}) {
       if (per_sm * threads > 2048) continue;
-      const double r4 = tbps([&] { ReadFold<4><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
-      const double r8 = tbps([&] { ReadFold<8><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
+      const double r4 = tbps([&] { Read<4, false><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
+      const double r8 = tbps([&] { Read<8, false><<<sms * per_sm, threads>>>(a, n, out); }, bytes);
       std::printf("%s  \"read_%dx%d_u4\": %.3f, \"read_%dx%d_u8\": %.3f", first ? "" : ",\n",
                   per_sm, threads, r4, per_sm, threads, r8);
       first = false;
@@ -144,11 +134,11 @@ int main() {
             for (int i = 0; i < 32; ++i, ++k) {
               const uint4* src = a + (k % chunks) * cn;
               if (f.threads == 256 && f.dot) {
-                ReadDot<8><<<sms * f.per_sm, 256>>>(src, cn, out);
+                Read<8, true><<<sms * f.per_sm, 256>>>(src, cn, out);
               } else if (f.threads == 256) {
-                ReadFold<8><<<sms * f.per_sm, 256>>>(src, cn, out);
+                Read<8, false><<<sms * f.per_sm, 256>>>(src, cn, out);
               } else {
-                ReadFold<4><<<sms * f.per_sm, f.threads>>>(src, cn, out);
+                Read<4, false><<<sms * f.per_sm, f.threads>>>(src, cn, out);
               }
             }
           },
