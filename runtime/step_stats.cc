@@ -215,7 +215,6 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     if (s.device_forward_ns > 0) dfwd.push_back(s.device_forward_ns);
     const double step_fwd = s.device_forward_ns > 0 ? s.device_forward_ns : s.forward_ns;
     (s.decode_only ? dec_fwd : pf_fwd).push_back(step_fwd);
-    m.decode_steps += s.decode_only ? 1 : 0;
     m.decode_graph_steps += s.decode_only && s.graph ? 1 : 0;
     samp.push_back(s.sample_ns);
     wtotal.push_back(s.worker_total_ns);
@@ -225,6 +224,7 @@ RunMetrics ComputeRunMetrics(const RunSummaryInput& in) {
     // GPU idle before the step, by CUDA events (0: not measured).
     if (o.resolved_backend == BackendKind::kCuda && s.gpu_idle_ns > 0) idle.push_back(s.gpu_idle_ns);
   }
+  m.decode_steps = static_cast<int>(dec_fwd.size());
   {
     std::vector<double> sum;
     for (const StepRecord* sp : measured) {

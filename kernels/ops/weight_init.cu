@@ -80,7 +80,7 @@ absl::Status FoldNormWeight(void* w, int64_t rows, int64_t cols, void* gamma, DT
                             stream>>>(static_cast<T*>(w), rows, cols,
                                       static_cast<const T*>(gamma));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    FillOnesKernel<T><<<internal::GridFor(cols, kThreads, cols), kThreads, 0, stream>>>(
+    FillOnesKernel<T><<<internal::CeilDiv(cols, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(gamma), cols);
     return CUDA_STATUS(cudaGetLastError());
   });
