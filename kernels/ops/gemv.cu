@@ -122,8 +122,10 @@ constexpr int RowStep(Epilogue e) {
   return e == Epilogue::kPush ? 8 : e == Epilogue::kSwiGlu ? 2 : 1;
 }
 
+// A block with at most 2048 loads (32 KiB) in flight per pass runs two per SM:
+// 64 KiB in flight per SM either way, from twice the threads.
 template <int kT, int kU, int kR, int kM, typename TOut, Epilogue kEpi>
-__global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
+__global__ void __launch_bounds__(kT, kT * kU * kR <= 2048 ? 2 : 1)
     GemvKernel(const bf16* __restrict__ a, int64_t lda, const bf16* __restrict__ w, int64_t ldw,
                TOut* __restrict__ c, int64_t ldc, int m, int n, int k, const LLPush push,
                float rms_eps, bool accumulate) {
@@ -143,16 +145,18 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
   const int r1 = step * static_cast<int>(cuts * (blockIdx.x + 1) / gridDim.x);
 
   uint4 wv[kR][kU];
+  // Weight row r + j of a pass into wv[j].
+  auto load_row = [&](int j, int r) {
+#pragma unroll
+    for (int i = 0; i < kU; ++i) {
+      const int u = tid + i * kT;
+      wv[j][i] = r + j < r1 && u < units ? LoadWeights(w + w_row(r + j) * ldw + 8 * u)
+                                         : make_uint4(0, 0, 0, 0);
+    }
+  };
   auto load = [&](int r) {
 #pragma unroll
-    for (int j = 0; j < kR; ++j) {
-#pragma unroll
-      for (int i = 0; i < kU; ++i) {
-        const int u = tid + i * kT;
-        wv[j][i] = r + j < r1 && u < units ? LoadWeights(w + w_row(r + j) * ldw + 8 * u)
-                                           : make_uint4(0, 0, 0, 0);
-      }
-    }
+    for (int j = 0; j < kR; ++j) load_row(j, r);
   };
   load(r0);  // weights never depend on the kernel before: read them before the wait
   internal::GridDependencyWait();
@@ -198,6 +202,7 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
     const int end = min(base + kChunk, r1);
     for (int r = base; r < end; r += kR) {
       float acc[kR][kM];
+      const bool more = r + kR < r1;
 #pragma unroll
       for (int j = 0; j < kR; ++j) {
 #pragma unroll
@@ -207,8 +212,10 @@ __global__ void __launch_bounds__(kT, kT <= 256 ? 2 : 1)
           for (int i = 0; i < kU; ++i) s = Dot8(wv[j][i], xv[mm][i], s);
           acc[j][mm] = s;
         }
+        // Row j's registers are free: its next weights fly during the other
+        // rows' products and the reduction.
+        if (more) load_row(j, r + kR);
       }
-      if (r + kR < r1) load(r + kR);  // the next rows' loads fly during the reduction
       constexpr int kN = kR * kM, kShift = 5 - Log2(kN);
       float flat[kN];
 #pragma unroll
@@ -327,19 +334,29 @@ cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
 }
 
 // The thread shape for K and M: kT x kU 16-byte units cover a row; kR rows
-// at a time keep kR x kU loads (128 bytes) in flight per thread; kR x kM <=
-// 32 values per reduction. Rows longer than 8192 take M <= 2 (A's registers
-// would spill at 4: GemvSupports).
+// at a time keep kR x kU loads (128 bytes at kU kR = 8, 64 at 4) in flight per
+// thread, 64 KiB per SM; kR x kM <= 32 values per reduction. Rows longer than
+// 8192 take M <= 2 (A's registers would spill at 4: GemvSupports).
+//
+// The memory system streams faster from 1024 threads per SM than from 512
+// with the same bytes in flight (tools/device/read_bandwidth.sh: 4.5 against
+// 4.35 TB/s on H200), so 1-2 rows, whose registers allow it, run 1024 threads
+// per SM from 2048 up to 8192 columns: at llama-8b shapes 0.98-0.99x the
+// TP 1 step at batch 1-2 and 0.97x at its TP 2 shard's shapes
+// (bench/results/h200/gemv_threads/). Longer rows keep 512 threads: 1024 x 2
+// x 2 measured no faster there. The pushing form keeps its shapes: it has
+// not been measured with peers this way.
 template <int kM, typename TOut, Epilogue kEpi>
 cudaError_t LaunchK(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
+  constexpr bool kWide = kM <= 2 && kEpi != Epilogue::kPush;
   if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kEpi>(g, p, s);
   if (g.k <= 4096) {
-    // At 3-4 rows too, two blocks of 256 per SM with 16 values per reduction
-    // stream faster than one block of 512 with 32 (llama-8b TP 1 batch 3 / 4
-    // on H200: 0.97 / 0.98x the step). The pushing form keeps 512 x 1 x 8 at
-    // 3-4 rows: it has not been measured with peers this way.
-    constexpr bool kTwoPerSm = kM <= 2 || kEpi != Epilogue::kPush;
-    if constexpr (kTwoPerSm) {
+    if constexpr (kWide) return Launch<512, 1, 4, kM, TOut, kEpi>(g, p, s);  // two per SM
+    // At 3-4 rows (and 1-2 for the pushing form), two blocks of 256 per SM
+    // with 16 values per reduction stream faster than one block of 512 with
+    // 32 (llama-8b TP 1 batch 3 / 4 on H200: 0.97 / 0.98x the step). The
+    // pushing form keeps 512 x 1 x 8 at 3-4 rows.
+    if constexpr (kM <= 2 || kEpi != Epilogue::kPush) {
       return Launch<256, 2, 4, kM, TOut, kEpi>(g, p, s);
     } else {
       return Launch<512, 1, 8, kM, TOut, kEpi>(g, p, s);
@@ -348,6 +365,7 @@ cudaError_t LaunchK(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
   if constexpr (kM <= 2) {
     if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kEpi>(g, p, s);
   }
+  if constexpr (kWide) return Launch<1024, 1, 4, kM, TOut, kEpi>(g, p, s);
   return Launch<512, 2, 4, kM, TOut, kEpi>(g, p, s);
 }
 

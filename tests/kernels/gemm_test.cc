@@ -226,6 +226,8 @@ TEST_F(GemvTest, MatchesReference) {
   Check(4, 96, 7168, DType::kBF16, 0);     // 512 threads, two units each
   Check(3, 130, 1024, DType::kBF16, 8);    // 256 threads, one unit each
   Check(1, 64, 14336, DType::kBF16, 8);    // four units each
+  Check(2, 200, 7176, DType::kBF16, 8);    // 1-2 rows from 4096 to 8192, units left over
+  Check(2, 70, 16384, DType::kBF16, 0);    // the longest rows
   Check(2, 20000, 256, DType::kBF16, 0);   // many rows per block: several flushes
 }
 
