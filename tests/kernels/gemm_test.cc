@@ -223,6 +223,7 @@ TEST_F(GemvTest, MatchesReference) {
   Check(1, 1, 64, DType::kBF16, 0);        // one row, one block
   Check(2, 37, 2048, DType::kBF16, 8);     // fewer rows than the grid, strided
   Check(3, 1000, 3000, DType::kBF16, 16);  // units left over in the last pass
+  Check(2, 1000, 3000, DType::kBF16, 8);   // 1-2 rows: 512 threads, units left over
   Check(4, 96, 7168, DType::kBF16, 0);     // 512 threads, two units each
   Check(3, 130, 1024, DType::kBF16, 8);    // 256 threads, one unit each
   Check(1, 64, 14336, DType::kBF16, 8);    // four units each
@@ -244,6 +245,8 @@ TEST_F(GemvTest, RowFactorsAndAccumulate) {
   const float eps = 1e-5f;
   for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 300, 4096},
                                 {2, 1000, 2048},
+                                {1, 500, 3000},
+                                {2, 200, 7176},
                                 {3, 130, 3000},
                                 {4, 96, 7168},
                                 {2, 64, 14336}}) {
@@ -291,6 +294,7 @@ TEST_F(GemvTest, SwiGluEqualsGemvThenSiluMul) {
         {4, 96, 7168, 16, -1.f},
         {4, 5000, 1024, 0, -1.f},
         {1, 7168, 4096, 0, 1e-5f},  // with A's row factors (a_rms_eps) in both
+        {2, 300, 3000, 8, 1e-5f},
         {3, 1000, 3000, 8, 1e-5f},
         {4, 96, 7168, 0, 1e-5f}}) {
     SCOPED_TRACE(::testing::Message() << "M=" << M << " F=" << F << " K=" << K << " pad=" << pad
