@@ -341,11 +341,12 @@ cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
 // The memory system streams faster from 1024 threads per SM than from 512
 // with the same bytes in flight (tools/device/read_bandwidth.sh: 4.5 against
 // 4.35 TB/s on H200), so 1-2 rows, whose registers allow it, run 1024 threads
-// per SM from 2048 up to 8192 columns: at llama-8b shapes 0.98-0.99x the
+// per SM on rows of 2049 to 8192 columns: at llama-8b shapes 0.98-0.99x the
 // TP 1 step at batch 1-2 and 0.97x at its TP 2 shard's shapes
-// (bench/results/h200/gemv_threads/). Longer rows keep 512 threads: 1024 x 2
-// x 2 measured no faster there. The pushing form keeps its shapes: it has
-// not been measured with peers this way.
+// (bench/results/h200/gemv_threads/). Longer rows keep 512 threads (1024 x 2
+// x 2 measured no faster there), and so do shorter ones (four 256 x 1 x 4
+// blocks: no faster either). The pushing form keeps its shapes: it has not
+// been measured with peers this way.
 template <int kM, typename TOut, Epilogue kEpi>
 cudaError_t LaunchK(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
   constexpr bool kWide = kM <= 2 && kEpi != Epilogue::kPush;
