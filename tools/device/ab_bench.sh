@@ -13,6 +13,15 @@
 # (e.g. "nofuse=--fuse-allreduce-norm=false"); AB_TP, AB_MODEL, AB_OVERRIDES,
 # AB_SHAPES shape them (default TP 2, llama-8b-shape 32 layers, decode 1-512
 # at context 1024); ROUNDS is the repeats.
+# AB_MODE=variants times this tree (arm "new") against variants of a few of
+# its files, all built in this one tree and build directory: while variant V
+# builds, each file .ab/variants/V/<path> replaces <path> (put back after), and
+# its symtp is kept as arm V. Shapes and repeats as for AB_MODE=step; AB_TESTS,
+# a gtest filter, runs on each variant's kernels_test first (a variant that
+# fails is not timed). No base commit is needed.
+#   here:   tools/device/ab_bench.sh --variant V <commit>   # .ab/variants/V/: the
+#           files <commit> changed since its merge base with HEAD, as it has them
+#   device: run(carry=[".deps", ".ab"], command="AB_MODE=variants tools/device/ab_bench.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ ${1:-} == --prepare ]]; then
@@ -22,6 +31,61 @@ if [[ ${1:-} == --prepare ]]; then
   git rev-parse "$2" >.ab/base.commit
   echo "base $(cat .ab/base.commit) in .ab/base.tar; carry .ab and .deps"
   exit 0
+fi
+if [[ ${1:-} == --variant ]]; then
+  [[ ${2:-} =~ ^[A-Za-z0-9_]+$ && -n ${3:-} ]] || { echo "usage: $0 --variant NAME <commit> (NAME: letters, digits, _)" >&2; exit 2; }
+  dir=.ab/variants/$2 base=$(git merge-base HEAD "$3") || exit 2
+  rm -rf "$dir" && mkdir -p "$dir"
+  # The variant's own changes (since it left HEAD's history), on files HEAD
+  # has not changed since: anything else would undo HEAD's work.
+  git diff --name-status "$base" "$3" | while read -r st f; do
+    [[ $st == M ]] || { echo "ab_bench.sh: $f is ${st} in $3 (a variant only replaces files)" >&2; exit 1; }
+    git diff --quiet "$base" HEAD -- "$f" ||
+      { echo "ab_bench.sh: $f changed in HEAD since $3 left it: rebase $3" >&2; exit 1; }
+    mkdir -p "$dir/$(dirname "$f")" && git show "$3:$f" >"$dir/$f"
+  done || { rm -rf "$dir"; exit 1; }
+  echo "variant $2: $(cd "$dir" && find . -type f | sed 's|^\./||' | tr '\n' ' ')(carry .ab and .deps)"
+  exit 0
+fi
+if [[ ${AB_MODE:-} == variants ]]; then
+  [[ -d .ab/variants ]] || { echo "ab_bench.sh: no .ab/variants: run --variant here and carry .ab" >&2; exit 2; }
+  source tools/device/device_env.sh
+  mkdir -p "$OUT/ab" build-variants
+  targets=(symtp) arms="new="
+  [[ -n ${AB_TESTS:-} ]] && targets+=(kernels_test)
+  (tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
+  mkdir -p build-variants/new && cp build-gpu/tools/symtp build-variants/new/
+  for vdir in .ab/variants/*/; do
+    v=$(basename "$vdir")
+    mapfile -t files < <(cd "$vdir" && find . -type f | sed 's|^\./||')
+    rm -rf .ab/orig && mkdir -p .ab/orig
+    for f in "${files[@]}"; do
+      mkdir -p ".ab/orig/$(dirname "$f")" && cp "$f" ".ab/orig/$f" && cp "$vdir/$f" "$f"
+    done
+    tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_$v.log" 2>&1
+    built=$?
+    ok=$built
+    if [[ $built == 0 && -n ${AB_TESTS:-} ]]; then
+      build-gpu/tests/kernels/kernels_test --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$v.log" 2>&1
+      ok=$?
+      echo "variant $v tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$v.log" | tr '\n' ' ')"
+    fi
+    for f in "${files[@]}"; do cp ".ab/orig/$f" "$f"; done
+    if [[ $built != 0 ]]; then echo "variant $v: build failed"; tail -20 "$OUT/ab/build_$v.log"; continue; fi
+    [[ $ok == 0 ]] || { echo "variant $v: tests failed, not timed"; continue; }
+    mkdir -p "build-variants/$v" && cp build-gpu/tools/symtp "build-variants/$v/"
+    export "SYMTP_BIN_$v=$PWD/build-variants/$v/symtp"
+    arms+=" $v="
+  done
+  SYMTP_BIN=$PWD/build-variants/new/symtp \
+    tools/overlap.sh --tp "${AB_TP:-2}" --model "${AB_MODEL:-llama-8b-shape}" \
+    --overrides "${AB_OVERRIDES:-layers=32}" --repeats "${ROUNDS:-3}" --out "$OUT/ab/step" \
+    --shapes "${AB_SHAPES:-decode1@1024 decode8@1024 decode32@1024 decode64@1024 decode256@1024 decode512@1024}" \
+    --arms "$arms" 2>"$OUT/ab/step.log" >"$OUT/ab_summary.md"
+  rc=$?
+  cat "$OUT/ab_summary.md"; tail -5 "$OUT/ab/step.log"
+  (cd "$OUT" && tar czf ab.tar.gz ab/*.log ab/step/*.md ab/step/*.json ab/step/*/summary.json 2>/dev/null; rm -rf ab)
+  exit $rc
 fi
 [[ -f .ab/base.tar ]] || { echo "ab_bench.sh: no .ab/base.tar: run --prepare here and carry .ab" >&2; exit 2; }
 source tools/device/device_env.sh
