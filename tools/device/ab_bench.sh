@@ -18,7 +18,8 @@
 # builds, each file .ab/variants/V/<path> replaces <path> (put back after), and
 # its symtp is kept as arm V. Shapes and repeats as for AB_MODE=step; AB_TESTS,
 # a gtest filter, runs on each variant's kernels_test first (a variant that
-# fails is not timed). No base commit is needed.
+# fails is not timed); AB_VARIANTS names the variants to build (default: all).
+# No base commit is needed.
 #   here:   tools/device/ab_bench.sh --variant V <commit>   # .ab/variants/V/: the
 #           files <commit> changed since its merge base with HEAD, as it has them
 #   device: run(carry=[".deps", ".ab"], command="AB_MODE=variants tools/device/ab_bench.sh")
@@ -57,6 +58,7 @@ if [[ ${AB_MODE:-} == variants ]]; then
   mkdir -p build-variants/new && cp build-gpu/tools/symtp build-variants/new/
   for vdir in .ab/variants/*/; do
     v=$(basename "$vdir")
+    [[ -z ${AB_VARIANTS:-} || " $AB_VARIANTS " == *" $v "* ]] || continue
     mapfile -t files < <(cd "$vdir" && find . -type f | sed 's|^\./||')
     rm -rf .ab/orig && mkdir -p .ab/orig
     for f in "${files[@]}"; do
