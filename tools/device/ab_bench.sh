@@ -17,8 +17,9 @@
 # its files, all built in this one tree and build directory: while variant V
 # builds, each file .ab/variants/V/<path> replaces <path> (put back after), and
 # its symtp is kept as arm V. Shapes and repeats as for AB_MODE=step; AB_TESTS,
-# a gtest filter, runs on each variant's kernels_test first (a variant that
-# fails is not timed); AB_VARIANTS names the variants to build (default: all).
+# a gtest filter, runs on each variant's AB_TEST_BIN (default kernels_test;
+# e.g. allreduce_test) first, and a variant that fails is not timed;
+# AB_VARIANTS names the variants to build (default: all).
 # No base commit is needed.
 #   here:   tools/device/ab_bench.sh --variant V <commit>   # .ab/variants/V/: the
 #           files <commit> changed since its merge base with HEAD, as it has them
@@ -53,7 +54,8 @@ if [[ ${AB_MODE:-} == variants ]]; then
   source tools/device/device_env.sh
   mkdir -p "$OUT/ab" build-variants
   targets=(symtp) arms="new="
-  [[ -n ${AB_TESTS:-} ]] && targets+=(kernels_test)
+  test_bin=${AB_TEST_BIN:-kernels_test}
+  [[ -n ${AB_TESTS:-} ]] && targets+=("$test_bin")
   (tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
   mkdir -p build-variants/new && cp build-gpu/tools/symtp build-variants/new/
   for vdir in .ab/variants/*/; do
@@ -68,7 +70,7 @@ if [[ ${AB_MODE:-} == variants ]]; then
     built=$?
     ok=$built
     if [[ $built == 0 && -n ${AB_TESTS:-} ]]; then
-      build-gpu/tests/kernels/kernels_test --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$v.log" 2>&1
+      "build-gpu/tests/${test_bin%_test}/$test_bin" --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$v.log" 2>&1
       ok=$?
       echo "variant $v tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$v.log" | tr '\n' ' ')"
     fi
