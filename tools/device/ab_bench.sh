@@ -72,6 +72,8 @@ if [[ ${AB_MODE:-} == variants ]]; then
     if [[ $built == 0 && -n ${AB_TESTS:-} ]]; then
       "build-gpu/tests/${test_bin%_test}/$test_bin" --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$v.log" 2>&1
       ok=$?
+      # A filter that matches nothing passes: that is no check.
+      grep -qE '^\[  PASSED  \] [1-9]' "$OUT/ab/tests_$v.log" || ok=1
       echo "variant $v tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$v.log" | tr '\n' ' ')"
     fi
     for f in "${files[@]}"; do cp ".ab/orig/$f" "$f"; done
