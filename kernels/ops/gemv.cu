@@ -338,6 +338,11 @@ cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
 // thread, 64 KiB per SM; kR x kM <= 32 values per reduction. Rows longer than
 // 8192 take M <= 2 (A's registers would spill at 4: GemvSupports).
 //
+// The shape depends on M and K only, never on the epilogue: a row's sum, whose
+// order of additions the shape fixes, is then the same bits whichever
+// epilogue writes it, so GemvSwiGlu is bitwise Gemv then SiluMul and GemvPush
+// then the fused all-reduce bitwise Gemv then the fused call (their tests).
+//
 // The memory system streams faster from 1024 threads per SM than from 512
 // with the same bytes in flight (tools/device/read_bandwidth.sh: 4.5 against
 // 4.35 TB/s on H200), so 1-2 rows, whose registers allow it, run 1024 threads
@@ -345,29 +350,21 @@ cudaError_t Launch(const GemmArgs& g, const LLPush& push, cudaStream_t s) {
 // TP 1 step at batch 1-2 and 0.97x at its TP 2 shard's shapes
 // (bench/results/h200/gemv_threads/). Longer rows keep 512 threads (1024 x 2
 // x 2 measured no faster there), and so do shorter ones (four 256 x 1 x 4
-// blocks: no faster either). The pushing form keeps its shapes: it has not
-// been measured with peers this way.
+// blocks: no faster either). At 3-4 rows, two blocks of 256 per SM with 16
+// values per reduction stream faster than one block of 512 with 32 (llama-8b
+// TP 1 batch 3 / 4 on H200: 0.97 / 0.98x the step:
+// bench/results/h200/gemv_rows34/).
 template <int kM, typename TOut, Epilogue kEpi>
 cudaError_t LaunchK(const GemmArgs& g, const LLPush& p, cudaStream_t s) {
-  constexpr bool kWide = kM <= 2 && kEpi != Epilogue::kPush;
   if (g.k <= 2048) return Launch<256, 1, 8, kM, TOut, kEpi>(g, p, s);
-  if (g.k <= 4096) {
-    if constexpr (kWide) return Launch<512, 1, 4, kM, TOut, kEpi>(g, p, s);  // two per SM
-    // At 3-4 rows (and 1-2 for the pushing form), two blocks of 256 per SM
-    // with 16 values per reduction stream faster than one block of 512 with
-    // 32 (llama-8b TP 1 batch 3 / 4 on H200: 0.97 / 0.98x the step). The
-    // pushing form keeps 512 x 1 x 8 at 3-4 rows.
-    if constexpr (kM <= 2 || kEpi != Epilogue::kPush) {
-      return Launch<256, 2, 4, kM, TOut, kEpi>(g, p, s);
-    } else {
-      return Launch<512, 1, 8, kM, TOut, kEpi>(g, p, s);
-    }
-  }
   if constexpr (kM <= 2) {
-    if (g.k > 8192) return Launch<512, 4, 2, kM, TOut, kEpi>(g, p, s);
+    if (g.k <= 4096) return Launch<512, 1, 4, kM, TOut, kEpi>(g, p, s);  // two per SM
+    if (g.k <= 8192) return Launch<1024, 1, 4, kM, TOut, kEpi>(g, p, s);
+    return Launch<512, 4, 2, kM, TOut, kEpi>(g, p, s);
+  } else {
+    if (g.k <= 4096) return Launch<256, 2, 4, kM, TOut, kEpi>(g, p, s);  // two per SM
+    return Launch<512, 2, 4, kM, TOut, kEpi>(g, p, s);
   }
-  if constexpr (kWide) return Launch<1024, 1, 4, kM, TOut, kEpi>(g, p, s);
-  return Launch<512, 2, 4, kM, TOut, kEpi>(g, p, s);
 }
 
 template <typename TOut, Epilogue kEpi>

@@ -4,6 +4,7 @@
 #include "kernels/ops/gemm.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -343,6 +344,67 @@ TEST_F(GemvTest, SwiGluEqualsGemvThenSiluMul) {
   EXPECT_TRUE(GemvSwiGluSupports(odd));
   odd.accumulate = true;  // C is the activation, not a sum to add to
   EXPECT_FALSE(GemvSwiGluSupports(odd));
+}
+
+// GemvPush on one GPU, its "peers" two local buffers: C is bitwise Gemv's
+// (the thread shape never depends on the epilogue), and each 16-byte unit of
+// C went to both slots of this rank, as two LL lines {lo, epoch, hi, epoch}
+// with the call's epoch (the one read + 1), in that epoch's half; every form
+// of K, 1-4 rows.
+TEST_F(GemvTest, PushStoresGemvsBitsAndSendsThemAsLines) {
+  constexpr int64_t N = 1024;
+  constexpr int kSize = 2, kRank = 1;
+  constexpr uint32_t kEpoch = 6;  // the call sends epoch 7: odd half
+  for (const int64_t K : {1024, 4096, 7168, 14336}) {
+    for (int64_t M = 1; M <= (K > 8192 ? 2 : 4); ++M) {
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K);
+      std::vector<float> a = testing::RandomFloats(static_cast<size_t>(M * K), M + K);
+      std::vector<float> w = testing::RandomFloats(static_cast<size_t>(N * K), 3 * K + 1);
+      DevArray da(a.size(), DType::kBF16), dw(w.size(), DType::kBF16), dc1(M * N, DType::kBF16),
+          dc2(M * N, DType::kBF16), depoch(1, DType::kF32);
+      da.Upload(a);
+      dw.Upload(w);
+      ASSERT_EQ(cudaMemcpy(depoch.get(), &kEpoch, 4, cudaMemcpyHostToDevice), cudaSuccess);
+      const size_t lines = static_cast<size_t>(M * N / 4);
+      const size_t words = 2 * kSize * lines * 4;  // both epoch halves, 16-byte lines
+      DevArray slot0(words, DType::kF32), slot1(words, DType::kF32);
+      const GemmArgs g1 = ContiguousGemmArgs(da.get(), dw.get(), dc1.get(), M, N, K,
+                                             DType::kBF16, nullptr, 0);
+      GemmArgs g2 = g1;
+      g2.c = dc2.get();
+      LLPush push;
+      push.dst[0] = static_cast<char*>(slot0.get());
+      push.dst[1] = static_cast<char*>(slot1.get());
+      push.epoch = depoch.as<uint32_t>();
+      push.lines = lines;
+      push.rank = kRank;
+      push.size = kSize;
+      ASSERT_OK(Gemv(g1, stream()));
+      ASSERT_OK(GemvPush(g2, push, stream()));
+      Sync();
+      std::vector<uint16_t> c1(M * N), c2(M * N);
+      ASSERT_EQ(cudaMemcpy(c1.data(), dc1.get(), 2 * c1.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(c2.data(), dc2.get(), 2 * c2.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(c1, c2) << "GemvPush's C is not Gemv's";
+      const size_t base = ((kEpoch + 1) % 2 * kSize + kRank) * lines;  // in lines
+      for (const DevArray* slot : {&slot0, &slot1}) {
+        std::vector<uint32_t> got(words);
+        ASSERT_EQ(cudaMemcpy(got.data(), slot->get(), 4 * words, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        size_t bad = 0;
+        for (size_t unit = 0; unit < static_cast<size_t>(M * N / 8); ++unit) {
+          uint32_t d[4];
+          std::memcpy(d, &c1[8 * unit], 16);
+          const uint32_t* l = &got[4 * (base + 2 * unit)];
+          bad += l[0] != d[0] || l[1] != kEpoch + 1 || l[2] != d[1] || l[3] != kEpoch + 1 ||
+                 l[4] != d[2] || l[5] != kEpoch + 1 || l[6] != d[3] || l[7] != kEpoch + 1;
+        }
+        EXPECT_EQ(bad, 0u) << "units sent wrong";
+      }
+    }
+  }
 }
 
 TEST_F(GemvTest, RejectsWhatItDoesNotTake) {
