@@ -10,7 +10,8 @@ symtp, the gaps (step without all-reduces minus the kernels' sum), the
 all-reduce cost (step with minus without them) and the floor: the weights and
 KV cache one rank must read once, at the copy bandwidth (and, where
 tools/device/read_bandwidth.sh wrote read_bandwidth.json in the same call, the
-read floor: the same bytes at the read-only stream's best rate). The floor's KV is
+read floor: the same bytes at the read-only stream's best rate, and the weight
+GEMMs by size beside the probe's rate at each size). The floor's KV is
 that of symtp's median step (summary.json's steps.context: its sequences
 attend over more than the 1024 keys it starts from, having decoded during the
 batch's chunked prefill and the warm-up), and the profiled step attends over
@@ -20,6 +21,7 @@ Writes kernel_table.md and kernel_table.json into --dir.
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -85,6 +87,48 @@ def steps(launches):
     return [s for s in out if s]
 
 
+def probe_rates(rb):
+    """The read probe's best rate (bytes/s) at each per-launch size (MiB; back
+    to back, launch gaps included), and its whole-buffer best at 2 GiB."""
+    per = {}
+    for k, v in rb.get("per_launch", {}).items():
+        m = re.match(r"mb(\d+)_(.*)$", k)
+        if m and not m.group(2).endswith("_dot"):
+            per[int(m.group(1))] = max(per.get(int(m.group(1)), 0.0), v * 1e12)
+    whole = [v for k, v in rb.get("whole_2gib", {}).items() if k.startswith("read_")]
+    if whole:
+        per[2048] = max(whole) * 1e12
+    return sorted(per.items())
+
+
+def probe_at(rates, mib):
+    """The probe's rate at `mib`, log-linear between its sizes; None outside."""
+    for (m0, r0), (m1, r1) in zip(rates, rates[1:]):
+        if m0 <= mib <= m1:
+            t = math.log(mib / m0) / math.log(m1 / m0)
+            return r0 + t * (r1 - r0)
+    return None
+
+
+def weight_gemms(ks):
+    """A step's GEMV / cuBLASLt launches clustered by DRAM bytes (within 5%):
+    kernel, launches, median bytes and median duration (ns) of each cluster."""
+    out = []
+    for name in ("GemvKernel", "GEMM (cuBLASLt)"):
+        ls = sorted((k for k in ks if short_name(k["name"]) == name and k["bytes"] > 0),
+                    key=lambda k: k["bytes"])
+        clusters = []
+        for k in ls:
+            if clusters and k["bytes"] <= 1.05 * clusters[-1][0]["bytes"]:
+                clusters[-1].append(k)
+            else:
+                clusters.append([k])
+        for c in clusters:
+            med = lambda key: sorted(k[key] for k in c)[len(c) // 2]
+            out.append({"name": name, "launches": len(c), "bytes": med("bytes"), "ns": med("ns")})
+    return sorted(out, key=lambda g: -g["bytes"] * g["launches"])
+
+
 def run_dir(d, tp, batch, skip_allreduce):
     """The symtp run kernel_table.sh made for this TP, batch and arm."""
     return os.path.join(d, f"tp{tp}.b{batch}.skip{'true' if skip_allreduce else 'false'}")
@@ -124,12 +168,14 @@ def main():
     bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
     # The read-only stream of tools/device/read_bandwidth.sh, where it ran:
     # its best whole-buffer rate, a stricter floor beside the copy's.
-    read_bw = None
+    read_bw, probe = None, []
     rb = os.path.join(a.dir, "read_bandwidth.json")
     if os.path.exists(rb):
-        whole = json.load(open(rb)).get("whole_2gib", {})
+        rbj = json.load(open(rb))
+        whole = rbj.get("whole_2gib", {})
         rates = [v for k, v in whole.items() if k.startswith("read_")]
         read_bw = max(rates) * 1e12 if rates else None
+        probe = probe_rates(rbj)
     md = [f"# Decode step by kernel: llama-8b-shape, {a.layers} layers, context {CONTEXT} "
           "and what was decoded since, bf16, CUDA graphs", "",
           f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write)"
@@ -175,6 +221,25 @@ def main():
                                             "dram_bytes": g["bytes"], "copy_bw_fraction": frac})
                 md += [f"| **all kernels** | {len(ks)} | {kern_us:.1f} | | "
                        f"{sum(g['bytes'] for g in groups.values()) / 1e6:.1f} | |", ""]
+                wg = weight_gemms(ks)
+                if wg:
+                    md += ["Weight GEMMs by size (launches within 5% of the same DRAM bytes; medians). "
+                           "The read probe's rate at that size"
+                           + (" (`read_bandwidth.sh`, back-to-back launches, their gaps included)"
+                              if probe else ": not measured in this run") + ":", "",
+                           "| kernel | MiB a launch | launches | us a launch | TB/s | probe TB/s | of probe |",
+                           "|---|---|---|---|---|---|---|"]
+                    case["weight_gemms"] = []
+                    for g in wg:
+                        rate = g["bytes"] / (g["ns"] * 1e-9) if g["ns"] else 0.0
+                        p = probe_at(probe, g["bytes"] / 2**20)
+                        md.append(f"| {g['name']} | {g['bytes'] / 2**20:.1f} | {g['launches']} | "
+                                  f"{g['ns'] / 1e3:.1f} | {rate / 1e12:.2f} | "
+                                  + (f"{p / 1e12:.2f} | {rate / p:.0%} |" if p else "- | - |"))
+                        case["weight_gemms"].append({"name": g["name"], "launches": g["launches"],
+                                                     "dram_bytes": g["bytes"], "us": g["ns"] / 1e3,
+                                                     "bytes_per_s": rate, "probe_bytes_per_s": p})
+                    md.append("")
             else:
                 md += ["(no profiled step)", ""]
             case["kernels_us"] = kern_us if groups else None
