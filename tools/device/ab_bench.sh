@@ -17,8 +17,9 @@
 # its files, all built in this one tree and build directory: while variant V
 # builds, each file .ab/variants/V/<path> replaces <path> (put back after), and
 # its symtp is kept as arm V. Shapes and repeats as for AB_MODE=step; AB_TESTS,
-# a gtest filter, runs on each variant's AB_TEST_BIN (default kernels_test;
-# e.g. allreduce_test) first, and a variant that fails is not timed;
+# a gtest filter, runs on each build's AB_TEST_BIN (default kernels_test;
+# e.g. allreduce_test) first: a variant that fails is not timed, and nothing
+# is if the tree fails;
 # AB_VARIANTS names the variants to build (default: all).
 # No base commit is needed.
 #   here:   tools/device/ab_bench.sh --variant V <commit>   # .ab/variants/V/: the
@@ -56,7 +57,18 @@ if [[ ${AB_MODE:-} == variants ]]; then
   targets=(symtp) arms="new="
   test_bin=${AB_TEST_BIN:-kernels_test}
   [[ -n ${AB_TESTS:-} ]] && targets+=("$test_bin")
+  # Runs AB_TESTS on the build just made (arm $1); fails where none ran.
+  check() {
+    [[ -n ${AB_TESTS:-} ]] || return 0
+    "build-gpu/tests/${test_bin%_test}/$test_bin" --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$1.log" 2>&1
+    local rc=$?
+    # A filter that matches nothing passes: that is no check.
+    grep -qE '^\[  PASSED  \] [1-9]' "$OUT/ab/tests_$1.log" || rc=1
+    echo "$1 tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$1.log" | tr '\n' ' ')"
+    return $rc
+  }
   (tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
+  check new || { echo "the tree's tests failed: nothing timed"; exit 1; }
   mkdir -p build-variants/new && cp build-gpu/tools/symtp build-variants/new/
   for vdir in .ab/variants/*/; do
     v=$(basename "$vdir")
@@ -69,13 +81,7 @@ if [[ ${AB_MODE:-} == variants ]]; then
     tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_$v.log" 2>&1
     built=$?
     ok=$built
-    if [[ $built == 0 && -n ${AB_TESTS:-} ]]; then
-      "build-gpu/tests/${test_bin%_test}/$test_bin" --gtest_filter="$AB_TESTS" >"$OUT/ab/tests_$v.log" 2>&1
-      ok=$?
-      # A filter that matches nothing passes: that is no check.
-      grep -qE '^\[  PASSED  \] [1-9]' "$OUT/ab/tests_$v.log" || ok=1
-      echo "variant $v tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$v.log" | tr '\n' ' ')"
-    fi
+    [[ $built == 0 ]] && { check "$v"; ok=$?; }
     for f in "${files[@]}"; do cp ".ab/orig/$f" "$f"; done
     if [[ $built != 0 ]]; then echo "variant $v: build failed"; tail -20 "$OUT/ab/build_$v.log"; continue; fi
     [[ $ok == 0 ]] || { echo "variant $v: tests failed, not timed"; continue; }
