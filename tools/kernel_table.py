@@ -168,14 +168,9 @@ def main():
     bw = json.load(open(os.path.join(a.dir, "copy_bandwidth.json")))["bytes_per_s"]
     # The read-only stream of tools/device/read_bandwidth.sh, where it ran:
     # its best whole-buffer rate, a stricter floor beside the copy's.
-    read_bw, probe = None, []
     rb = os.path.join(a.dir, "read_bandwidth.json")
-    if os.path.exists(rb):
-        rbj = json.load(open(rb))
-        whole = rbj.get("whole_2gib", {})
-        rates = [v for k, v in whole.items() if k.startswith("read_")]
-        read_bw = max(rates) * 1e12 if rates else None
-        probe = probe_rates(rbj)
+    probe = probe_rates(json.load(open(rb))) if os.path.exists(rb) else []
+    read_bw = dict(probe).get(2048)
     md = [f"# Decode step by kernel: llama-8b-shape, {a.layers} layers, context {CONTEXT} "
           "and what was decoded since, bf16, CUDA graphs", "",
           f"Copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s (read + write)"

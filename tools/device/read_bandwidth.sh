@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/device/device_env.sh >/dev/null
-bin=$(mktemp -d)/read_bandwidth
-nvcc -O3 -arch=sm_90a -o "$bin" tools/device/read_bandwidth.cu
-"$bin" | tee "$OUT/read_bandwidth.json"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+nvcc -O3 -arch=sm_90a -o "$tmp/read_bandwidth" tools/device/read_bandwidth.cu
+"$tmp/read_bandwidth" | tee "$OUT/read_bandwidth.json"
