@@ -32,19 +32,25 @@
 // unpacked and multiplied with an activation held in registers into one of
 // four running sums (the GEMV's four weight rows a pass, 16 dependent
 // multiply-adds each at U = 8). Either result only keeps the work alive.
-template <int U, bool kDot>
+//
+// kBlocked: each block reads its own contiguous share of the n units (a GEMV
+// block's rows), blockDim x U units a pass, instead of the grid-stride walk
+// in which all blocks read one window together.
+template <int U, bool kDot, bool kBlocked = false>
 __global__ void Read(const uint4* __restrict__ p, size_t n, unsigned* out) {
   unsigned fold = 0;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const float x = 1.f + threadIdx.x * 1e-3f;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n;
-       i += stride) {
+  const size_t pass = static_cast<size_t>(blockDim.x) * U;
+  const size_t begin = kBlocked ? n * blockIdx.x / gridDim.x : blockIdx.x * pass;
+  const size_t end = kBlocked ? n * (blockIdx.x + 1) / gridDim.x : n;
+  const size_t stride = kBlocked ? pass : gridDim.x * pass;
+  for (size_t i = begin + threadIdx.x; i < end; i += stride) {
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const size_t j = i + static_cast<size_t>(u) * blockDim.x;
-      v[u] = j < n ? __ldg(p + j) : make_uint4(0, 0, 0, 0);
+      v[u] = j < end ? __ldg(p + j) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -123,17 +129,24 @@ int main() {
     const char* name;
     int per_sm, threads;
     bool dot;
+    bool blocked = false;
   };
   for (size_t mb : {8, 16, 34, 50, 117, 235, 470}) {
     const size_t cb = mb << 20, cn = cb / 16, chunks = bytes / cb;
-    for (const Form& f : {Form{"2x256_u8", 2, 256, false}, Form{"2x256_u8_dot", 2, 256, true},
-                          Form{"2x512_u4", 2, 512, false}, Form{"4x512_u4", 4, 512, false}}) {
+    for (const Form& f :
+         {Form{"2x256_u8", 2, 256, false}, Form{"2x256_u8_dot", 2, 256, true},
+          Form{"2x512_u4", 2, 512, false}, Form{"2x512_u4_blocked", 2, 512, false, true},
+          Form{"2x512_u4_blocked_dot", 2, 512, true, true}, Form{"4x512_u4", 4, 512, false}}) {
       size_t k = 0;
       const double bw = tbps(
           [&] {
             for (int i = 0; i < 32; ++i, ++k) {
               const uint4* src = a + (k % chunks) * cn;
-              if (f.threads == 256 && f.dot) {
+              if (f.blocked && f.dot) {
+                Read<4, true, true><<<sms * f.per_sm, f.threads>>>(src, cn, out);
+              } else if (f.blocked) {
+                Read<4, false, true><<<sms * f.per_sm, f.threads>>>(src, cn, out);
+              } else if (f.threads == 256 && f.dot) {
                 Read<8, true><<<sms * f.per_sm, 256>>>(src, cn, out);
               } else if (f.threads == 256) {
                 Read<8, false><<<sms * f.per_sm, 256>>>(src, cn, out);
