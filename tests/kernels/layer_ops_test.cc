@@ -261,13 +261,21 @@ std::vector<double> RowFactors(const std::vector<float>& x, int rows, int hidden
 // before the rotation and the cache writes: against a double reference.
 TEST_P(LayerOpsTest, RopeWriteKvAppliesTheDeferredNorm) {
   const DType dt = GetParam();
-  const int max_pos = 2048, nq = 4, nkv = 2, B = 16, blocks = 6, T = 7, D = 128;
+  const int max_pos = 2048, B = 16, blocks = 6, T = 7;
   const float eps = 1e-5f;
-  auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * (D / 2));
+  auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * 64);
   ASSERT_OK(table);
-  ASSERT_OK(BuildRopeTable(table->as<double2>(), max_pos, D, 10000.f, stream()));
-  for (int H : {4096, 1001}) {
-    SCOPED_TRACE(H);
+  // Heads (q, kv) and head dim: one pass of heads a thread; two passes (80
+  // heads to rotate at 8 a pass of 8 thread rows); more 16-byte units of V
+  // than threads (40 x 64 fp32 values).
+  struct Shape {
+    int nq, nkv, D, H;
+  };
+  for (const Shape& sh : {Shape{4, 2, 128, 4096}, Shape{4, 2, 128, 1001}, Shape{72, 8, 128, 512},
+                          Shape{8, 40, 64, 333}}) {
+    const int nq = sh.nq, nkv = sh.nkv, D = sh.D, H = sh.H;
+    SCOPED_TRACE(::testing::Message() << "nq=" << nq << " nkv=" << nkv << " D=" << D << " H=" << H);
+    ASSERT_OK(BuildRopeTable(table->as<double2>(), max_pos, D, 10000.f, stream()));
     const int64_t stride = (nq + 2 * nkv) * D;
     std::vector<float> qkv = RandomFloats(static_cast<size_t>(T) * stride, 60 + H, -4.f, 4.f);
     std::vector<float> x = RandomFloats(static_cast<size_t>(T) * H, 61 + H, -3.f, 3.f);
