@@ -265,9 +265,9 @@ TEST_P(LayerOpsTest, RopeWriteKvAppliesTheDeferredNorm) {
   const float eps = 1e-5f;
   auto table = cuda::DeviceBuffer::Create(sizeof(double2) * max_pos * 64);
   ASSERT_OK(table);
-  // Heads (q, kv) and head dim: one pass of heads a thread; two passes (80
-  // heads to rotate at 8 a pass of 8 thread rows); more 16-byte units of V
-  // than threads (40 x 64 fp32 values).
+  // Heads (q, kv), head dim and norm width: one pass over the heads; two
+  // passes (80 heads to rotate, 64 a pass at head dim 128); more 16-byte
+  // units of V than the block's 512 threads (40 x 64 fp32 values).
   struct Shape {
     int nq, nkv, D, H;
   };

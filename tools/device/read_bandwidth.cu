@@ -8,7 +8,8 @@
 //  - The same kernel over chunks of S MiB walked in order through the 2 GiB
 //    (no L2 reuse), 32 launches back to back: each launch's bandwidth,
 //    launch gaps included, as a weight GEMM of S MiB would see it; also at
-//    the GEMV's occupancy, with and without its arithmetic.
+//    the GEMV's occupancy, with and without its arithmetic, and with each
+//    block reading a contiguous share as a GEMV block reads its rows.
 // Times: median of 15 after 3 warm-ups, CUDA events.
 #include <cuda_runtime.h>
 
