@@ -84,7 +84,7 @@ python3 - "$OUT" "$TP" "$MODEL" "$OVERRIDES" "$ARMS" <<'PY'
 import json, os, statistics, sys
 out, tp, model, ov, arms = sys.argv[1:6]
 arms = [(a.split("=", 1)[0], a.split("=", 1)[1].replace(",", " ")) for a in arms.split()]
-eager = []  # measured decode steps that ran without a CUDA graph: (shape, arm, eager, decode)
+eager = []  # runs whose measured decode steps did not all replay a graph: (run, eager, decode)
 def t(shape, arm, skip):
     vals = []
     for d in sorted(os.listdir(out)):
@@ -95,7 +95,7 @@ def t(shape, arm, skip):
         # Builds that report it (cuda): decode steps that did not replay a graph.
         if shape.startswith("decode") and "decode_from_graphs" in st and \
                 st["decode_from_graphs"] < st["decode"]:
-            eager.append((shape, arm, st["decode"] - st["decode_from_graphs"], st["decode"]))
+            eager.append((d, st["decode"] - st["decode_from_graphs"], st["decode"]))
         key = ("prefill_forward_us" if shape.startswith("prefill")
                else "decode_forward_us" if shape.startswith("decode") else "device_forward_us")
         v = (st.get(key) or {}).get("p50")
@@ -135,10 +135,10 @@ md = (f"# Side by side: {model} ({ov}), TP={tp}\n\n"
       ".\n\n" + "\n".join(rows) + "\n")
 if eager:
     md += ("\nMeasured decode steps that ran without a CUDA graph (not comparable with graph "
-           "steps): " + "; ".join(f"{s} {a}: {e} of {n}" for s, a, e, n in eager) + ".\n")
+           "steps), by run: " + "; ".join(f"{d}: {e} of {n}" for d, e, n in eager) + ".\n")
 open(os.path.join(out, "overlap.md"), "w").write(md)
 json.dump(dict(model=model, overrides=ov, tp=int(tp), arms=dict(arms), shapes=res,
-               eager_decode_steps=[dict(shape=s, arm=a, eager=e, decode=n) for s, a, e, n in eager]),
+               eager_decode_steps=[dict(run=d, eager=e, decode=n) for d, e, n in eager]),
           open(os.path.join(out, "overlap.json"), "w"), indent=1)
 print(md)
 PY

@@ -124,36 +124,27 @@ int main() {
   }
   std::printf("},\n\"per_launch\": {\n");
   first = true;
-  // 2 x 256 threads per SM with 128 bytes of loads in flight per thread is
-  // the GEMV's occupancy at 1-4 rows; "dot" adds its arithmetic.
+  // 2 x 256 threads per SM with 128 bytes of loads in flight per thread, and
+  // 2 x 512 with 64, are the GEMV's occupancies; "dot" adds its arithmetic,
+  // "blocked" its contiguous share per block.
   struct Form {
     const char* name;
     int per_sm, threads;
-    bool dot;
-    bool blocked = false;
+    void (*kernel)(const uint4*, size_t, unsigned*);
   };
   for (size_t mb : {8, 16, 34, 50, 117, 235, 470}) {
     const size_t cb = mb << 20, cn = cb / 16, chunks = bytes / cb;
-    for (const Form& f :
-         {Form{"2x256_u8", 2, 256, false}, Form{"2x256_u8_dot", 2, 256, true},
-          Form{"2x512_u4", 2, 512, false}, Form{"2x512_u4_blocked", 2, 512, false, true},
-          Form{"2x512_u4_blocked_dot", 2, 512, true, true}, Form{"4x512_u4", 4, 512, false}}) {
+    for (const Form& f : {Form{"2x256_u8", 2, 256, Read<8, false>},
+                          Form{"2x256_u8_dot", 2, 256, Read<8, true>},
+                          Form{"2x512_u4", 2, 512, Read<4, false>},
+                          Form{"2x512_u4_blocked", 2, 512, Read<4, false, true>},
+                          Form{"2x512_u4_blocked_dot", 2, 512, Read<4, true, true>},
+                          Form{"4x512_u4", 4, 512, Read<4, false>}}) {
       size_t k = 0;
       const double bw = tbps(
           [&] {
             for (int i = 0; i < 32; ++i, ++k) {
-              const uint4* src = a + (k % chunks) * cn;
-              if (f.blocked && f.dot) {
-                Read<4, true, true><<<sms * f.per_sm, f.threads>>>(src, cn, out);
-              } else if (f.blocked) {
-                Read<4, false, true><<<sms * f.per_sm, f.threads>>>(src, cn, out);
-              } else if (f.threads == 256 && f.dot) {
-                Read<8, true><<<sms * f.per_sm, 256>>>(src, cn, out);
-              } else if (f.threads == 256) {
-                Read<8, false><<<sms * f.per_sm, 256>>>(src, cn, out);
-              } else {
-                Read<4, false><<<sms * f.per_sm, f.threads>>>(src, cn, out);
-              }
+              f.kernel<<<sms * f.per_sm, f.threads>>>(a + (k % chunks) * cn, cn, out);
             }
           },
           32.0 * cb);
