@@ -67,6 +67,13 @@ if [[ ${AB_MODE:-} == variants ]]; then
     echo "$1 tests: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/ab/tests_$1.log" | tr '\n' ' ')"
     return $rc
   }
+  # The tree arrives with its own modification times, which can be older than
+  # objects a variant left in build-gpu/ on a warm machine: the files any
+  # variant replaces are touched before each build, or the build would keep
+  # the variant's objects.
+  touch_replaced() { (cd .ab/variants && find . -mindepth 2 -type f | cut -d/ -f3- | sort -u) |
+    while read -r f; do [[ -f $f ]] && touch "$f"; done; }
+  touch_replaced
   (tools/device/build.sh "${targets[@]}" >"$OUT/ab/build_new.log" 2>&1) || { tail -30 "$OUT/ab/build_new.log"; exit 1; }
   check new || { echo "the tree's tests failed: nothing timed"; exit 1; }
   mkdir -p build-variants/new && cp build-gpu/tools/symtp build-variants/new/
@@ -83,6 +90,7 @@ if [[ ${AB_MODE:-} == variants ]]; then
     ok=$built
     [[ $built == 0 ]] && { check "$v"; ok=$?; }
     for f in "${files[@]}"; do cp ".ab/orig/$f" "$f"; done
+    touch_replaced
     if [[ $built != 0 ]]; then echo "variant $v: build failed"; tail -20 "$OUT/ab/build_$v.log"; continue; fi
     [[ $ok == 0 ]] || { echo "variant $v: tests failed, not timed"; continue; }
     mkdir -p "build-variants/$v" && cp build-gpu/tools/symtp "build-variants/$v/"
