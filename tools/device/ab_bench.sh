@@ -69,8 +69,9 @@ if [[ ${AB_MODE:-} == variants ]]; then
   }
   # The tree arrives with its own modification times, which can be older than
   # objects a variant left in build-gpu/ on a warm machine: the files any
-  # variant replaces are touched before each build, or the build would keep
-  # the variant's objects.
+  # variant replaces are touched before the tree's build, or it would keep the
+  # variant's objects. Within a call, cp gives the swapped and restored files
+  # fresh times.
   touch_replaced() { (cd .ab/variants && find . -mindepth 2 -type f | cut -d/ -f3- | sort -u) |
     while read -r f; do [[ -f $f ]] && touch "$f"; done; }
   touch_replaced
@@ -90,7 +91,6 @@ if [[ ${AB_MODE:-} == variants ]]; then
     ok=$built
     [[ $built == 0 ]] && { check "$v"; ok=$?; }
     for f in "${files[@]}"; do cp ".ab/orig/$f" "$f"; done
-    touch_replaced
     if [[ $built != 0 ]]; then echo "variant $v: build failed"; tail -20 "$OUT/ab/build_$v.log"; continue; fi
     [[ $ok == 0 ]] || { echo "variant $v: tests failed, not timed"; continue; }
     mkdir -p "build-variants/$v" && cp build-gpu/tools/symtp "build-variants/$v/"
