@@ -54,11 +54,12 @@ class AllReduceDispatcher : public DeviceComm {
     // Custom for bytes <= crossover (capped at max_custom_bytes).
     size_t crossover_bytes = 1 << 20;
     // The all-reduce + residual + RMSNorm runs fused up to this size, and as
-    // the all-reduce then AddRmsNorm above it: graph-timed on H200 x2 (TP 2,
-    // hidden 4096 bf16) the fused kernel won up to 1 MiB (8.26 vs 8.77 us)
-    // and lost at 2 and 4 MiB (13.18 vs 12.65, 22.98 vs 20.65 us;
-    // bench/results/h200x2/allreduce_push).
-    size_t max_fused_bytes = 1 << 20;
+    // the all-reduce then AddRmsNorm above it. Graph-timed on H200 x2 (TP 2,
+    // hidden 4096 bf16, LL128) the fused kernel wins at every size to 4 MiB
+    // since its blocks take row pairs past 128 rows (2 MiB: 10.3-10.4 against
+    // 11.7 us for the two kernels; 4 MiB: 20.5-20.7 against 21.2-21.6;
+    // bench/results/h200x2/fused_row_pairs).
+    size_t max_fused_bytes = 4 << 20;
     CustomAllReduce::Options custom;
   };
   enum class Path { kCustom, kFallback };

@@ -291,6 +291,13 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLLOffset)[b] = e;
 }
 
+// Whether a fused LL128 call runs the row-pair form (R = 2 below): TP 2, more
+// rows than blocks, and rows of at most 512 units, so a block of one thread
+// per unit has the registers for two rows' inputs and the wide unroll.
+inline bool LL128NormPairs(int n, int64_t rows, int units_per_row, int blocks) {
+  return n == 2 && rows > blocks && units_per_row <= 512;
+}
+
 // ---------------------------------------------------------------------------
 // LL128 transport: the message goes out as the plain LL128 kernel sends it
 // (120-byte lines over the whole grid). A row's bytes span lines that do not
@@ -300,14 +307,20 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
 // row's sums (rounded to T) into shared memory; the norm then takes unit u
 // from there, in AddRmsNorm's thread mapping as the other transports do.
 // ---------------------------------------------------------------------------
-template <typename T, int N, int kPer>
-__global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
+//
+// With R = 2 (LL128NormPairs) a block owns adjacent row pairs 2p, 2p + 1 for p = b, b + G, ...
+// and receives a pair's lines in one pass of the wide unroll, so a step of
+// 2G rows costs one round trip per block instead of two; each row's
+// arithmetic, and so every bit, is the same as with R = 1.
+template <typename T, int N, int kPer, int R>
+__global__ void __launch_bounds__(R == 1 ? 1024 : 512) LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
   SYMTP_TRACE_KERNEL(kFusedNormLL128);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights
-  constexpr int K = kLL128Unroll<N>;
+  static_assert(R == 1 || (R == 2 && N == 2));
+  constexpr int K = R == 1 ? kLL128Unroll<N> : kLL128WideUnroll;
   __shared__ float scratch[32];
-  __shared__ uint4 row_sum[kFusedMaxUnits];
+  __shared__ uint4 row_sum[kFusedMaxUnits];  // R rows of at most kFusedMaxUnits / R units
   const int b = blockIdx.x;
   const int tid = threadIdx.x;
   const int u = tid & 7;
@@ -322,14 +335,20 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
   // 1. Send (data is 16-byte aligned: FusesResidualNorm checks it).
   LL128Send<T, N, K>(a, data, count, /*aligned8=*/true, parity, e);
 
-  // 2. Per owned row: receive its lines, reduce into row_sum, residual + RMSNorm.
+  // 2. Per owned row (R = 1) or row pair (R = 2): receive its lines, reduce
+  // into row_sum, residual + RMSNorm.
   const size_t row_bytes = static_cast<size_t>(f.hidden) * sizeof(T);
   const size_t lines_per_pass = blockDim.x / 8;
   bool failed = false;  // warp-uniform
-  for (int64_t row = b; row < f.rows; row += gridDim.x) {
-    RowInputs<kPer> rin;
-    LoadRowInputs<T, kPer>(f, row, rin);
-    const size_t r0 = static_cast<size_t>(row) * row_bytes, r1 = r0 + row_bytes;
+  for (int64_t row = static_cast<int64_t>(b) * R; row < f.rows;
+       row += static_cast<int64_t>(gridDim.x) * R) {
+    const int nrows = R == 1 ? 1 : static_cast<int>(std::min<int64_t>(R, f.rows - row));
+    RowInputs<kPer> rin[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (i < nrows) LoadRowInputs<T, kPer>(f, row + i, rin[i]);
+    }
+    const size_t r0 = static_cast<size_t>(row) * row_bytes, r1 = r0 + nrows * row_bytes;
     const size_t first = r0 / kLL128DataBytes;
     const size_t last = (r1 + kLL128DataBytes - 1) / kLL128DataBytes;
     for (size_t pass = first; pass < last; pass += K * lines_per_pass) {
@@ -367,13 +386,17 @@ __global__ void __launch_bounds__(1024) LL128NormKernel(DeviceArgs a, FusedNormA
       }
     }
     __syncthreads();
-    uint4 sum[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int unit = tid + j * blockDim.x;
-      if (unit < nunits) sum[j] = row_sum[unit];
+    for (int i = 0; i < R; ++i) {
+      if (i >= nrows) break;
+      uint4 sum[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int unit = tid + j * blockDim.x;
+        if (unit < nunits) sum[j] = row_sum[i * nunits + unit];
+      }
+      NormRow<T, kPer>(f, row + i, sum, rin[i], scratch);
     }
-    NormRow<T, kPer>(f, row, sum, rin, scratch);
     __syncthreads();  // row_sum is rewritten by the next row
   }
   __syncthreads();
@@ -430,7 +453,14 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
       return internal::LaunchDependent(LLNormKernel<T, N, kPer>, dim3(a.ll_blocks), dim3(threads),
                                        0, stream, a, f);
     case Protocol::kLL128:
-      return internal::LaunchDependent(LL128NormKernel<T, N, kPer>, dim3(a.ll128_blocks),
+      if constexpr (N == 2 && kPer == 1) {  // a pair's rows have at most 512 units each
+        if (LL128NormPairs(N, f.rows, f.hidden / (16 / static_cast<int>(sizeof(T))),
+                           a.ll128_blocks)) {
+          return internal::LaunchDependent(LL128NormKernel<T, N, kPer, 2>, dim3(a.ll128_blocks),
+                                           dim3(threads), 0, stream, a, f);
+        }
+      }
+      return internal::LaunchDependent(LL128NormKernel<T, N, kPer, 1>, dim3(a.ll128_blocks),
                                        dim3(threads), 0, stream, a, f);
     case Protocol::kCopy: {
       // Enough blocks to fill the GPU a few times over; each waits for the

@@ -396,7 +396,8 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToSixteenMiB) {
 
 // The all-reduce fused with the residual add and RMSNorm after it
 // (AllReduceResidualNorm), through every protocol, one and several rows per
-// block, one and two 16-byte units per thread: the new residual equals the
+// block (at TP 2 under LL128 also in row pairs, one pair and several per
+// block, an odd row last), one and two 16-byte units per thread: the new residual equals the
 // host's T(residual + reference sum) bit for bit; the normalized output
 // equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
 // a double-precision host RMSNorm within a few roundings; identical on every
@@ -427,7 +428,7 @@ TEST_F(AllReduceGpuTest, FusedResidualNormMatchesTwoKernelPathAndReference) {
           {DType::kBF16, 1, 4096},   {DType::kBF16, 7, 4104},   {DType::kBF16, 12, 4096},
           {DType::kBF16, 32, 4096},  {DType::kBF16, 200, 4096}, {DType::kBF16, 3, 12288},
           {DType::kBF16, 70, 12288}, {DType::kF32, 3, 4096},    {DType::kF32, 100, 4096},
-          {DType::kF32, 5, 8192},
+          {DType::kF32, 5, 8192},    {DType::kBF16, 513, 4096}, {DType::kF32, 301, 2048},
       };
       for (const Shape& sh : shapes) {
         const size_t n = static_cast<size_t>(sh.rows) * sh.hidden;
