@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<AllReduceDispatcher>> AllReduceDispatcher::Create
   d->device_ = device;
   d->fallback_ = std::move(fallback);
   d->max_fused_bytes_ = options.max_fused_bytes;
+  d->max_fused_staged_bytes_ = options.max_fused_staged_bytes;
 
   if (!options.enable_custom) {
     d->custom_disabled_reason_ = "disabled by option";
@@ -184,8 +185,10 @@ absl::Status AllReduceDispatcher::AllReduceSum(void* data, size_t count, DType d
 
 bool AllReduceDispatcher::FusesResidualNorm(const ResidualNorm& norm, DType dtype) const {
   const size_t count = static_cast<size_t>(std::max<int64_t>(norm.rows, 0)) * norm.hidden;
-  return PathFor(count, dtype) == Path::kCustom &&
-         count * DTypeSize(dtype) <= max_fused_bytes_ &&
+  const size_t bytes = count * DTypeSize(dtype);
+  return PathFor(count, dtype) == Path::kCustom && bytes <= max_fused_bytes_ &&
+         (bytes <= max_fused_staged_bytes_ ||
+          custom_->FusedProtocolFor(bytes) != CustomAllReduce::Protocol::kStaged) &&
          custom_->FusesResidualNorm(norm, dtype);
 }
 

@@ -60,6 +60,10 @@ class AllReduceDispatcher : public DeviceComm {
     // 11.7 us for the two kernels; 4 MiB: 20.5-20.7 against 21.2-21.6;
     // bench/results/h200x2/fused_row_pairs).
     size_t max_fused_bytes = 4 << 20;
+    // ... and at most this size where the fused kernel would run STAGED (the
+    // custom all-reduce without LL128): there it lost at 2 and 4 MiB (13.18
+    // against 12.65 us, 22.98 against 20.65; bench/results/h200x2/allreduce_push).
+    size_t max_fused_staged_bytes = 1 << 20;
     CustomAllReduce::Options custom;
   };
   enum class Path { kCustom, kFallback };
@@ -76,7 +80,8 @@ class AllReduceDispatcher : public DeviceComm {
   int size() const override { return size_; }
   absl::Status AllReduceSum(void* data, size_t count, DType dtype, cudaStream_t stream) override;
   // Fused on the custom path when the message goes there, is at most
-  // max_fused_bytes and the shape fits (CustomAllReduce::FusesResidualNorm);
+  // max_fused_bytes (max_fused_staged_bytes where the fused kernel would run
+  // STAGED) and the shape fits (CustomAllReduce::FusesResidualNorm);
   // otherwise not (the caller runs the all-reduce and AddRmsNorm).
   bool FusesResidualNorm(const ResidualNorm& norm, DType dtype) const override;
   bool ProducerPush(const ResidualNorm& norm, DType dtype, LLPush* push) const override;
@@ -125,6 +130,7 @@ class AllReduceDispatcher : public DeviceComm {
   std::string custom_disabled_reason_;
   size_t crossover_bytes_ = 0;
   size_t max_fused_bytes_ = 0;
+  size_t max_fused_staged_bytes_ = 0;
   bool calibrated_ = false;
   std::string calibration_table_;
 };

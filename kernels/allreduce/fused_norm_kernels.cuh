@@ -308,12 +308,13 @@ inline bool LL128NormPairs(int n, int64_t rows, int units_per_row, int blocks) {
 // from there, in AddRmsNorm's thread mapping as the other transports do.
 // ---------------------------------------------------------------------------
 //
-// With R = 2 (LL128NormPairs) a block owns adjacent row pairs 2p, 2p + 1 for p = b, b + G, ...
-// and receives a pair's lines in one pass of the wide unroll, so a step of
-// 2G rows costs one round trip per block instead of two; each row's
-// arithmetic, and so every bit, is the same as with R = 1.
+// With R = 2 (LL128NormPairs) a block owns adjacent row pairs 2p, 2p + 1 for
+// p = b, b + G, ... and receives a pair's lines in one pass of the wide
+// unroll, so a step of 2G rows costs one round trip per block instead of two;
+// each row's arithmetic, and so every bit, is the same as with R = 1.
 template <typename T, int N, int kPer, int R>
-__global__ void __launch_bounds__(R == 1 ? 1024 : 512) LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
+__global__ void __launch_bounds__(R == 1 ? 1024 : 512)
+    LL128NormKernel(DeviceArgs a, FusedNormArgs f) {
   SYMTP_TRACE_KERNEL(kFusedNormLL128);
   internal::GridDependencyWait();  // launched with PDL: the previous kernel completes first
   internal::AllowDependentLaunch();  // the next GEMM may start loading its weights

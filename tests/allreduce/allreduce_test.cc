@@ -397,11 +397,11 @@ TEST_F(AllReduceGpuTest, CustomMatchesReferenceBitwiseUpToSixteenMiB) {
 // The all-reduce fused with the residual add and RMSNorm after it
 // (AllReduceResidualNorm), through every protocol, one and several rows per
 // block (at TP 2 under LL128 also in row pairs, one pair and several per
-// block, an odd row last), one and two 16-byte units per thread: the new residual equals the
-// host's T(residual + reference sum) bit for bit; the normalized output
-// equals the two-kernel path (AllReduceSum, then AddRmsNorm) bit for bit and
-// a double-precision host RMSNorm within a few roundings; identical on every
-// rank. Fused and plain calls interleave on one instance. Three times: with
+// block, an odd row last), one and two 16-byte units per thread: the new
+// residual equals the host's T(residual + reference sum) bit for bit; the
+// normalized output equals the two-kernel path (AllReduceSum, then
+// AddRmsNorm) bit for bit and a double-precision host RMSNorm within a few
+// roundings; identical on every rank. Fused and plain calls interleave on one instance. Three times: with
 // LL128 for every fused size (rows that start and end inside 120-byte
 // lines), with LL up to 1 MiB for both (many rows per LL call) and LL128
 // above, and without LL128 (staged above the LL limits).
@@ -771,6 +771,25 @@ TEST_F(AllReduceGpuTest, ModelWithFusedNormMatchesCpuTp1) {
       CHECK_OR_RETURN(comm->PathFor(past * cfg.hidden, DType::kF32) == AllReduceDispatcher::Path::kCustom,
                       "the large message left the custom path");
       CHECK_OR_RETURN(!comm->FusesResidualNorm(large, DType::kF32), "fused above max_fused_bytes");
+      if (variant == 0) {
+        // Past max_fused_staged_bytes it fuses where the fused kernel runs
+        // LL128 (TP 2's default), not where it would run STAGED.
+        const int64_t rows2 =
+            static_cast<int64_t>(2 * dopt.max_fused_staged_bytes / (cfg.hidden * 4));
+        const ResidualNorm mid{nullptr, nullptr, nullptr, rows2, cfg.hidden, cfg.rms_eps};
+        CHECK_OR_RETURN(comm->FusesResidualNorm(mid, DType::kF32), "not fused on LL128 at ",
+                        rows2, " rows");
+        AllReduceDispatcher::Options sopt = dopt;
+        sopt.custom.ll128_max_bytes = 0;
+        SYMTP_ASSIGN_OR_RETURN(auto nccl2, MakeNccl(rank, size, ex));
+        SYMTP_ASSIGN_OR_RETURN(
+            auto staged, AllReduceDispatcher::Create(rank, size, rank, std::move(nccl2), &ex,
+                                                     Deadline::AfterMs(kSetupMs), sopt));
+        CHECK_OR_RETURN(staged->FusesResidualNorm(probe, DType::kF32),
+                        "not fused on STAGED at 64 rows");
+        CHECK_OR_RETURN(!staged->FusesResidualNorm(mid, DType::kF32), "fused on STAGED at ",
+                        rows2, " rows");
+      }
       SYMTP_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create());
       model::GpuModelOptions o = TinyModelOptions(DType::kF32, kBlocks);
       o.exchange_min_rows = exchange ? 32 : 0;
