@@ -880,9 +880,6 @@ __device__ __forceinline__ uint4 LoadLL128Unit(const char* data, size_t line, in
 // lines are issued together, so a block's K x 64 lines cost one round trip.
 template <int N>
 inline constexpr int kLL128Unroll = N <= 4 ? 2 : 1;
-// Lines a thread keeps in flight where a block moves two rows' lines at once
-// (the fused all-reduce + RMSNorm's row pairs at TP 2, fused_norm_kernels.cuh).
-inline constexpr int kLL128WideUnroll = 4;
 
 // This block's LL128 lines [begin, end) of a message of `count` elements:
 // the lines are split evenly over the grid's blocks.

@@ -291,12 +291,15 @@ __global__ void __launch_bounds__(1024) LLNormKernel(DeviceArgs a, FusedNormArgs
   if (tid == 0) reinterpret_cast<uint32_t*>(my_base + kEpochLLOffset)[b] = e;
 }
 
-// Whether a fused LL128 call runs the row-pair form (R = 2 below): TP 2, more
+// Whether a TP 2 fused LL128 call runs the row-pair form (R = 2 below): more
 // rows than blocks, and rows of at most 512 units, so a block of one thread
 // per unit has the registers for two rows' inputs and the wide unroll.
-inline bool LL128NormPairs(int n, int64_t rows, int units_per_row, int blocks) {
-  return n == 2 && rows > blocks && units_per_row <= 512;
+inline bool LL128NormPairs(int64_t rows, int units_per_row, int blocks) {
+  return rows > blocks && units_per_row <= 512;
 }
+// Lines a thread keeps in flight in the row-pair form (kLL128Unroll's 2 at
+// TP 2 otherwise), so a pair's lines take one pass.
+inline constexpr int kLL128WideUnroll = 4;
 
 // ---------------------------------------------------------------------------
 // LL128 transport: the message goes out as the plain LL128 kernel sends it
@@ -455,7 +458,7 @@ cudaError_t LaunchFusedTyped(Protocol protocol, const DeviceArgs& a, const Fused
                                        0, stream, a, f);
     case Protocol::kLL128:
       if constexpr (N == 2 && kPer == 1) {  // a pair's rows have at most 512 units each
-        if (LL128NormPairs(N, f.rows, f.hidden / (16 / static_cast<int>(sizeof(T))),
+        if (LL128NormPairs(f.rows, f.hidden / (16 / static_cast<int>(sizeof(T))),
                            a.ll128_blocks)) {
           return internal::LaunchDependent(LL128NormKernel<T, N, kPer, 2>, dim3(a.ll128_blocks),
                                            dim3(threads), 0, stream, a, f);
